@@ -1,0 +1,99 @@
+"""agentenv: reinforcement learning of language models on agentic tasks.
+
+Write an :class:`Environment` (or a :class:`SingleTurnEnv`, :class:`MultiTurnEnv`,
+:class:`ToolEnv`), test it offline with a :class:`ScriptedModel`, run it at scale with
+:func:`run_rollouts`. Samples are token-exact: see :class:`Transcript`.
+"""
+
+from agentenv._environment import DEFAULT_ROLE, Environment, Episode, Limits, Task
+from agentenv._errors import (
+    AgentEnvError,
+    ClosedResourceError,
+    ConfigError,
+    ContextLengthError,
+    EpisodeAborted,
+    EpisodeTruncated,
+    GenerationError,
+    HistoryRewriteError,
+    MessageError,
+    ModelNotFoundError,
+    RewardError,
+    SampleError,
+    TemplateError,
+    ToolCallError,
+)
+from agentenv._generator import Completion, FinishReason, Generator, SamplingParams
+from agentenv._messages import Message, validate_messages
+from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, State, ToolEnv
+from agentenv._registry import load_environment, register
+from agentenv._rewards import Rubric, reward
+from agentenv._runner import (
+    JsonlSink,
+    ListSink,
+    RolloutConfig,
+    RolloutStats,
+    SampleSink,
+    run_rollouts,
+)
+from agentenv._sample import Sample, Status
+from agentenv._scripted import Rule, ScriptedModel
+from agentenv._tokenizer import ChatTokenizer, Tokenizer
+from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallParser, run_tool_calls, tool
+from agentenv._transcript import Transcript
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_ROLE",
+    "AgentEnvError",
+    "ChatTokenizer",
+    "ClosedResourceError",
+    "Completion",
+    "ConfigError",
+    "ContextLengthError",
+    "Environment",
+    "Episode",
+    "EpisodeAborted",
+    "EpisodeTruncated",
+    "FinishReason",
+    "GenerationError",
+    "Generator",
+    "HermesParser",
+    "HistoryRewriteError",
+    "JsonlSink",
+    "Limits",
+    "ListSink",
+    "Message",
+    "MessageError",
+    "ModelNotFoundError",
+    "MultiTurnEnv",
+    "RewardError",
+    "RolloutConfig",
+    "RolloutStats",
+    "Rubric",
+    "Rule",
+    "Sample",
+    "SampleError",
+    "SampleSink",
+    "SamplingParams",
+    "ScriptedModel",
+    "SingleTurnEnv",
+    "State",
+    "Status",
+    "Task",
+    "TemplateError",
+    "Tokenizer",
+    "Tool",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCallParser",
+    "ToolEnv",
+    "Transcript",
+    "load_environment",
+    "register",
+    "reward",
+    "run_rollouts",
+    "run_tool_calls",
+    "tool",
+    "validate_messages",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from agentenv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,206 @@
+"""The Environment API: tasks, the episode handle, and the base class.
+
+An :class:`Environment` has one required coroutine, :meth:`Environment.rollout`, which
+plays one episode of a :class:`Task` through an :class:`Episode` handle and returns its
+samples. The handle creates token-exact transcripts, generates with the policy of each
+role, and enforces the episode's limits. Everything else -- single-turn, multi-turn and
+tool-use environments -- is a convenience built on this.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated
+from agentenv._generator import Generator, SamplingParams
+from agentenv._messages import Message
+from agentenv._sample import JSONValue, Sample, Status
+from agentenv._tokenizer import Tokenizer
+from agentenv._transcript import HistoryPolicy, Transcript
+
+__all__ = ["DEFAULT_ROLE", "Environment", "Episode", "Limits", "Task"]
+
+DEFAULT_ROLE = "policy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """One prompt of an environment's dataset.
+
+    Args:
+        id: unique within the environment's split; GRPO groups are keyed by it.
+        prompt: the opening user message, or full chat messages.
+        answer: what the reward compares against (any JSON value).
+        info: anything else the environment needs (tests, seeds, ...).
+    """
+
+    id: str
+    prompt: str | Sequence[Mapping[str, Any]] = ""
+    answer: JSONValue = None
+    info: Mapping[str, JSONValue] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Per-episode limits.
+
+    Args:
+        max_turns: model turns per transcript (``None``: the environment's own limit).
+        context_length: tokens per transcript; an episode that would exceed it ends
+            as truncated. ``None``: unlimited.
+        timeout_s: wall-clock limit for the whole episode; overrunning fails it.
+    """
+
+    max_turns: int | None = None
+    context_length: int | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError(f"context_length must be at least 2, got {self.context_length}")
+        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ConfigError(f"timeout_s must be a positive number, got {self.timeout_s}")
+
+
+class Episode:
+    """The handle a rollout uses: make transcripts, generate, build samples.
+
+    One policy per role: ``policies`` maps role names to generators; roles not in it use
+    the default policy (self-play). ``generate`` enforces the turn limit and the context
+    budget, raising :class:`EpisodeTruncated`, and turns an engine abort into
+    :class:`EpisodeAborted`; the convenience environments and the runner turn those into
+    truncated and aborted samples.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: Task,
+        tokenizer: Tokenizer,
+        policy: Generator,
+        policies: Mapping[str, Generator] | None = None,
+        sampling: SamplingParams | None = None,
+        limits: Limits | None = None,
+        group_id: str | None = None,
+        index: int = 0,
+        seed: int | None = None,
+        on_history_rewrite: HistoryPolicy = "new_sample",
+    ) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.policies = dict(policies or {})
+        self.sampling = sampling or SamplingParams()
+        self.limits = limits or Limits()
+        self.group_id = group_id if group_id is not None else task.id
+        self.index = index
+        self.seed = seed
+        self.on_history_rewrite: HistoryPolicy = on_history_rewrite
+        self.transcripts: list[Transcript] = []
+        self.completion_tokens = 0
+
+    def transcript(
+        self,
+        messages: Iterable[Mapping[str, Any]] | str,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        role: str | None = None,
+    ) -> Transcript:
+        """A new transcript for ``role``, tracked by the episode (for truncation and failures)."""
+        t = Transcript(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            role=role,
+            context_length=self.limits.context_length,
+            on_history_rewrite=self.on_history_rewrite,
+        )
+        self.transcripts.append(t)
+        return t
+
+    def generator_for(self, role: str | None) -> Generator:
+        """The policy that plays ``role``."""
+        return self.policies.get(role or DEFAULT_ROLE, self.policy)
+
+    async def generate(
+        self,
+        transcript: Transcript,
+        *,
+        max_turns: int | None = None,
+        **sampling: Any,
+    ) -> Message:
+        """One model turn on ``transcript``; returns the assistant message appended to it.
+
+        ``sampling`` overrides the episode's :class:`SamplingParams` for this call.
+        """
+        limit = self.limits.max_turns if self.limits.max_turns is not None else max_turns
+        if limit is not None and transcript.turns >= limit:
+            raise EpisodeTruncated(f"max_turns: reached {limit} turns")
+        params = self.sampling.replace(**sampling) if sampling else self.sampling
+        budget = self.limits.context_length
+        if budget is not None:
+            room = budget - transcript.num_tokens
+            if room <= 0:
+                raise EpisodeTruncated(
+                    f"context: {transcript.num_tokens} tokens fill context_length {budget}"
+                )
+            if room < params.max_new_tokens:
+                params = params.replace(
+                    max_new_tokens=room, min_new_tokens=min(params.min_new_tokens, room)
+                )
+        rid = f"{self.group_id}/{self.index}/{transcript.role or DEFAULT_ROLE}/{transcript.turns}"
+        completion = await self.generator_for(transcript.role).generate(
+            transcript.ids, params, rid=rid
+        )
+        if completion.finish_reason.type == "abort" and not completion.output_ids:
+            raise EpisodeAborted(completion.finish_reason.message or "generation aborted")
+        message = transcript.add_completion(completion)
+        self.completion_tokens += len(completion.output_ids)
+        if completion.finish_reason.type == "abort":
+            raise EpisodeAborted(completion.finish_reason.message or "generation aborted")
+        return message
+
+    def samples(
+        self,
+        transcript: Transcript,
+        reward: float,
+        *,
+        status: Status = Status.COMPLETED,
+        reason: str | None = None,
+        metadata: Mapping[str, JSONValue] | None = None,
+    ) -> list[Sample]:
+        """The samples of ``transcript`` in this episode's group."""
+        return transcript.to_samples(
+            reward, status=status, reason=reason, group_id=self.group_id, metadata=metadata
+        )
+
+
+class Environment(abc.ABC):
+    """Base class of every environment.
+
+    Subclasses implement :meth:`rollout` (and usually :meth:`tasks`). Set ``name`` to
+    register it under a short name for ``agentenv eval --env``.
+    """
+
+    name: ClassVar[str] = ""
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        """The tasks of ``split`` (``"train"`` or ``"test"``)."""
+        raise ConfigError(
+            f"{type(self).__name__} does not provide tasks; override tasks(split) or pass "
+            "tasks to the runner explicitly"
+        )
+
+    @abc.abstractmethod
+    async def rollout(self, task: Task, episode: Episode) -> Sample | Sequence[Sample]:
+        """Play one episode of ``task`` and return its samples."""
+
+    async def score_group(self, task: Task, samples: Sequence[Sample]) -> Sequence[Sample]:
+        """Adjust the rewards of a finished group (default: unchanged). Failed samples excluded."""
+        return samples

@@ -1,0 +1,115 @@
+"""The exception tree of agentenv.
+
+Every error the SDK raises on purpose derives from :class:`AgentEnvError`::
+
+    AgentEnvError
+    ├── ConfigError            a setting or argument is out of range (also a ValueError)
+    ├── MessageError           a chat message is malformed (also a ValueError)
+    ├── SampleError            a Sample violates the data contract (also a ValueError)
+    ├── TemplateError          the tokenizer has no usable chat template, or rendering failed
+    │   └── HistoryRewriteError  the template renders earlier turns differently than the model saw them
+    ├── ContextLengthError     a prompt does not fit in the model's context
+    ├── GenerationError        the generator failed or returned an unusable completion
+    ├── ToolCallError          a tool call could not be parsed, validated or run
+    ├── RewardError            a reward function returned NaN, inf or a non-number
+    ├── EpisodeTruncated       control flow: the episode hit a turn or context limit
+    ├── EpisodeAborted         control flow: the generator aborted the request
+    ├── ModelNotFoundError     a model name or path could not be resolved (also a LookupError)
+    └── ClosedResourceError    a resource was used after ``aclose()``
+
+Inside an episode, errors are data: the rollout runner turns an exception into a
+failed :class:`~agentenv.Sample` whose ``error_type`` and ``reason`` name it, and the
+episode's siblings carry on. ``ToolCallError`` never leaves a tool-use episode: it goes
+back to the model as a tool message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentEnvError",
+    "ClosedResourceError",
+    "ConfigError",
+    "ContextLengthError",
+    "EpisodeAborted",
+    "EpisodeTruncated",
+    "GenerationError",
+    "HistoryRewriteError",
+    "MessageError",
+    "ModelNotFoundError",
+    "RewardError",
+    "SampleError",
+    "TemplateError",
+    "ToolCallError",
+]
+
+
+class AgentEnvError(Exception):
+    """Root of every exception agentenv raises on purpose."""
+
+
+class ConfigError(AgentEnvError, ValueError):
+    """A setting or argument is invalid; the message names the value and the fix."""
+
+
+class MessageError(AgentEnvError, ValueError):
+    """A chat message is malformed (unknown role, missing or non-string content, ...)."""
+
+
+class SampleError(AgentEnvError, ValueError):
+    """A Sample violates the data contract (misaligned lengths, non-finite reward, ...)."""
+
+
+class TemplateError(AgentEnvError):
+    """The tokenizer has no chat template, or the template failed to render."""
+
+
+class HistoryRewriteError(TemplateError):
+    """The chat template renders earlier turns differently from the ids the model saw.
+
+    Templates that strip earlier reasoning (``<think>``) or trim whitespace do this. A
+    :class:`~agentenv.Transcript` with ``on_history_rewrite="new_sample"`` starts a new
+    segment instead of raising.
+    """
+
+
+class ContextLengthError(AgentEnvError):
+    """A prompt is longer than the model's context."""
+
+
+class GenerationError(AgentEnvError):
+    """The generator failed or returned an unusable completion (e.g. empty)."""
+
+
+class ToolCallError(AgentEnvError):
+    """A tool call is malformed, names an unknown tool, fails validation, raises or times out."""
+
+
+class RewardError(AgentEnvError):
+    """A reward function returned NaN, an infinity or something that is not a number."""
+
+
+class EpisodeTruncated(AgentEnvError):  # noqa: N818 - control flow, not a failure
+    """Raised inside an episode when it reaches its turn limit or context budget.
+
+    The convenience environments catch it and emit truncated samples; the runner does
+    the same for a custom ``rollout`` that lets it escape.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EpisodeAborted(AgentEnvError):  # noqa: N818 - control flow, not a failure
+    """Raised inside an episode when the generator aborts a request (finish type ``abort``).
+
+    The episode's samples are emitted with status ``aborted``.
+    """
+
+
+class ModelNotFoundError(AgentEnvError, LookupError):
+    """A model name or path could not be resolved to a local model."""
+
+
+class ClosedResourceError(AgentEnvError):
+    """A resource (generator, sink, pool) was used after it was closed."""

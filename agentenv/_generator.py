@@ -1,0 +1,193 @@
+"""The generator protocol: token ids in; token ids, log-probs, finish reason and weight version out.
+
+Every inference backend implements :class:`Generator`: the SGLang client, the embedded
+engine and the :class:`~agentenv.ScriptedModel` used to test environments offline.
+:class:`SamplingParams` mirrors SGLang's sampling parameters and validates them locally
+with SGLang's messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from agentenv._errors import ConfigError
+
+__all__ = ["Completion", "FinishReason", "Generator", "SamplingParams"]
+
+_GREEDY_EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """Sampling parameters, with SGLang's names, defaults and range checks.
+
+    ``temperature`` below 1e-6 means greedy. ``top_k=-1`` means all tokens.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Accept lists from JSON/config but store tuples (hashable, immutable).
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self.verify()
+
+    def verify(self) -> None:
+        """Raise :class:`ConfigError` naming the first out-of-range field."""
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise ConfigError(f"temperature must be non-negative, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.top_k < 1 and self.top_k != -1:
+            raise ConfigError(
+                f"top_k must be -1 (disable), or at least 1, got {self.top_k}"
+            )
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}")
+        if self.min_new_tokens < 0:
+            raise ConfigError(f"min_new_tokens must be at least 0, got {self.min_new_tokens}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
+                f"got {self.min_new_tokens}"
+            )
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop must be a list of non-empty strings, got {list(self.stop)}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ConfigError(
+                f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)}"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied (and validated)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown sampling parameters {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The ``sampling_params`` object of an SGLang ``/generate`` request."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "min_new_tokens": self.min_new_tokens,
+            "ignore_eos": self.ignore_eos,
+            # Token-in, token-out: keep special tokens and stop strings in the output.
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            out["sampling_seed"] = self.seed
+        return out
+
+    @classmethod
+    def from_sglang(cls, data: Mapping[str, Any] | None) -> SamplingParams:
+        """Parse SGLang's ``sampling_params``: ``null`` takes the default, unknown keys are ignored."""
+        data = data or {}
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names and v is not None}
+        if "sampling_seed" in data and data["sampling_seed"] is not None:
+            kwargs["seed"] = data["sampling_seed"]
+        if isinstance(kwargs.get("stop"), str):
+            kwargs["stop"] = (kwargs["stop"],)
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"invalid sampling_params: {e}") from None
+
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinishReason:
+    """Why a generation ended, as SGLang reports it.
+
+    ``stop``: an EOS/stop token id or stop string was produced (``matched``);
+    ``length``: ``max_new_tokens`` (``length``) was reached; ``abort``: cancelled (``message``).
+    """
+
+    type: FinishType
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    def to_sglang(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        elif self.type == "length":
+            out["length"] = self.length
+        else:
+            out["message"] = self.message
+        return out
+
+    @classmethod
+    def from_sglang(cls, data: Mapping[str, Any] | None) -> FinishReason:
+        if data is None:
+            return cls("abort", message="no finish reason")
+        kind = data.get("type")
+        if kind not in ("stop", "length", "abort"):
+            raise ConfigError(f"finish_reason.type must be stop, length or abort, got {kind!r}")
+        return cls(kind, matched=data.get("matched"), length=data.get("length"),
+                   message=data.get("message"))
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Completion:
+    """The result of one generate call.
+
+    ``output_ids`` are exactly the ids the engine produced (the matched stop token
+    included); ``logprobs`` are aligned with them, or ``None`` when not requested.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    weight_version: str = "default"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.output_ids):
+            raise ConfigError(
+                f"a completion has {len(self.output_ids)} output_ids but "
+                f"{len(self.logprobs)} logprobs; they must be aligned"
+            )
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that turns token ids into a :class:`Completion`."""
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        """Generate a continuation of ``input_ids``. ``rid`` names the request (for abort)."""
+        ...

@@ -1,0 +1,160 @@
+"""Conveniences on top of :class:`Environment`: single-turn, multi-turn and tool-use.
+
+:class:`MultiTurnEnv` runs the loop every chat environment needs -- generate, let the
+environment answer, repeat until it says done or a limit is hit -- and scores the episode
+with a :class:`Rubric`. :class:`SingleTurnEnv` stops after the first answer.
+:class:`ToolEnv` answers tool calls with the results of its ``@tool`` functions.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from agentenv._environment import Environment, Episode, Task
+from agentenv._errors import EpisodeAborted, EpisodeTruncated
+from agentenv._messages import Message
+from agentenv._rewards import Rubric
+from agentenv._sample import JSONValue, Sample, Status
+from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallError, ToolCallParser, run_tool_calls
+from agentenv._transcript import Transcript
+
+__all__ = ["MultiTurnEnv", "SingleTurnEnv", "State", "ToolEnv"]
+
+
+@dataclasses.dataclass(slots=True)
+class State:
+    """An episode in progress, as reward functions and ``respond`` see it.
+
+    ``info`` is scratch space for the environment; what is JSON there ends up in the
+    sample's metadata.
+    """
+
+    task: Task
+    transcript: Transcript
+    episode: Episode
+    info: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
+
+    @property
+    def completion(self) -> str:
+        """The last assistant message's text."""
+        return self.transcript.last_assistant
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.transcript.messages
+
+    @property
+    def turns(self) -> int:
+        return self.transcript.turns
+
+
+class MultiTurnEnv(Environment):
+    """The environment answers each assistant turn until :meth:`respond` returns ``None``.
+
+    Class attributes (override them):
+        system_prompt: prepended as a system message when set.
+        max_turns: model turns per episode; more ends the episode as truncated.
+        rubric: scores the episode.
+        sampling: overrides of the run's sampling parameters for this environment.
+    """
+
+    system_prompt: ClassVar[str | None] = None
+    max_turns: ClassVar[int] = 10
+    rubric: Rubric = Rubric()
+    sampling: ClassVar[Mapping[str, Any]] = {}
+
+    def prompt(self, task: Task) -> list[Message]:
+        """The opening messages of ``task`` (default: system prompt + ``task.prompt``)."""
+        msgs: list[Message] = []
+        if self.system_prompt:
+            msgs.append({"role": "system", "content": self.system_prompt})
+        if isinstance(task.prompt, str):
+            msgs.append({"role": "user", "content": task.prompt})
+        else:
+            msgs.extend(dict(m) for m in task.prompt)  # type: ignore[misc]
+        return msgs
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """Tool schemas offered through the chat template (default: none)."""
+        return None
+
+    @abc.abstractmethod
+    async def respond(self, task: Task, state: State) -> Sequence[Message] | str | None:
+        """The environment's answer to the last assistant turn; ``None`` ends the episode."""
+
+    async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
+        transcript = episode.transcript(self.prompt(task), tools=self.tool_schemas())
+        state = State(task, transcript, episode)
+        status, reason = Status.COMPLETED, None
+        try:
+            while True:
+                await episode.generate(transcript, max_turns=self.max_turns, **self.sampling)
+                if transcript.last_finish is not None and transcript.last_finish.type == "length":
+                    status, reason = Status.TRUNCATED, "length: hit max_new_tokens"
+                    break
+                reply = await self.respond(task, state)
+                if reply is None:
+                    break
+                limit = episode.limits.max_turns or self.max_turns
+                if transcript.turns >= limit:
+                    status, reason = Status.TRUNCATED, f"max_turns: reached {limit} turns"
+                    break
+                transcript.add_messages(reply)
+        except EpisodeTruncated as e:
+            status, reason = Status.TRUNCATED, e.reason
+        except EpisodeAborted as e:
+            status, reason = Status.ABORTED, str(e)
+        total, parts = await self.rubric.score(task, state)
+        metadata: dict[str, JSONValue] = {"rewards": parts}
+        metadata.update(state.info)
+        return episode.samples(transcript, total, status=status, reason=reason, metadata=metadata)
+
+    async def score_group(self, task: Task, samples: Sequence[Sample]) -> Sequence[Sample]:
+        if not self.rubric.group:
+            return samples
+        bonus = await self.rubric.score_group(task, samples)
+        return [
+            dataclasses.replace(s, reward=s.reward + b) if b else s
+            for s, b in zip(samples, bonus, strict=True)
+        ]
+
+
+class SingleTurnEnv(MultiTurnEnv):
+    """Prompt, one completion, reward."""
+
+    max_turns: ClassVar[int] = 1
+
+    async def respond(self, task: Task, state: State) -> None:
+        return None
+
+
+class ToolEnv(MultiTurnEnv):
+    """The model calls ``tools``; the episode ends at the first turn without a tool call.
+
+    Class attributes:
+        tools: the :class:`Tool` objects offered.
+        parser: finds calls in the model's text (default Hermes ``<tool_call>``).
+    Counts of calls and errors go to ``metadata["tool_calls"]`` / ``["tool_errors"]``.
+    """
+
+    tools: ClassVar[Sequence[Tool]] = ()
+    parser: ClassVar[ToolCallParser] = HermesParser()
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return [t.schema for t in self.tools] or None
+
+    async def respond(self, task: Task, state: State) -> Sequence[Message] | None:
+        calls = self.parser.parse(state.completion)
+        if not calls:
+            return None
+        info = state.info
+        info["tool_calls"] = int(info.get("tool_calls", 0)) + len(calls)
+
+        def count(call: ToolCall | ToolCallError, text: str, ok: bool) -> None:
+            if not ok:
+                info["tool_errors"] = int(info.get("tool_errors", 0)) + 1
+
+        return await run_tool_calls(calls, self.tools, on_result=count)

@@ -1,0 +1,122 @@
+"""Reward functions and their weighted combination (:class:`Rubric`).
+
+A reward function takes ``(task, state)`` and returns a number, directly or as an
+awaitable. A group reward function takes ``(task, samples)`` for a whole GRPO group and
+returns one number per sample (e.g. a bonus for the shortest correct answer). Every value
+is checked: NaN, infinities and non-numbers raise :class:`RewardError` naming the function.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from agentenv._errors import ConfigError, RewardError
+from agentenv._sample import Sample
+
+if TYPE_CHECKING:
+    from agentenv._environment import Task
+    from agentenv._multiturn import State
+
+__all__ = ["GroupRewardFn", "RewardFn", "Rubric", "reward"]
+
+RewardFn = Callable[["Task", "State"], float | Awaitable[float]]
+GroupRewardFn = Callable[["Task", Sequence[Sample]], Sequence[float] | Awaitable[Sequence[float]]]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def check_reward(value: Any, source: str) -> float:
+    """``value`` as a finite float, or :class:`RewardError` naming ``source``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(
+            f"reward function {source!r} returned {type(value).__name__} {value!r}; "
+            "it must return a finite number"
+        )
+    value = float(value)
+    if not math.isfinite(value):
+        raise RewardError(f"reward function {source!r} returned {value}; it must be finite")
+    return value
+
+
+def reward(*, blocking: bool = False, name: str | None = None) -> Callable[[RewardFn], RewardFn]:
+    """Mark a synchronous reward function as blocking (run in a worker thread) or rename it."""
+
+    def wrap(fn: RewardFn) -> RewardFn:
+        if blocking:
+            if inspect.iscoroutinefunction(fn):
+                raise ConfigError(f"reward {_name(fn)!r} is async; blocking=True is for sync code")
+
+            async def threaded(task: Task, state: State) -> float:
+                return await anyio.to_thread.run_sync(fn, task, state)  # type: ignore[arg-type]
+
+            threaded.__name__ = name or _name(fn)
+            return threaded
+        if name:
+            fn.__name__ = name  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+class Rubric:
+    """A weighted sum of reward functions, plus optional group reward functions.
+
+    ``Rubric(correct, (brevity, 0.1))`` gives ``1.0 * correct + 0.1 * brevity``.
+    Each component's value is recorded in the sample's ``metadata["rewards"]``.
+    """
+
+    def __init__(
+        self,
+        *funcs: RewardFn | tuple[RewardFn, float],
+        group: Sequence[GroupRewardFn | tuple[GroupRewardFn, float]] = (),
+    ) -> None:
+        self.funcs: list[tuple[RewardFn, float]] = [self._weighted(f) for f in funcs]
+        self.group: list[tuple[GroupRewardFn, float]] = [self._weighted(f) for f in group]
+
+    @staticmethod
+    def _weighted(item: Any) -> tuple[Any, float]:
+        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
+        if not callable(fn):
+            raise ConfigError(f"a reward must be callable, got {type(fn).__name__}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
+            weight
+        ):
+            raise ConfigError(f"reward weight for {_name(fn)!r} must be a finite number")
+        return fn, float(weight)
+
+    async def score(self, task: Task, state: State) -> tuple[float, dict[str, float]]:
+        """The weighted total and each component's raw value."""
+        total = 0.0
+        parts: dict[str, float] = {}
+        for fn, weight in self.funcs:
+            value = fn(task, state)
+            if inspect.isawaitable(value):
+                value = await value
+            v = check_reward(value, _name(fn))
+            parts[_name(fn)] = v
+            total += weight * v
+        return total, parts
+
+    async def score_group(self, task: Task, samples: Sequence[Sample]) -> list[float]:
+        """Per-sample weighted sum of the group functions (0.0 each when there are none)."""
+        totals = [0.0] * len(samples)
+        for fn, weight in self.group:
+            values = fn(task, samples)
+            if inspect.isawaitable(values):
+                values = await values
+            values = list(values)  # type: ignore[arg-type]
+            if len(values) != len(samples):
+                raise RewardError(
+                    f"group reward {_name(fn)!r} returned {len(values)} values "
+                    f"for {len(samples)} samples"
+                )
+            for i, v in enumerate(values):
+                totals[i] += weight * check_reward(v, _name(fn))
+        return totals

@@ -1,0 +1,351 @@
+"""The rollout runner: many episodes at once, grouped, with failures as data.
+
+:func:`run_rollouts` plays ``n_samples_per_prompt`` episodes of every task with at most
+``concurrency`` in flight (a fixed pool of worker tasks, so memory does not grow with the
+number of tasks). A finished group is scored by the environment's group rewards and put
+into the sink (the Data Buffer, a JSONL file, a list). An episode that raises, overruns
+its timeout or returns a bad reward becomes a *failed sample* naming the error; its
+siblings are unaffected. Cancelling the caller cancels every episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+import anyio
+
+from agentenv._environment import Environment, Episode, Limits, Task
+from agentenv._errors import ClosedResourceError, ConfigError, EpisodeAborted, EpisodeTruncated
+from agentenv._generator import Generator, SamplingParams
+from agentenv._sample import Sample, Status
+from agentenv._tokenizer import Tokenizer
+from agentenv._transcript import HistoryPolicy
+
+__all__ = [
+    "JsonlSink",
+    "ListSink",
+    "RolloutConfig",
+    "RolloutStats",
+    "SampleSink",
+    "run_rollouts",
+]
+
+_MAX_REASON = 1000
+
+
+@runtime_checkable
+class SampleSink(Protocol):
+    """Where finished samples go. The Data Buffer implements this."""
+
+    async def put(self, sample: Sample) -> None:
+        """Accept one sample (may wait: backpressure)."""
+        ...
+
+
+class ListSink:
+    """Collects samples in memory (tests, small evaluations)."""
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+
+    async def put(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+
+class JsonlSink:
+    """Appends each sample as one JSON line to a file; use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("w", encoding="utf-8")
+        self.count = 0
+
+    async def put(self, sample: Sample) -> None:
+        if self._file is None:
+            raise ClosedResourceError(f"JsonlSink({str(self.path)!r}) is closed")
+        self._file.write(sample.to_json() + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> JsonlSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> JsonlSink:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutConfig:
+    """How to run rollouts.
+
+    Args:
+        n_samples_per_prompt: episodes per task (the GRPO group size).
+        concurrency: episodes in flight at once.
+        sampling: sampling parameters for every generation.
+        limits: per-episode turn, context and time limits.
+        seed: base seed; episode ``i`` of task ``t`` gets a seed derived from it.
+        on_history_rewrite: what transcripts do when the template rewrites history.
+        progress: show a progress bar on stderr (``None``: when stderr is a terminal).
+    """
+
+    n_samples_per_prompt: int = 1
+    concurrency: int = 64
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    seed: int = 0
+    on_history_rewrite: HistoryPolicy = "new_sample"
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_samples_per_prompt < 1:
+            raise ConfigError(
+                f"n_samples_per_prompt must be at least 1, got {self.n_samples_per_prompt}"
+            )
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
+
+
+@dataclasses.dataclass(slots=True)
+class RolloutStats:
+    """What a run produced."""
+
+    episodes: int = 0
+    samples: int = 0
+    turns: int = 0
+    completion_tokens: int = 0
+    failed: Counter[str] = dataclasses.field(default_factory=Counter)
+    status: Counter[str] = dataclasses.field(default_factory=Counter)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def reward_mean(self) -> float:
+        return math.fsum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def reward_std(self) -> float:
+        if not self.rewards:
+            return 0.0
+        mean = self.reward_mean
+        return math.sqrt(math.fsum((r - mean) ** 2 for r in self.rewards) / len(self.rewards))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes,
+            "samples": self.samples,
+            "turns": self.turns,
+            "reward_mean": self.reward_mean,
+            "reward_std": self.reward_std,
+            "failed": dict(sorted(self.failed.items())),
+            "status": dict(sorted(self.status.items())),
+            "completion_tokens": self.completion_tokens,
+            "wall_s": round(self.wall_s, 4),
+        }
+
+
+def failed_sample(episode: Episode, error: BaseException, *, error_type: str | None = None) -> Sample:
+    """A failed sample for ``episode`` naming ``error`` (prompt ids kept when known)."""
+    prompt: list[int] = []
+    role = None
+    if episode.transcripts:
+        first = episode.transcripts[0]
+        prompt = list(first.segments[0].prompt_ids)
+        role = first.role
+    message = str(error) or repr(error)
+    return Sample(
+        prompt_ids=prompt,
+        completion_ids=[],
+        reward=0.0,
+        group_id=episode.group_id,
+        role=role,
+        status=Status.FAILED,
+        reason=message[:_MAX_REASON],
+        error_type=error_type or type(error).__name__,
+        metadata={"turns": sum(t.turns for t in episode.transcripts)},
+    )
+
+
+def _limit_samples(episode: Episode, status: Status, reason: str) -> list[Sample]:
+    # A custom rollout let a truncation/abort escape: emit what its transcripts hold.
+    out: list[Sample] = []
+    for t in episode.transcripts:
+        out.extend(episode.samples(t, 0.0, status=status, reason=reason))
+    return out
+
+
+def _episode_seed(seed: int, task_id: str, index: int) -> int:
+    # Stable across processes (unlike hash() of a str), so runs are reproducible.
+    digest = hashlib.blake2b(f"{seed}:{task_id}:{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
+    """Run one episode; every outcome, including errors, comes back as samples."""
+    timeout = episode.limits.timeout_s
+    try:
+        with anyio.fail_after(timeout):
+            result = await env.rollout(episode.task, episode)
+        samples = [result] if isinstance(result, Sample) else list(result)
+        if not samples:
+            raise ConfigError(f"{type(env).__name__}.rollout returned no samples")
+        for s in samples:
+            if not isinstance(s, Sample):
+                raise ConfigError(
+                    f"{type(env).__name__}.rollout must return Sample objects, "
+                    f"got {type(s).__name__}"
+                )
+            if s.group_id is None:
+                s.group_id = episode.group_id
+    except EpisodeTruncated as e:
+        samples = _limit_samples(episode, Status.TRUNCATED, e.reason)
+    except EpisodeAborted as e:
+        samples = _limit_samples(episode, Status.ABORTED, str(e) or "aborted")
+    except TimeoutError as e:
+        error = e if timeout is None else TimeoutError(f"episode exceeded its {timeout} s timeout")
+        return [failed_sample(episode, error, error_type="EpisodeTimeout")]
+    except Exception as e:
+        return [failed_sample(episode, e)]
+    return samples or [failed_sample(episode, ConfigError("episode produced no model turn"))]
+
+
+@dataclasses.dataclass(slots=True)
+class _Group:
+    task: Task
+    group_id: str
+    pending: int
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+
+
+def _progress_bar(enabled: bool | None, total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() if enabled is None else enabled
+    return tqdm(total=total, desc=desc, unit="ep", disable=not show, file=sys.stderr,
+                dynamic_ncols=True, mininterval=0.5)
+
+
+async def run_rollouts(
+    env: Environment,
+    tasks: Sequence[Task],
+    policy: Generator,
+    *,
+    tokenizer: Tokenizer,
+    sink: SampleSink | None = None,
+    config: RolloutConfig | None = None,
+    policies: Mapping[str, Generator] | None = None,
+) -> RolloutStats:
+    """Play every task ``n_samples_per_prompt`` times and put the samples into ``sink``.
+
+    Args:
+        env: the environment.
+        tasks: the tasks to play (e.g. ``env.tasks("test")[:100]``).
+        policy: the generator for every role not in ``policies``.
+        tokenizer: the policy's tokenizer (renders transcripts).
+        sink: receives each finished group's samples, in order within the group.
+        config: group size, concurrency, sampling, limits, seed, progress bar.
+        policies: per-role generators (fixed opponents, other models).
+    """
+    config = config or RolloutConfig()
+    sink = sink if sink is not None else ListSink()
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dupes = sorted(k for k, v in Counter(ids).items() if v > 1)[:5]
+        raise ConfigError(f"task ids must be unique within a run; duplicated: {dupes}")
+    n = config.n_samples_per_prompt
+    run = uuid.uuid4().hex[:8]
+    groups = [_Group(task, f"{task.id}@{run}", n) for task in tasks]
+    stats = RolloutStats()
+    start = time.perf_counter()
+    bar = _progress_bar(config.progress, len(tasks) * n, getattr(env, "name", "") or "rollout")
+
+    async def finish(group: _Group) -> None:
+        ok = [s for s in group.samples if s.status is not Status.FAILED]
+        bad = [s for s in group.samples if s.status is Status.FAILED]
+        if ok:
+            try:
+                ok = list(await env.score_group(group.task, ok))
+            except Exception as e:
+                ok = [
+                    dataclasses.replace(
+                        s, status=Status.FAILED, reason=f"group reward: {e}"[:_MAX_REASON],
+                        error_type=type(e).__name__, reward=0.0, metadata=dict(s.metadata),
+                    )
+                    for s in ok
+                ]
+        for s in [*ok, *bad]:
+            stats.samples += 1
+            stats.status[s.status.value] += 1
+            if s.status is Status.FAILED:
+                stats.failed[s.error_type or "Error"] += 1
+            else:
+                stats.rewards.append(s.reward)
+            await sink.put(s)
+        group.samples.clear()
+
+    send, receive = anyio.create_memory_object_stream[tuple[_Group, int]](0)
+
+    async def feed() -> None:
+        async with send:
+            for group in groups:
+                for i in range(n):
+                    await send.send((group, i))
+
+    async def worker() -> None:
+        async with receive.clone() as items:
+            async for group, i in items:
+                episode = Episode(
+                    task=group.task,
+                    tokenizer=tokenizer,
+                    policy=policy,
+                    policies=policies,
+                    sampling=config.sampling,
+                    limits=config.limits,
+                    group_id=group.group_id,
+                    index=i,
+                    seed=_episode_seed(config.seed, group.task.id, i),
+                    on_history_rewrite=config.on_history_rewrite,
+                )
+                samples = await play_episode(env, episode)
+                stats.episodes += 1
+                stats.turns += sum(t.turns for t in episode.transcripts)
+                stats.completion_tokens += episode.completion_tokens
+                group.samples.extend(samples)
+                group.pending -= 1
+                bar.update(1)
+                if group.pending == 0:
+                    await finish(group)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feed)
+            for _ in range(min(config.concurrency, max(1, len(tasks) * n))):
+                tg.start_soon(worker)
+            receive.close()
+    finally:
+        bar.close()
+        stats.wall_s = time.perf_counter() - start
+    return stats

@@ -1,0 +1,198 @@
+"""The Sample: one trainable sequence, the unit of the data contract.
+
+A sample is ``prompt_ids`` followed by ``completion_ids``. Within the completion,
+``loss_mask`` marks model-generated tokens (1) apart from tokens the environment
+inserted (0, e.g. tool output), and ``rollout_logprobs`` holds the log-probability the
+policy gave each generated token (0.0 where the mask is 0). Samples are validated on
+construction and serialise to JSON losslessly (floats round-trip exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from agentenv._errors import SampleError
+
+__all__ = ["Sample", "Status"]
+
+JSONValue = Any  # a value json.dumps accepts; kept loose on purpose (metadata is user data)
+
+
+class Status(enum.StrEnum):
+    """How the episode that produced a sample ended."""
+
+    COMPLETED = "completed"
+    """The episode ran to its natural end."""
+    TRUNCATED = "truncated"
+    """A limit ended it: turns, context budget or ``max_new_tokens``; ``reason`` says which."""
+    ABORTED = "aborted"
+    """It was cancelled (e.g. a weight update aborted in-flight requests)."""
+    FAILED = "failed"
+    """An error ended it; ``error_type`` and ``reason`` say which. Not trainable."""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True, eq=True)
+class Sample:
+    """One trainable sequence.
+
+    Args:
+        prompt_ids: token ids the first generation was conditioned on.
+        completion_ids: everything after the prompt: model tokens and environment tokens.
+        reward: a finite float.
+        loss_mask: per completion token, 1 if the model generated it, 0 if the
+            environment inserted it. Defaults to all ones.
+        rollout_logprobs: per completion token, the sampling policy's log-probability;
+            0.0 where ``loss_mask`` is 0. ``None`` when the generator gave none.
+        group_id: the GRPO group key (samples of one prompt share it).
+        role: the agent that produced the sample, in multi-agent episodes.
+        weight_versions: every policy version that produced a token of this sample, in order.
+        status: how the episode ended; ``reason`` is required unless ``COMPLETED``.
+        reason: a short human-readable explanation of ``status``.
+        error_type: for ``FAILED`` samples, the error class name (``"TimeoutError"``).
+        metadata: small JSON-serialisable data (turn counts, reward components, ...).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    reward: float
+    loss_mask: list[int] | None = None
+    rollout_logprobs: list[float] | None = None
+    group_id: str | None = None
+    role: str | None = None
+    weight_versions: list[str] = dataclasses.field(default_factory=list)
+    status: Status = Status.COMPLETED
+    reason: str | None = None
+    error_type: str | None = None
+    metadata: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if self.loss_mask is None:
+            self.loss_mask = [1] * n
+        elif len(self.loss_mask) != n:
+            raise SampleError(
+                f"loss_mask has {len(self.loss_mask)} entries but completion_ids has {n}; "
+                "they must be aligned one per completion token"
+            )
+        elif self.loss_mask and not set(self.loss_mask) <= {0, 1}:
+            raise SampleError(f"loss_mask must contain only 0 and 1, got {set(self.loss_mask)}")
+        if self.rollout_logprobs is not None:
+            if len(self.rollout_logprobs) != n:
+                raise SampleError(
+                    f"rollout_logprobs has {len(self.rollout_logprobs)} entries but "
+                    f"completion_ids has {n}; they must be aligned one per completion token"
+                )
+            if not all(map(math.isfinite, self.rollout_logprobs)):
+                raise SampleError("rollout_logprobs must all be finite")
+        if isinstance(self.reward, bool) or not isinstance(self.reward, int | float):
+            raise SampleError(f"reward must be a float, got {type(self.reward).__name__}")
+        if not math.isfinite(self.reward):
+            raise SampleError(f"reward must be finite, got {self.reward}")
+        self.reward = float(self.reward)
+        if (self.prompt_ids and min(self.prompt_ids) < 0) or (
+            self.completion_ids and min(self.completion_ids) < 0
+        ):
+            raise SampleError("token ids must be non-negative")
+        self.status = Status(self.status)
+        if self.status is not Status.COMPLETED and not self.reason:
+            raise SampleError(f"a {self.status.value} sample needs a reason")
+        if self.status is Status.FAILED:
+            if not self.error_type:
+                raise SampleError("a failed sample needs an error_type (e.g. 'TimeoutError')")
+        else:
+            if self.error_type is not None:
+                raise SampleError(f"error_type is only for failed samples, got {self.error_type!r}")
+            if not self.prompt_ids:
+                raise SampleError(f"a {self.status.value} sample needs prompt_ids")
+
+    # -- views -----------------------------------------------------------------------
+    @property
+    def ids(self) -> list[int]:
+        """``prompt_ids + completion_ids``."""
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def num_generated(self) -> int:
+        """Number of model-generated tokens (loss-mask ones)."""
+        assert self.loss_mask is not None
+        return sum(self.loss_mask)
+
+    @property
+    def trainable(self) -> bool:
+        """False for failed samples and samples with no generated token."""
+        return self.status is not Status.FAILED and self.num_generated > 0
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, JSONValue]:
+        """A plain dict of JSON types."""
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
+            "reward": self.reward,
+            "loss_mask": list(self.loss_mask or ()),
+            "rollout_logprobs": None
+            if self.rollout_logprobs is None
+            else list(self.rollout_logprobs),
+            "group_id": self.group_id,
+            "role": self.role,
+            "weight_versions": list(self.weight_versions),
+            "status": self.status.value,
+            "reason": self.reason,
+            "error_type": self.error_type,
+            "metadata": self.metadata,
+        }
+
+    def to_json(self) -> str:
+        """One line of JSON; ``Sample.from_json(s.to_json()) == s`` exactly."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JSONValue]) -> Sample:
+        """Build and validate a Sample from :meth:`to_dict` output (unknown keys are errors)."""
+        if not isinstance(data, Mapping):
+            raise SampleError(f"a sample must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise SampleError(f"unknown sample fields {sorted(unknown)}; expected {sorted(known)}")
+        for key in ("prompt_ids", "completion_ids", "reward"):
+            if key not in data:
+                raise SampleError(f"sample is missing required field {key!r}")
+        kwargs = dict(data)
+        for key in ("prompt_ids", "completion_ids", "loss_mask"):
+            value = kwargs.get(key)
+            if value is not None and (
+                not isinstance(value, list)
+                or not all(type(v) is int for v in value)
+            ):
+                raise SampleError(f"{key} must be a list of integers")
+        lp = kwargs.get("rollout_logprobs")
+        if lp is not None and (
+            not isinstance(lp, list)
+            or not all(type(v) is float or type(v) is int for v in lp)
+        ):
+            raise SampleError("rollout_logprobs must be a list of numbers")
+        if lp is not None:
+            kwargs["rollout_logprobs"] = [float(v) for v in lp]
+        if "status" in kwargs:
+            try:
+                kwargs["status"] = Status(kwargs["status"])
+            except ValueError:
+                raise SampleError(
+                    f"status must be one of {[s.value for s in Status]}, got {kwargs['status']!r}"
+                ) from None
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Sample:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SampleError(f"sample is not valid JSON: {e}") from None
+        return cls.from_dict(data)

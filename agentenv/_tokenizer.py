@@ -1,0 +1,247 @@
+"""Tokenizers with chat templates, light enough for the rollout hot path.
+
+:class:`ChatTokenizer` pairs a Rust ``tokenizers.Tokenizer`` with the model's Jinja chat
+template, rendered the way ``transformers`` renders it (sandboxed Jinja, ``trim_blocks``,
+``lstrip_blocks``, ``tojson``, ``raise_exception``), without importing transformers or torch.
+Anything that satisfies the :class:`Tokenizer` protocol can be used instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from agentenv._errors import ConfigError, TemplateError
+from agentenv._messages import Message
+
+if TYPE_CHECKING:
+    import jinja2
+    import tokenizers
+
+__all__ = ["ChatTokenizer", "Tokenizer"]
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the SDK needs from a tokenizer."""
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The id that ends an assistant turn by default."""
+        ...
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` argument itself."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token text maps to special ids; no BOS/EOS added."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens included."""
+        ...
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The chat template applied to ``messages``, as text."""
+        ...
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json stores special tokens either as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        content = value.get("content")
+        return content if isinstance(content, str) else None
+    return value if isinstance(value, str) else None
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"chat template raised: {message}")
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Same defaults as transformers' chat-template tojson (not Jinja's HTML-safe one).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+def _compile_template(source: str) -> jinja2.Template:
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"chat template does not compile: {e} (line {e.lineno})") from None
+
+class ChatTokenizer:
+    """A ``tokenizers.Tokenizer`` plus a Jinja chat template.
+
+    Build one with :meth:`load` (a model name such as ``"smollm2-135m"`` or an HF
+    directory), :meth:`from_dir`, or the constructor. :meth:`with_template` returns a copy
+    rendering another template, optionally registering extra special tokens.
+    """
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        chat_template: str | None,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        name: str = "",
+    ) -> None:
+        self._tok = tokenizer
+        self.name = name
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self._eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        self._template: jinja2.Template | None = (
+            _compile_template(chat_template) if chat_template else None
+        )
+        self._supports_tools = bool(chat_template) and "tools" in (chat_template or "")
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike[str]) -> ChatTokenizer:
+        """Load ``tokenizer.json`` and the chat template from a Hugging Face model directory."""
+        import tokenizers
+
+        root = Path(path)
+        tok_file = root / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ConfigError(
+                f"{root} has no tokenizer.json; expected a Hugging Face model directory "
+                "(save one with tokenizer.save_pretrained(dir))"
+            )
+        config: dict[str, Any] = {}
+        cfg_file = root / "tokenizer_config.json"
+        if cfg_file.is_file():
+            config = json.loads(cfg_file.read_text(encoding="utf-8"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = by_name.get("default") or next(iter(by_name.values()), None)
+        jinja_file = root / "chat_template.jinja"
+        if template is None and jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        json_file = root / "chat_template.json"
+        if template is None and json_file.is_file():
+            template = json.loads(json_file.read_text(encoding="utf-8")).get("chat_template")
+        return cls(
+            tokenizers.Tokenizer.from_file(str(tok_file)),
+            template if isinstance(template, str) else None,
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+            name=root.name,
+        )
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike[str]) -> ChatTokenizer:
+        """Load by model name (``"smollm2-135m"``) or from a local HF directory."""
+        from agentenv.engine._models import resolve_model
+
+        return cls.from_dir(resolve_model(str(name_or_path)))
+
+    def with_template(
+        self,
+        chat_template: str,
+        *,
+        special_tokens: Sequence[str] = (),
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> ChatTokenizer:
+        """A copy that renders ``chat_template``; ``special_tokens`` are added as single ids."""
+        import tokenizers
+
+        tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
+        if special_tokens:
+            tok.add_special_tokens(list(special_tokens))
+        return ChatTokenizer(
+            tok,
+            chat_template,
+            bos_token=bos_token if bos_token is not None else self.bos_token,
+            eos_token=eos_token if eos_token is not None else self.eos_token,
+            name=self.name,
+        )
+
+    # -- the protocol ----------------------------------------------------------------
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def supports_tools(self) -> bool:
+        return self._supports_tools
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one token's text, or ``None``."""
+        result = self._tok.token_to_id(token)
+        return None if result is None else int(result)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self._tok.decode(list(ids), skip_special_tokens=False)
+        return text
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        if self._template is None:
+            raise TemplateError(
+                f"tokenizer {self.name or ''!s} has no chat template; pass one with "
+                "ChatTokenizer.with_template(...) or use a model whose tokenizer_config.json "
+                "has 'chat_template'"
+            )
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError:
+            raise
+        except Exception as e:  # a template bug must name itself, not surface as a KeyError
+            raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer({self.name!r}, vocab={self.vocab_size})"
+
+RenderFn = Callable[..., str]

@@ -1,0 +1,312 @@
+"""Tools: typed Python functions offered to the model, and the parser for its calls.
+
+``@tool`` turns an async or sync function into a :class:`Tool` whose OpenAI function
+schema comes from the type hints and the docstring (Google-style ``Args:``). Calls are
+parsed from the model's text by a :class:`ToolCallParser` (Hermes/Qwen
+``<tool_call>{...}</tool_call>`` by default). Every failure -- garbage JSON, an unknown
+tool, arguments that fail the schema, a tool that raises or overruns its timeout --
+becomes a tool message telling the model what went wrong; the episode continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, get_type_hints, overload
+
+import anyio
+import pydantic
+
+from agentenv._errors import ConfigError, ToolCallError
+from agentenv._messages import Message
+
+__all__ = [
+    "HermesParser",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "run_tool_calls",
+    "tool",
+]
+
+_ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its description and Google-style ``Args:`` entries."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    args: dict[str, str] = {}
+    section = "description"
+    current: str | None = None
+    arg_indent: int | None = None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.lower() in {"args:", "arguments:", "parameters:"}:
+            section = "args"
+            continue
+        if stripped.endswith(":") and stripped[:-1].lower() in {
+            "returns", "return", "raises", "yields", "examples", "example", "note", "notes",
+        }:
+            section = "other"
+            continue
+        if section == "description":
+            description.append(line)
+        elif section == "args":
+            indent = len(line) - len(line.lstrip())
+            m = _ARG_LINE.match(line)
+            if m and (arg_indent is None or indent <= arg_indent):
+                arg_indent = indent
+                current = m.group(1).lstrip("*")
+                args[current] = m.group(2).strip()
+            elif current and stripped:
+                args[current] = f"{args[current]} {stripped}".strip()
+    text = "\n".join(description).strip()
+    first_paragraph = text.split("\n\n", 1)[0].replace("\n", " ").strip()
+    return first_paragraph, args
+
+
+def _strip_titles(schema: Any) -> Any:
+    # Pydantic adds a "title" to every property; the model does not need them.
+    if isinstance(schema, dict):
+        return {
+            k: _strip_titles(v)
+            for k, v in schema.items()
+            if not (k == "title" and isinstance(v, str))
+        }
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+class Tool:
+    """A function the model may call. Build one with :func:`tool`.
+
+    Attributes:
+        name: the function name the model uses.
+        description: from the docstring's first paragraph.
+        parameters: the JSON schema of the arguments.
+        timeout_s: wall-clock limit per call (``None``: no limit).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float | None = 30.0,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError(f"@tool needs a function, got {type(fn).__name__}")
+        if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ConfigError(f"tool timeout_s must be a positive number, got {timeout_s}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
+            raise ConfigError(f"tool name {self.name!r} must be an identifier of at most 64 chars")
+        doc_description, arg_docs = _parse_docstring(fn.__doc__)
+        self.description = description if description is not None else doc_description
+        self.timeout_s = timeout_s
+        self.is_async = inspect.iscoroutinefunction(fn)
+        hints = get_type_hints(fn)
+        fields: dict[str, Any] = {}
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ConfigError(f"tool {self.name!r}: *args/**kwargs cannot be described")
+            if pname not in hints:
+                raise ConfigError(
+                    f"tool {self.name!r}: parameter {pname!r} needs a type hint "
+                    "(the JSON schema is generated from it)"
+                )
+            default = ... if param.default is param.empty else param.default
+            fields[pname] = (
+                hints[pname],
+                pydantic.Field(default, description=arg_docs.get(pname) or None),
+            )
+        self._model: type[pydantic.BaseModel] = pydantic.create_model(  # type: ignore[call-overload]
+            f"{self.name}_arguments",
+            __config__=pydantic.ConfigDict(extra="forbid"),
+            **fields,
+        )
+        self.parameters: dict[str, Any] = _strip_titles(self._model.model_json_schema())
+        self.parameters.setdefault("properties", {})
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling schema."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Check ``arguments`` against the schema; raise :class:`ToolCallError` naming the field."""
+        if not isinstance(arguments, Mapping):
+            raise ToolCallError(
+                f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
+            )
+        try:
+            parsed = self._model.model_validate(dict(arguments))
+        except pydantic.ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
+                for err in e.errors()
+            )
+            raise ToolCallError(f"invalid arguments for {self.name!r}: {problems}") from None
+        return {k: getattr(parsed, k) for k in type(parsed).model_fields}
+
+    async def call(self, arguments: Any) -> str:
+        """Validate, run (sync tools in a worker thread) under the timeout, and return text."""
+        kwargs = self.validate(arguments)
+        try:
+            with anyio.fail_after(self.timeout_s):
+                if self.is_async:
+                    result = await self.fn(**kwargs)
+                else:
+                    # Blocking tools must not stall every other episode on the loop.
+                    result = await anyio.to_thread.run_sync(
+                        lambda: self.fn(**kwargs), abandon_on_cancel=True
+                    )
+        except TimeoutError:
+            raise ToolCallError(f"tool {self.name!r} timed out after {self.timeout_s} s") from None
+        except ToolCallError:
+            raise
+        except Exception as e:
+            raise ToolCallError(f"tool {self.name!r} raised {type(e).__name__}: {e}") from e
+        if isinstance(result, str):
+            return result
+        try:
+            return json.dumps(result, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return str(result)
+
+    async def __call__(self, **kwargs: Any) -> str:
+        return await self.call(kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout_s: float | None = 30.0
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = 30.0,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make ``fn`` a :class:`Tool`. Use bare (``@tool``) or with options (``@tool(timeout_s=5)``)."""
+    if fn is not None:
+        return Tool(fn, name=name, description=description, timeout_s=timeout_s)
+    return lambda f: Tool(f, name=name, description=description, timeout_s=timeout_s)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A parsed call: the tool's name and its JSON arguments."""
+
+    name: str
+    arguments: Any
+    id: str = ""
+
+
+class ToolCallParser(Protocol):
+    """Finds tool calls in an assistant message."""
+
+    def parse(self, text: str) -> list[ToolCall | ToolCallError]:
+        """Every call in ``text``, in order; unparseable calls as :class:`ToolCallError`."""
+        ...
+
+
+class HermesParser:
+    """Parses ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen)."""
+
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+    def parse(self, text: str) -> list[ToolCall | ToolCallError]:
+        out: list[ToolCall | ToolCallError] = []
+        if "<tool_call>" not in text:
+            return out
+        for i, m in enumerate(self._BLOCK.finditer(text)):
+            body = m.group(1).strip()
+            try:
+                data = json.loads(body)
+            except json.JSONDecodeError as e:
+                out.append(ToolCallError(f"tool call {i} is not valid JSON ({e.msg}): {body[:200]!r}"))
+                continue
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                out.append(
+                    ToolCallError(
+                        f'tool call {i} must be {{"name": <string>, "arguments": {{...}}}}, '
+                        f"got {body[:200]!r}"
+                    )
+                )
+                continue
+            arguments = data.get("arguments", data.get("parameters", {}))
+            if isinstance(arguments, str):  # some models double-encode the arguments
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    out.append(ToolCallError(f"tool call {i} arguments are not valid JSON"))
+                    continue
+            out.append(ToolCall(data["name"], arguments, id=f"call_{i}"))
+        return out
+
+
+async def run_tool_calls(
+    calls: Sequence[ToolCall | ToolCallError],
+    tools: Mapping[str, Tool] | Sequence[Tool],
+    *,
+    on_result: Callable[[ToolCall | ToolCallError, str, bool], Awaitable[None] | None] | None = None,
+) -> list[Message]:
+    """Run ``calls`` in order and return one tool message per call.
+
+    Errors (bad JSON, unknown tool, schema failures, exceptions, timeouts) come back as
+    tool messages starting with ``Error:`` so the model can correct itself.
+    ``on_result(call, text, ok)`` is told each outcome (e.g. to count errors).
+    """
+    by_name = tools if isinstance(tools, Mapping) else {t.name: t for t in tools}
+    messages: list[Message] = []
+    for call in calls:
+        name = call.name if isinstance(call, ToolCall) else "error"
+        ok = False
+        if isinstance(call, ToolCallError):
+            text = f"Error: {call}"
+        elif call.name not in by_name:
+            text = (
+                f"Error: unknown tool {call.name!r}; available tools: {sorted(by_name)}"
+            )
+        else:
+            try:
+                text = await by_name[call.name].call(call.arguments)
+                ok = True
+            except ToolCallError as e:
+                text = f"Error: {e}"
+        msg: Message = {"role": "tool", "content": text, "name": name}
+        if isinstance(call, ToolCall) and call.id:
+            msg["tool_call_id"] = call.id
+        messages.append(msg)
+        if on_result is not None:
+            maybe = on_result(call, text, ok)
+            if inspect.isawaitable(maybe):
+                await maybe
+    return messages

@@ -1,0 +1,307 @@
+"""The token-exact transcript of one agent's conversation (token-in, token-out).
+
+The prompt is rendered once through the tokenizer's chat template. Model output is
+appended exactly as the engine returned it (mask 1, with its log-probs). Environment
+messages are appended by rendering the whole conversation and keeping only the text
+*after* what the model has already seen; only that suffix is tokenized (mask 0). Earlier
+ids are never re-tokenized.
+
+The transcript tracks the conversation as text: rendered text for environment turns, the
+decoded ids for model turns. A character the tokenizer has no token for (SmolLM2 lacks six
+ASCII control characters) is dropped from the ids exactly as an engine would drop it; the
+ids remain exactly what the model is conditioned on.
+
+If the template renders the history differently from what the model saw (templates that
+strip earlier ``<think>`` blocks or trim whitespace), the prefix check fails. The
+transcript then either raises :class:`HistoryRewriteError` or, by default, closes the
+current segment and starts a new one whose prompt is the conversation as the template
+now renders it, so every sample holds exactly the ids a model conditioned on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from agentenv._errors import (
+    ContextLengthError,
+    EpisodeTruncated,
+    GenerationError,
+    HistoryRewriteError,
+    TemplateError,
+)
+from agentenv._generator import Completion, FinishReason
+from agentenv._messages import Message, validate_messages
+from agentenv._sample import JSONValue, Sample, Status
+from agentenv._tokenizer import Tokenizer
+
+__all__ = ["Segment", "Transcript", "tool_system_prompt"]
+
+HistoryPolicy = Literal["new_sample", "error"]
+
+
+def tool_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Describe ``tools`` in Hermes format, for templates that do not render tools themselves."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "You can call functions to help with the request. The available functions are "
+        "listed as JSON schemas inside <tools></tools>:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "To call a function, answer with a JSON object holding its name and arguments inside "
+        '<tool_call></tool_call> tags, for example:\n<tool_call>\n{"name": "function_name", '
+        '"arguments": {"arg": "value"}}\n</tool_call>'
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class Segment:
+    """One contiguous token sequence: a prompt and everything appended after it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    weight_versions: list[str] = dataclasses.field(default_factory=list)
+    turns: int = 0
+    has_logprobs: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+class Transcript:
+    """One agent's conversation, as messages and as the exact ids the model saw.
+
+    Args:
+        tokenizer: renders the chat template and tokenizes environment text.
+        messages: the initial conversation (a string is one user message).
+        tools: OpenAI-format tool schemas. If the template cannot render tools, they are
+            described in the system message instead (see :func:`tool_system_prompt`).
+        role: the agent this transcript belongs to (multi-agent episodes).
+        context_length: the model's context; a prompt longer than it raises
+            :class:`ContextLengthError`, and appending past it raises
+            :class:`EpisodeTruncated`.
+        on_history_rewrite: ``"new_sample"`` (default) starts a new segment when the
+            template rewrites history; ``"error"`` raises :class:`HistoryRewriteError`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        messages: Iterable[Mapping[str, Any]] | str,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        role: str | None = None,
+        context_length: int | None = None,
+        on_history_rewrite: HistoryPolicy = "new_sample",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.role = role
+        self.context_length = context_length
+        self.on_history_rewrite: HistoryPolicy = on_history_rewrite
+        msgs = validate_messages(messages)
+        if not msgs:
+            raise TemplateError("a transcript needs at least one message")
+        self.tools: list[Mapping[str, Any]] | None = list(tools) if tools else None
+        if self.tools and not tokenizer.supports_tools:
+            msgs = _with_tool_prompt(msgs, self.tools)
+            self._render_tools: list[Mapping[str, Any]] | None = None
+        else:
+            self._render_tools = self.tools
+        self.messages: list[Message] = msgs
+        self.segments: list[Segment] = []
+        self.last_finish: FinishReason | None = None
+        self._text = ""
+        self._start_segment(self._render(msgs, add_generation_prompt=True))
+
+    # -- views -----------------------------------------------------------------------
+    @property
+    def current(self) -> Segment:
+        """The segment being extended."""
+        return self.segments[-1]
+
+    @property
+    def ids(self) -> list[int]:
+        """The ids the next generation is conditioned on."""
+        seg = self.segments[-1]
+        return seg.prompt_ids + seg.completion_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return self.segments[-1].num_tokens
+
+    @property
+    def text(self) -> str:
+        """The current segment as text (the decoding of :attr:`ids`, for lossless tokenizers)."""
+        return self._text
+
+    @property
+    def turns(self) -> int:
+        """Assistant turns over all segments."""
+        return sum(s.turns for s in self.segments)
+
+    @property
+    def last_assistant(self) -> str:
+        """Content of the last assistant message ('' if none)."""
+        for m in reversed(self.messages):
+            if m["role"] == "assistant":
+                return m["content"]
+        return ""
+
+    # -- appending -------------------------------------------------------------------
+    def add_completion(self, completion: Completion) -> Message:
+        """Append model output exactly as returned (mask 1); return it as an assistant message."""
+        ids = completion.output_ids
+        if not ids:
+            raise GenerationError(
+                "the generator returned an empty completion "
+                f"(finish_reason={completion.finish_reason.type}); nothing to append"
+            )
+        seg = self.segments[-1]
+        seg.completion_ids.extend(ids)
+        seg.loss_mask.extend([1] * len(ids))
+        if completion.logprobs is None:
+            seg.has_logprobs = False
+            seg.logprobs.extend([0.0] * len(ids))
+        else:
+            seg.logprobs.extend(completion.logprobs)
+        if completion.weight_version not in seg.weight_versions:
+            seg.weight_versions.append(completion.weight_version)
+        seg.turns += 1
+        self.last_finish = completion.finish_reason
+        piece = self.tokenizer.decode(ids)
+        self._text += piece
+        content = piece
+        fr = completion.finish_reason
+        # The end-of-turn token is template markup, not content: the template adds it back.
+        if fr.type == "stop" and isinstance(fr.matched, int) and ids[-1] == fr.matched:
+            tail = self.tokenizer.decode(ids[-1:])
+            if tail and content.endswith(tail):
+                content = content[: -len(tail)]
+        message: Message = {"role": "assistant", "content": content}
+        self.messages.append(message)
+        return message
+
+    def add_messages(
+        self,
+        messages: Iterable[Mapping[str, Any]] | str,
+        *,
+        generation_prompt: bool = True,
+    ) -> list[int]:
+        """Append environment messages (tool results, user turns, other agents) with mask 0.
+
+        Returns the ids appended to the current segment (after a history rewrite with
+        ``on_history_rewrite="new_sample"``, the new segment's prompt ids).
+        """
+        new = validate_messages(messages)
+        conversation = [*self.messages, *new]
+        full = self._render(conversation, add_generation_prompt=generation_prompt)
+        if not full.startswith(self._text):
+            if self.on_history_rewrite == "error":
+                raise HistoryRewriteError(_explain_rewrite(self._text, full))
+            self.messages = conversation
+            self._start_segment(full)
+            return self.segments[-1].prompt_ids
+        suffix = full[len(self._text):]
+        ids = self.tokenizer.encode(suffix)
+        seg = self.segments[-1]
+        if self.context_length is not None and seg.num_tokens + len(ids) > self.context_length:
+            raise EpisodeTruncated(
+                f"context: appending {len(ids)} environment tokens to {seg.num_tokens} "
+                f"would exceed context_length {self.context_length}"
+            )
+        seg.completion_ids.extend(ids)
+        seg.loss_mask.extend([0] * len(ids))
+        seg.logprobs.extend([0.0] * len(ids))
+        self._text = full
+        self.messages = conversation
+        return ids
+
+    # -- samples ---------------------------------------------------------------------
+    def to_samples(
+        self,
+        reward: float,
+        *,
+        status: Status = Status.COMPLETED,
+        reason: str | None = None,
+        group_id: str | None = None,
+        metadata: Mapping[str, JSONValue] | None = None,
+    ) -> list[Sample]:
+        """One sample per segment with at least one model turn, all with ``reward``."""
+        out: list[Sample] = []
+        segments = [s for s in self.segments if s.turns > 0]
+        for i, seg in enumerate(segments):
+            meta: dict[str, JSONValue] = {"turns": seg.turns}
+            if len(segments) > 1:
+                meta["segment"] = i
+            if metadata:
+                meta.update(metadata)
+            out.append(
+                Sample(
+                    prompt_ids=list(seg.prompt_ids),
+                    completion_ids=list(seg.completion_ids),
+                    reward=reward,
+                    loss_mask=list(seg.loss_mask),
+                    rollout_logprobs=list(seg.logprobs) if seg.has_logprobs else None,
+                    group_id=group_id,
+                    role=self.role,
+                    weight_versions=list(seg.weight_versions),
+                    status=status,
+                    reason=reason,
+                    metadata=meta,
+                )
+            )
+        return out
+
+    # -- internals -------------------------------------------------------------------
+    def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        return self.tokenizer.render(
+            messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
+        )
+
+    def _start_segment(self, text: str) -> None:
+        ids = self.tokenizer.encode(text)
+        if self.context_length is not None and len(ids) >= self.context_length:
+            message = (
+                f"the prompt has {len(ids)} tokens but context_length is "
+                f"{self.context_length}; shorten the prompt or raise the context length"
+            )
+            # The first prompt is the caller's mistake; a re-rendered one is a limit reached.
+            if self.segments:
+                raise EpisodeTruncated(f"context: {message}")
+            raise ContextLengthError(message)
+        self.segments.append(Segment(prompt_ids=ids))
+        self._text = text
+
+    def __repr__(self) -> str:
+        return (
+            f"Transcript(role={self.role!r}, messages={len(self.messages)}, "
+            f"tokens={self.num_tokens}, segments={len(self.segments)})"
+        )
+
+
+def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
+    prompt = tool_system_prompt(tools)
+    if msgs[0]["role"] == "system":
+        first: Message = {"role": "system", "content": f"{msgs[0]['content']}\n\n{prompt}"}
+        return [first, *msgs[1:]]
+    return [{"role": "system", "content": prompt}, *msgs]
+
+
+def _explain_rewrite(seen: str, rendered: str) -> str:
+    i = 0
+    for i, (a, b) in enumerate(zip(seen, rendered, strict=False)):  # noqa: B007
+        if a != b:
+            break
+    else:
+        i = min(len(seen), len(rendered))
+    return (
+        "the chat template renders the conversation differently from the ids the model "
+        f"saw, from character {i}: model saw {seen[i:i + 40]!r}, template now renders "
+        f"{rendered[i:i + 40]!r}. This template rewrites history (e.g. strips earlier "
+        "reasoning or trims whitespace); use on_history_rewrite='new_sample' to start a "
+        "new sample from the re-rendered conversation"
+    )

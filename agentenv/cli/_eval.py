@@ -1,0 +1,130 @@
+"""``agentenv eval``: run an environment's tasks against a model and summarise.
+
+    agentenv eval --env arithmetic --model scripted:examples/scripts/arithmetic_oracle.py \
+        --n 50 --n-samples-per-prompt 4 --out samples.jsonl --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import pydantic
+
+from agentenv._environment import Limits
+from agentenv._generator import SamplingParams
+from agentenv._policies import load_policy
+from agentenv._registry import load_environment
+from agentenv._runner import JsonlSink, ListSink, RolloutConfig, run_rollouts
+from agentenv.cli._config import add_model_arguments, build_config
+
+
+class EvalConfig(pydantic.BaseModel):
+    """Settings of ``agentenv eval``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    env: str = pydantic.Field(description="registered environment name or module:Class")
+    model: str = pydantic.Field(description="scripted:<file.json|file.py>")
+    tokenizer: str | None = pydantic.Field(
+        None, description="tokenizer name or HF directory (default: smollm2-135m)"
+    )
+    env_args: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="JSON object of keyword arguments for the environment"
+    )
+    split: Literal["train", "test"] = pydantic.Field("test", description="task split")
+    n: int = pydantic.Field(100, ge=1, description="number of tasks (first N of the split)")
+    n_samples_per_prompt: int = pydantic.Field(1, ge=1, description="episodes per task")
+    concurrency: int = pydantic.Field(64, ge=1, description="episodes in flight")
+    max_new_tokens: int = pydantic.Field(256, ge=1, description="tokens per model turn")
+    temperature: float = pydantic.Field(1.0, ge=0.0, description="sampling temperature")
+    top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_turns: int | None = pydantic.Field(None, ge=1, description="model turns per episode")
+    context_length: int | None = pydantic.Field(
+        None, ge=2, description="tokens per transcript; longer episodes end truncated"
+    )
+    episode_timeout: float | None = pydantic.Field(
+        600.0, gt=0, description="seconds per episode before it fails"
+    )
+    seed: int = pydantic.Field(0, description="base seed")
+    out: Path | None = pydantic.Field(None, description="write samples to this JSONL file")
+    json_output: bool = pydantic.Field(
+        False, alias="json", description="print the summary as one JSON object on the last line"
+    )
+    progress: bool | None = pydantic.Field(None, description="progress bar (default: on a TTY)")
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "eval", help="evaluate an environment", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, EvalConfig)
+    parser.set_defaults(handler=run)
+
+
+async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """Run the evaluation ``cfg`` describes and return its summary."""
+    env = load_environment(cfg.env, cfg.env_args)
+    policy, tokenizer = load_policy(cfg.model, tokenizer=cfg.tokenizer)
+    tasks = list(env.tasks(cfg.split))[: cfg.n]
+    config = RolloutConfig(
+        n_samples_per_prompt=cfg.n_samples_per_prompt,
+        concurrency=cfg.concurrency,
+        sampling=SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        ),
+        limits=Limits(
+            max_turns=cfg.max_turns,
+            context_length=cfg.context_length,
+            timeout_s=cfg.episode_timeout,
+        ),
+        seed=cfg.seed,
+        progress=cfg.progress,
+    )
+    sink: JsonlSink | ListSink = JsonlSink(cfg.out) if cfg.out else ListSink()
+    try:
+        stats = await run_rollouts(env, tasks, policy, tokenizer=tokenizer, sink=sink,
+                                   config=config)
+    finally:
+        if isinstance(sink, JsonlSink):
+            sink.close()
+    summary = stats.to_dict()
+    summary["env"] = cfg.env
+    summary["model"] = cfg.model
+    if cfg.out:
+        summary["out"] = str(cfg.out)
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(EvalConfig, args)
+    summary = anyio.run(evaluate, cfg)
+    print(f"\nagentenv eval  env={cfg.env}  model={cfg.model}  split={cfg.split}")
+    print(_table(summary))
+    if cfg.json_output:
+        print(json.dumps(summary, separators=(",", ":")))
+    sys.stdout.flush()
+    return 0
+
+
+def _table(summary: dict[str, Any]) -> str:
+    rows = [
+        ("episodes", summary["episodes"]),
+        ("samples", summary["samples"]),
+        ("turns", summary["turns"]),
+        ("reward mean", f"{summary['reward_mean']:.4f}"),
+        ("reward std", f"{summary['reward_std']:.4f}"),
+        ("completion tokens", summary["completion_tokens"]),
+        ("status", ", ".join(f"{k}={v}" for k, v in summary["status"].items()) or "-"),
+        ("failed", ", ".join(f"{k}={v}" for k, v in summary["failed"].items()) or "0"),
+        ("wall", f"{summary['wall_s']:.2f} s"),
+    ]
+    if "out" in summary:
+        rows.append(("samples file", summary["out"]))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

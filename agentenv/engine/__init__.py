@@ -1,0 +1,1 @@
+"""The embedded inference engine: local models, tokenizers and generation."""
