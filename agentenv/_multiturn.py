@@ -144,7 +144,12 @@ class ToolEnv(MultiTurnEnv):
     parser: ClassVar[ToolCallParser] = HermesParser()
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
-        return [t.schema for t in self.tools] or None
+        # Built once per environment: every episode offers the same tools.
+        cached: list[dict[str, Any]] | None = self.__dict__.get("_tool_schemas")
+        if cached is None:
+            cached = [t.schema for t in self.tools]
+            self.__dict__["_tool_schemas"] = cached
+        return cached or None
 
     async def respond(self, task: Task, state: State) -> Sequence[Message] | None:
         calls = self.parser.parse(state.completion)

@@ -39,7 +39,12 @@ def check_reward(value: Any, source: str) -> float:
             f"reward function {source!r} returned {type(value).__name__} {value!r}; "
             "it must return a finite number"
         )
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float is not finite either
+        raise RewardError(
+            f"reward function {source!r} returned an int beyond float range; it must be finite"
+        ) from None
     if not math.isfinite(value):
         raise RewardError(f"reward function {source!r} returned {value}; it must be finite")
     return value
@@ -78,17 +83,35 @@ class Rubric:
         group: Sequence[GroupRewardFn | tuple[GroupRewardFn, float]] = (),
     ) -> None:
         self.funcs: list[tuple[RewardFn, float]] = [self._weighted(f) for f in funcs]
+        if callable(group):
+            raise ConfigError(
+                f"group must be a list of group reward functions, got {_name(group)!r} alone; "
+                "wrap it in a list"
+            )
         self.group: list[tuple[GroupRewardFn, float]] = [self._weighted(f) for f in group]
+        # Components are reported by name (score's dict, metadata["rewards"]); two functions
+        # of one name (two lambdas, one function listed twice) would silently lose one.
+        names = [_name(fn) for fn, _ in self.funcs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(
+                f"reward function names must be unique, got {dupes} more than once; "
+                "rename with reward(name=...)"
+            )
 
     @staticmethod
     def _weighted(item: Any) -> tuple[Any, float]:
+        if isinstance(item, tuple) and len(item) != 2:
+            raise ConfigError(f"a weighted reward is a (function, weight) pair, got {item!r}")
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         if not callable(fn):
             raise ConfigError(f"a reward must be callable, got {type(fn).__name__}")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
             weight
         ):
-            raise ConfigError(f"reward weight for {_name(fn)!r} must be a finite number")
+            raise ConfigError(
+                f"reward weight for {_name(fn)!r} must be a finite number, got {weight!r}"
+            )
         return fn, float(weight)
 
     async def score(self, task: Task, state: State) -> tuple[float, dict[str, float]]:
@@ -111,7 +134,13 @@ class Rubric:
             values = fn(task, samples)
             if inspect.isawaitable(values):
                 values = await values
-            values = list(values)  # type: ignore[arg-type]
+            try:
+                values = list(values)  # type: ignore[arg-type]
+            except TypeError:  # e.g. one float for the whole group
+                raise RewardError(
+                    f"group reward {_name(fn)!r} returned {type(values).__name__} {values!r}; "
+                    "it must return one number per sample"
+                ) from None
             if len(values) != len(samples):
                 raise RewardError(
                     f"group reward {_name(fn)!r} returned {len(values)} values "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio
+import anyio.abc
 
 from agentenv._environment import Environment, Episode, Limits, Task
 from agentenv._errors import ClosedResourceError, ConfigError, EpisodeAborted, EpisodeTruncated
@@ -314,8 +315,8 @@ async def run_rollouts(
                 for i in range(n):
                     await send.send((group, i))
 
-    async def worker() -> None:
-        async with receive.clone() as items:
+    async def worker(items: anyio.abc.ObjectReceiveStream[tuple[_Group, int]]) -> None:
+        async with items:
             async for group, i in items:
                 episode = Episode(
                     task=group.task,
@@ -343,7 +344,7 @@ async def run_rollouts(
         async with anyio.create_task_group() as tg:
             tg.start_soon(feed)
             for _ in range(min(config.concurrency, max(1, len(tasks) * n))):
-                tg.start_soon(worker)
+                tg.start_soon(worker, receive.clone())
             receive.close()
     finally:
         bar.close()

@@ -36,6 +36,15 @@ class Status(enum.StrEnum):
     """An error ended it; ``error_type`` and ``reason`` say which. Not trainable."""
 
 
+def _check_ids(name: str, ids: Any) -> None:
+    if not isinstance(ids, list):
+        raise SampleError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+    for v in ids:
+        # bool is an int subclass but not a token id; floats would not survive JSON as ints.
+        if type(v) is not int or v < 0:
+            raise SampleError(f"{name} must contain non-negative ints, got {v!r}")
+
+
 @dataclasses.dataclass(slots=True, kw_only=True, eq=True)
 class Sample:
     """One trainable sequence.
@@ -71,6 +80,11 @@ class Sample:
     metadata: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Element types are checked here, not only in from_dict: a float or bool that slips
+        # into ids or the mask would serialise (1.0, true) to JSON that from_json rejects,
+        # breaking the lossless round trip.
+        _check_ids("prompt_ids", self.prompt_ids)
+        _check_ids("completion_ids", self.completion_ids)
         n = len(self.completion_ids)
         if self.loss_mask is None:
             self.loss_mask = [1] * n
@@ -79,26 +93,39 @@ class Sample:
                 f"loss_mask has {len(self.loss_mask)} entries but completion_ids has {n}; "
                 "they must be aligned one per completion token"
             )
-        elif self.loss_mask and not set(self.loss_mask) <= {0, 1}:
-            raise SampleError(f"loss_mask must contain only 0 and 1, got {set(self.loss_mask)}")
+        else:
+            bad = [v for v in self.loss_mask if type(v) is not int or v not in (0, 1)]
+            if bad:
+                raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad[0]!r}")
         if self.rollout_logprobs is not None:
             if len(self.rollout_logprobs) != n:
                 raise SampleError(
                     f"rollout_logprobs has {len(self.rollout_logprobs)} entries but "
                     f"completion_ids has {n}; they must be aligned one per completion token"
                 )
-            if not all(map(math.isfinite, self.rollout_logprobs)):
-                raise SampleError("rollout_logprobs must all be finite")
+            for v in self.rollout_logprobs:
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise SampleError(
+                        f"rollout_logprobs must be numbers, got {type(v).__name__} {v!r}"
+                    )
+                if not math.isfinite(v):
+                    raise SampleError(f"rollout_logprobs must all be finite, got {v}")
         if isinstance(self.reward, bool) or not isinstance(self.reward, int | float):
             raise SampleError(f"reward must be a float, got {type(self.reward).__name__}")
-        if not math.isfinite(self.reward):
+        try:
+            reward = float(self.reward)
+        except OverflowError:  # an int beyond float range; math.isfinite would raise too
+            bits = int(self.reward).bit_length()
+            raise SampleError(f"reward must be finite, got an int of {bits} bits") from None
+        if not math.isfinite(reward):
             raise SampleError(f"reward must be finite, got {self.reward}")
-        self.reward = float(self.reward)
-        if (self.prompt_ids and min(self.prompt_ids) < 0) or (
-            self.completion_ids and min(self.completion_ids) < 0
-        ):
-            raise SampleError("token ids must be non-negative")
-        self.status = Status(self.status)
+        self.reward = reward
+        try:
+            self.status = Status(self.status)
+        except ValueError:
+            raise SampleError(
+                f"status must be one of {[s.value for s in Status]}, got {self.status!r}"
+            ) from None
         if self.status is not Status.COMPLETED and not self.reason:
             raise SampleError(f"a {self.status.value} sample needs a reason")
         if self.status is Status.FAILED:
@@ -179,6 +206,19 @@ class Sample:
             raise SampleError("rollout_logprobs must be a list of numbers")
         if lp is not None:
             kwargs["rollout_logprobs"] = [float(v) for v in lp]
+        # The remaining fields are not checked by the constructor; a wrong JSON type here
+        # (e.g. "weight_versions": "v1") would otherwise slip into a "valid" sample.
+        for key in ("group_id", "role", "reason", "error_type"):
+            value = kwargs.get(key)
+            if value is not None and not isinstance(value, str):
+                raise SampleError(f"{key} must be a string or null, got {type(value).__name__}")
+        wv = kwargs.get("weight_versions", [])
+        if not isinstance(wv, list) or not all(isinstance(v, str) for v in wv):
+            raise SampleError("weight_versions must be a list of strings")
+        if not isinstance(kwargs.get("metadata", {}), dict):
+            raise SampleError(
+                f"metadata must be a JSON object, got {type(kwargs['metadata']).__name__}"
+            )
         if "status" in kwargs:
             try:
                 kwargs["status"] = Status(kwargs["status"])
@@ -193,6 +233,6 @@ class Sample:
         """Inverse of :meth:`to_json`."""
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bad bytes
             raise SampleError(f"sample is not valid JSON: {e}") from None
         return cls.from_dict(data)

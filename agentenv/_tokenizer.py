@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -81,6 +82,30 @@ def _tojson(
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
+_CACHE_MAX_ENTRIES = 8192
+_CACHE_MAX_PIECE = 16384
+
+
+def _special_token_splitter(tok: tokenizers.Tokenizer) -> re.Pattern[str] | None:
+    """A regex splitting text around special tokens, where that preserves encode's ids.
+
+    It does when every added token is special and matched literally (no lstrip, rstrip
+    or single-word rules) and no pre-tokenizer or normalizer depends on the position in
+    the whole text (Metaspace / Prepend). Otherwise ``None``: encode the text whole.
+    """
+    added = list(tok.get_added_tokens_decoder().values())
+    if not added:
+        return None
+    if any(not a.special or a.lstrip or a.rstrip or a.single_word for a in added):
+        return None
+    config = json.loads(tok.to_str())
+    layout = json.dumps([config.get("normalizer"), config.get("pre_tokenizer")])
+    if "Metaspace" in layout or "Prepend" in layout:
+        return None
+    alternatives = sorted((a.content for a in added), key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
+
+
 def _compile_template(source: str) -> jinja2.Template:
     import jinja2
     from jinja2.ext import loopcontrols
@@ -124,6 +149,9 @@ class ChatTokenizer:
             _compile_template(chat_template) if chat_template else None
         )
         self._supports_tools = bool(chat_template) and "tools" in (chat_template or "")
+        self._split = _special_token_splitter(tokenizer)
+        self._cache: dict[str, list[int]] = {}
+        self._token_text: dict[int, str] = {}
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -208,10 +236,36 @@ class ChatTokenizer:
         return None if result is None else int(result)
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        if self._split is None:
+            direct: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+            return direct
+        # Special tokens split the text before BPE runs, so encoding the pieces between
+        # them separately gives the same ids; the pieces repeat across episodes (system
+        # prompts, tool schemas, role headers), so they are cached.
+        ids: list[int] = []
+        cache = self._cache
+        for piece in self._split.split(text):
+            if not piece:
+                continue
+            hit = cache.get(piece)
+            if hit is None:
+                hit = self._tok.encode(piece, add_special_tokens=False).ids
+                if len(piece) <= _CACHE_MAX_PIECE:
+                    if len(cache) >= _CACHE_MAX_ENTRIES:
+                        del cache[next(iter(cache))]  # oldest first
+                    cache[piece] = hit
+            ids.extend(hit)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
+        if len(ids) == 1:  # end-of-turn tokens are decoded on every turn
+            token = ids[0]
+            cached = self._token_text.get(token)
+            if cached is None:
+                cached = self._tok.decode([token], skip_special_tokens=False)
+                if len(self._token_text) < _CACHE_MAX_ENTRIES:
+                    self._token_text[token] = cached
+            return cached
         text: str = self._tok.decode(list(ids), skip_special_tokens=False)
         return text
 

@@ -68,7 +68,8 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             elif current and stripped:
                 args[current] = f"{args[current]} {stripped}".strip()
     text = "\n".join(description).strip()
-    first_paragraph = text.split("\n\n", 1)[0].replace("\n", " ").strip()
+    # A "blank" line may hold indentation that cleandoc keeps; it still ends the paragraph.
+    first_paragraph = re.split(r"\n\s*\n", text, maxsplit=1)[0].replace("\n", " ").strip()
     return first_paragraph, args
 
 
@@ -115,7 +116,13 @@ class Tool:
         self.description = description if description is not None else doc_description
         self.timeout_s = timeout_s
         self.is_async = inspect.iscoroutinefunction(fn)
-        hints = get_type_hints(fn)
+        try:
+            hints = get_type_hints(fn)
+        except (NameError, TypeError) as e:
+            raise ConfigError(
+                f"tool {self.name!r}: its type hints cannot be resolved ({e}); define the "
+                "types they name at module level"
+            ) from None
         fields: dict[str, Any] = {}
         for pname, param in inspect.signature(fn).parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -126,9 +133,13 @@ class Tool:
                     "(the JSON schema is generated from it)"
                 )
             default = ... if param.default is param.empty else param.default
-            fields[pname] = (
+            # Internal field names with the parameter name as alias: a parameter called
+            # ``schema``, ``json``, ``model_config`` or ``_x`` is fine for a function but
+            # clashes with pydantic's BaseModel attributes (a warning, or an error) when
+            # used as a field name. Schema, validation and error locations use the alias.
+            fields[f"p{len(fields)}"] = (
                 hints[pname],
-                pydantic.Field(default, description=arg_docs.get(pname) or None),
+                pydantic.Field(default, alias=pname, description=arg_docs.get(pname) or None),
             )
         self._model: type[pydantic.BaseModel] = pydantic.create_model(  # type: ignore[call-overload]
             f"{self.name}_arguments",
@@ -164,13 +175,13 @@ class Tool:
                 for err in e.errors()
             )
             raise ToolCallError(f"invalid arguments for {self.name!r}: {problems}") from None
-        return {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        return {f.alias or k: getattr(parsed, k) for k, f in type(parsed).model_fields.items()}
 
     async def call(self, arguments: Any) -> str:
         """Validate, run (sync tools in a worker thread) under the timeout, and return text."""
         kwargs = self.validate(arguments)
         try:
-            with anyio.fail_after(self.timeout_s):
+            with anyio.fail_after(self.timeout_s) as scope:
                 if self.is_async:
                     result = await self.fn(**kwargs)
                 else:
@@ -178,7 +189,9 @@ class Tool:
                     result = await anyio.to_thread.run_sync(
                         lambda: self.fn(**kwargs), abandon_on_cancel=True
                     )
-        except TimeoutError:
+        except TimeoutError as e:
+            if not scope.cancelled_caught:  # the tool raised TimeoutError itself
+                raise ToolCallError(f"tool {self.name!r} raised TimeoutError: {e}") from e
             raise ToolCallError(f"tool {self.name!r} timed out after {self.timeout_s} s") from None
         except ToolCallError:
             raise
@@ -214,7 +227,7 @@ def tool(
     description: str | None = None,
     timeout_s: float | None = 30.0,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make ``fn`` a :class:`Tool`. Use bare (``@tool``) or with options (``@tool(timeout_s=5)``)."""
+    """Make ``fn`` a :class:`Tool`: bare (``@tool``) or with options (``@tool(timeout_s=5)``)."""
     if fn is not None:
         return Tool(fn, name=name, description=description, timeout_s=timeout_s)
     return lambda f: Tool(f, name=name, description=description, timeout_s=timeout_s)
@@ -251,7 +264,9 @@ class HermesParser:
             try:
                 data = json.loads(body)
             except json.JSONDecodeError as e:
-                out.append(ToolCallError(f"tool call {i} is not valid JSON ({e.msg}): {body[:200]!r}"))
+                out.append(
+                    ToolCallError(f"tool call {i} is not valid JSON ({e.msg}): {body[:200]!r}")
+                )
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 out.append(
@@ -276,7 +291,9 @@ async def run_tool_calls(
     calls: Sequence[ToolCall | ToolCallError],
     tools: Mapping[str, Tool] | Sequence[Tool],
     *,
-    on_result: Callable[[ToolCall | ToolCallError, str, bool], Awaitable[None] | None] | None = None,
+    on_result: (
+        Callable[[ToolCall | ToolCallError, str, bool], Awaitable[None] | None] | None
+    ) = None,
 ) -> list[Message]:
     """Run ``calls`` in order and return one tool message per call.
 

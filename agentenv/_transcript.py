@@ -105,10 +105,10 @@ class Transcript:
         msgs = validate_messages(messages)
         if not msgs:
             raise TemplateError("a transcript needs at least one message")
-        self.tools: list[Mapping[str, Any]] | None = list(tools) if tools else None
-        if self.tools and not tokenizer.supports_tools:
-            msgs = _with_tool_prompt(msgs, self.tools)
-            self._render_tools: list[Mapping[str, Any]] | None = None
+        self.tools: Sequence[Mapping[str, Any]] | None = tools or None
+        if tools and not tokenizer.supports_tools:
+            msgs = _with_tool_prompt(msgs, tools)
+            self._render_tools: Sequence[Mapping[str, Any]] | None = None
         else:
             self._render_tools = self.tools
         self.messages: list[Message] = msgs
@@ -283,8 +283,23 @@ class Transcript:
         )
 
 
-def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
+# Environments pass the same schema list to every episode; describing it is not free.
+_TOOL_PROMPTS: dict[int, tuple[Sequence[Mapping[str, Any]], str]] = {}
+
+
+def _cached_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    hit = _TOOL_PROMPTS.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
     prompt = tool_system_prompt(tools)
+    if len(_TOOL_PROMPTS) >= 64:
+        _TOOL_PROMPTS.clear()
+    _TOOL_PROMPTS[id(tools)] = (tools, prompt)  # holding `tools` keeps its id unique
+    return prompt
+
+
+def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
+    prompt = _cached_tool_prompt(tools)
     if msgs[0]["role"] == "system":
         first: Message = {"role": "system", "content": f"{msgs[0]['content']}\n\n{prompt}"}
         return [first, *msgs[1:]]

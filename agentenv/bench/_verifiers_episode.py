@@ -158,9 +158,11 @@ def _fake_completion_bytes(body: dict[str, Any]) -> tuple[bytes, str]:
         tail = {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
         sse = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(tail)}\n\ndata: [DONE]\n\n"
         return sse.encode(), "text/event-stream"
-    message = {k: v for k, v in delta.items()}
-    for call in message.get("tool_calls") or []:
-        call.pop("index", None)
+    message = dict(delta)
+    if "tool_calls" in message:
+        message["tool_calls"] = [
+            {k: v for k, v in call.items() if k != "index"} for call in message["tool_calls"]
+        ]
     completion = {
         **head,
         "object": "chat.completion",
@@ -210,7 +212,7 @@ def _plugin() -> types.SimpleNamespace:
 
         TOOL_PREFIX = None  # advertise the tool as plain `add`, as the fake model calls it
 
-        @vf.tool  # type: ignore[misc]
+        @vf.tool  # type: ignore[untyped-decorator]
         async def add(self, a: int, b: int) -> int:
             """Add two integers."""
             return a + b
@@ -219,7 +221,7 @@ def _plugin() -> types.SimpleNamespace:
         answer: int
 
     class AddTask(vf.Task[AddData]):  # type: ignore[misc]
-        @vf.reward  # type: ignore[misc]
+        @vf.reward  # type: ignore[untyped-decorator]
         async def correct(self, trace: Any) -> float:
             """1.0 iff the final reply states the right sum."""
             return 1.0 if _last_int(trace.last_reply) == self.data.answer else 0.0
@@ -304,11 +306,9 @@ def _plugin() -> types.SimpleNamespace:
                 await client.close()
             return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
-    for name, cls in (("AddToolset", AddToolset), ("AddData", AddData), ("AddTask", AddTask)):
-        # Tool servers are started as `python -m <cls.__module__>`: pin it to the importable
-        # name even when this file runs as __main__.
-        cls.__module__ = _MODULE
-        cls.__qualname__ = name
+    # verifiers starts the tool server as `python -m <AddToolset.__module__>`: pin it to the
+    # importable name, which it would not be if this file ran as __main__.
+    AddToolset.__module__ = _MODULE
     _publish(_TASKSET_ID, AddTaskset=AddTaskset)
     _publish(_INPROC_HARNESS_ID, InprocChatHarness=InprocChatHarness)
     return types.SimpleNamespace(

@@ -72,7 +72,7 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> pathlib.Path:
     if value == SMOLLM2_NAME:
         return _ensure_smollm2()
     path = pathlib.Path(value).expanduser()
-    if path.is_dir():
+    if value and path.is_dir():
         if (path / "config.json").is_file() or (path / "tokenizer.json").is_file():
             return path
         raise ModelNotFoundError(

@@ -160,7 +160,8 @@ def test_model_forward_pass(converted: Converted, hf_tokenizer: Any) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(converted.path)).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(converted.path))
+    model.eval()
     assert model.dtype == torch.float32
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     prompt = hf_tokenizer.apply_chat_template(
@@ -215,7 +216,7 @@ def test_unknown_names_raise(value: str) -> None:
 
 
 def test_directory_without_model_files_raises(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         resolve_model(str(tmp_path))
     (tmp_path / "weights.gguf").write_text("")
     with pytest.raises(ModelNotFoundError, match="unknown model"):

@@ -1,0 +1,391 @@
+"""Environments, episodes and the runner, driven by the scripted model."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import anyio
+import pytest
+
+from agentenv import (
+    ChatTokenizer,
+    Completion,
+    Environment,
+    Episode,
+    FinishReason,
+    JsonlSink,
+    Limits,
+    ListSink,
+    MultiTurnEnv,
+    RolloutConfig,
+    Rubric,
+    Sample,
+    SamplingParams,
+    ScriptedModel,
+    SingleTurnEnv,
+    State,
+    Status,
+    Task,
+    ToolEnv,
+    run_rollouts,
+    tool,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def exact(task: Task, state: State) -> float:
+    return 1.0 if state.completion.strip() == str(task.answer) else 0.0
+
+
+class Echo(SingleTurnEnv):
+    name = "echo_test"
+    rubric = Rubric(exact)
+
+
+def tasks(n: int) -> list[Task]:
+    return [Task(id=f"t{i}", prompt=f"say {i}", answer=str(i)) for i in range(n)]
+
+
+def say_number(ctx) -> str:  # type: ignore[no-untyped-def]
+    return ctx.text.rsplit("say ", 1)[1].split("<|im_end|>")[0]
+
+
+async def test_single_turn_groups_rewards_and_tokens(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, say_number)
+    sink = ListSink()
+    stats = await run_rollouts(Echo(), tasks(5), model, tokenizer=smollm2, sink=sink,
+                               config=RolloutConfig(n_samples_per_prompt=3, concurrency=4))
+    assert stats.episodes == 15 and stats.samples == 15 and stats.turns == 15
+    assert stats.reward_mean == 1.0 and not stats.failed
+    groups: dict[str, list[Sample]] = {}
+    for s in sink.samples:
+        assert s.group_id is not None
+        groups.setdefault(s.group_id, []).append(s)
+    assert len(groups) == 5 and all(len(g) == 3 for g in groups.values())
+    # A group is emitted whole: its samples are adjacent in the sink.
+    order = [s.group_id for s in sink.samples]
+    assert all(order[i:i + 3].count(order[i]) == 3 for i in range(0, 15, 3))
+    s = sink.samples[0]
+    assert s.status is Status.COMPLETED and s.metadata["rewards"] == {"exact": 1.0}
+    assert s.completion_ids[-1] == smollm2.eos_token_id and s.loss_mask == [1] * len(s.completion_ids)
+    assert s.weight_versions == ["scripted"]
+    assert stats.completion_tokens == sum(len(x.completion_ids) for x in sink.samples)
+
+
+class Counter(MultiTurnEnv):
+    """The environment says 'more' until the model has answered three times."""
+
+    name = "counter_test"
+    max_turns = 10
+    rubric = Rubric(lambda task, state: float(state.turns))
+
+    async def respond(self, task: Task, state: State) -> list[dict[str, str]] | None:
+        if state.turns >= 3:
+            return None
+        return [{"role": "user", "content": "more"}]
+
+
+async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, lambda ctx: "ok")
+    sink = ListSink()
+    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink)
+    (s,) = sink.samples
+    assert s.reward == 3.0 and s.metadata["turns"] == 3
+    assert s.loss_mask.count(1) == 3 * len(smollm2.encode("ok") + [0])  # type: ignore[union-attr]
+    assert 0 in s.loss_mask  # type: ignore[operator]
+    assert s.rollout_logprobs is not None
+    assert all(lp == 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask or [], strict=True) if m == 0)
+
+
+async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, lambda ctx: "ok")
+    sink = ListSink()
+    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink,
+                       config=RolloutConfig(limits=Limits(max_turns=2)))
+    (s,) = sink.samples
+    assert s.status is Status.TRUNCATED and "max_turns" in (s.reason or "")
+    assert s.metadata["turns"] == 2
+
+
+async def test_context_budget_truncates_not_raises(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, lambda ctx: "ok " * 20)
+    sink = ListSink()
+    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink,
+                       config=RolloutConfig(limits=Limits(context_length=90)))
+    (s,) = sink.samples
+    assert s.status is Status.TRUNCATED and (s.reason or "").startswith(("context", "length"))
+    assert len(s.prompt_ids) + len(s.completion_ids) <= 90
+
+
+async def test_max_new_tokens_truncates(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, lambda ctx: "a long answer that goes on")
+    sink = ListSink()
+    await run_rollouts(Echo(), tasks(1), model, tokenizer=smollm2, sink=sink,
+                       config=RolloutConfig(sampling=SamplingParams(max_new_tokens=3)))
+    (s,) = sink.samples
+    assert s.status is Status.TRUNCATED and "max_new_tokens" in (s.reason or "")
+    assert len(s.completion_ids) == 3
+
+
+async def test_prompt_longer_than_context_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
+    sink = ListSink()
+    long = [Task(id="long", prompt="word " * 200, answer="")]
+    stats = await run_rollouts(Echo(), long, ScriptedModel(smollm2, lambda c: "x"),
+                               tokenizer=smollm2, sink=sink,
+                               config=RolloutConfig(limits=Limits(context_length=64)))
+    (s,) = sink.samples
+    assert s.status is Status.FAILED and s.error_type == "ContextLengthError"
+    assert "context_length is 64" in (s.reason or "")
+    assert stats.failed == {"ContextLengthError": 1}
+
+
+# -- failures are data ----------------------------------------------------------------------
+class Flaky(SingleTurnEnv):
+    """Task 'boom' raises, 'nan' scores NaN, 'str' scores a string, 'slow' hangs."""
+
+    name = "flaky_test"
+
+    @staticmethod
+    def score(task: Task, state: State) -> float:
+        if task.id == "boom":
+            raise ValueError("verifier exploded")
+        if task.id == "nan":
+            return math.nan
+        if task.id == "str":
+            return "1.0"  # type: ignore[return-value]
+        return 1.0
+
+    rubric = Rubric(score)
+
+    async def respond(self, task: Task, state: State) -> None:
+        if task.id == "slow":
+            await anyio.sleep(30)
+        return None
+
+
+async def test_failures_become_failed_samples_and_siblings_survive(smollm2: ChatTokenizer) -> None:
+    ts = [Task(id=i, prompt=i) for i in ("ok1", "boom", "nan", "str", "slow", "ok2")]
+    sink = ListSink()
+    start = time.monotonic()
+    stats = await run_rollouts(
+        Flaky(), ts, ScriptedModel(smollm2, lambda c: "fine"), tokenizer=smollm2, sink=sink,
+        config=RolloutConfig(concurrency=6, limits=Limits(timeout_s=0.5)),
+    )
+    assert time.monotonic() - start < 10
+    by_task = {s.group_id.split("@")[0]: s for s in sink.samples}  # type: ignore[union-attr]
+    assert by_task["ok1"].status is Status.COMPLETED and by_task["ok2"].reward == 1.0
+    assert by_task["boom"].error_type == "ValueError" and "verifier exploded" in by_task["boom"].reason
+    assert by_task["nan"].error_type == "RewardError" and "finite" in by_task["nan"].reason
+    assert by_task["str"].error_type == "RewardError" and "str" in by_task["str"].reason
+    assert by_task["slow"].error_type == "EpisodeTimeout" and "0.5 s" in by_task["slow"].reason
+    assert by_task["boom"].prompt_ids  # the failed sample still says what the prompt was
+    assert stats.failed == {"EpisodeTimeout": 1, "RewardError": 2, "ValueError": 1}
+    assert stats.rewards == [1.0, 1.0]
+
+
+class Empty:
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
+                       rid: str | None = None) -> Completion:
+        return Completion(output_ids=[], logprobs=[], finish_reason=FinishReason("stop", matched=2))
+
+
+async def test_empty_completion_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
+    sink = ListSink()
+    await run_rollouts(Echo(), tasks(1), Empty(), tokenizer=smollm2, sink=sink)
+    (s,) = sink.samples
+    assert s.error_type == "GenerationError" and "empty completion" in (s.reason or "")
+
+
+class Aborting:
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
+                       rid: str | None = None) -> Completion:
+        return Completion(output_ids=[5, 6], logprobs=[-1.0, -1.0],
+                          finish_reason=FinishReason("abort", message="weights updating"))
+
+
+async def test_abort_gives_aborted_sample(smollm2: ChatTokenizer) -> None:
+    sink = ListSink()
+    await run_rollouts(Echo(), tasks(1), Aborting(), tokenizer=smollm2, sink=sink)
+    (s,) = sink.samples
+    assert s.status is Status.ABORTED and s.reason == "weights updating"
+
+
+class Raw(Environment):
+    """A custom rollout that returns the wrong thing."""
+
+    async def rollout(self, task: Task, episode: Episode) -> Sequence[Sample]:
+        t = episode.transcript(task.prompt)  # type: ignore[arg-type]
+        await episode.generate(t)
+        return ["not a sample"]  # type: ignore[list-item]
+
+
+async def test_rollout_returning_garbage_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
+    sink = ListSink()
+    await run_rollouts(Raw(), tasks(1), ScriptedModel(smollm2, lambda c: "x"),
+                       tokenizer=smollm2, sink=sink)
+    assert sink.samples[0].error_type == "ConfigError"
+    assert "must return Sample objects" in (sink.samples[0].reason or "")
+
+
+async def test_concurrency_is_bounded_and_run_is_cancellable(smollm2: ChatTokenizer) -> None:
+    in_flight = peak = 0
+
+    class Slow:
+        async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
+                           rid: str | None = None) -> Completion:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                await anyio.sleep(0.01)
+            finally:
+                in_flight -= 1
+            return Completion(output_ids=[2], logprobs=[-0.1],
+                              finish_reason=FinishReason("stop", matched=2))
+
+    await run_rollouts(Echo(), tasks(40), Slow(), tokenizer=smollm2,
+                       config=RolloutConfig(concurrency=7))
+    assert peak == 7
+    sink = ListSink()
+    with anyio.move_on_after(0.5):
+        await run_rollouts(Echo(), tasks(10_000), Slow(), tokenizer=smollm2, sink=sink,
+                           config=RolloutConfig(concurrency=8))
+    assert in_flight == 0 and 0 < len(sink.samples) < 10_000
+
+
+async def test_group_rewards_see_the_whole_group(smollm2: ChatTokenizer) -> None:
+    def shortest_bonus(task: Task, samples: Sequence[Sample]) -> list[float]:
+        shortest = min(len(s.completion_ids) for s in samples)
+        return [1.0 if len(s.completion_ids) == shortest else 0.0 for s in samples]
+
+    class Grouped(SingleTurnEnv):
+        rubric = Rubric(group=[(shortest_bonus, 0.5)])
+
+    replies = iter(["a", "a b c", "a b"])
+    model = ScriptedModel(smollm2, lambda ctx: next(replies))
+    sink = ListSink()
+    await run_rollouts(Grouped(), tasks(1), model, tokenizer=smollm2, sink=sink,
+                       config=RolloutConfig(n_samples_per_prompt=3, concurrency=1))
+    assert sorted(s.reward for s in sink.samples) == [0.0, 0.0, 0.5]
+
+
+async def test_duplicate_task_ids_rejected(smollm2: ChatTokenizer) -> None:
+    from agentenv import ConfigError
+
+    with pytest.raises(ConfigError, match="unique"):
+        await run_rollouts(Echo(), [Task(id="a"), Task(id="a")], Empty(), tokenizer=smollm2)
+
+
+async def test_jsonl_sink_round_trips(smollm2: ChatTokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "out" / "samples.jsonl"
+    with JsonlSink(path) as sink:
+        await run_rollouts(Echo(), tasks(3), ScriptedModel(smollm2, say_number),
+                           tokenizer=smollm2, sink=sink)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    assert all(Sample.from_json(line).reward == 1.0 for line in lines)
+
+
+# -- tools ----------------------------------------------------------------------------------
+@tool(timeout_s=0.2)
+async def slow_tool(x: int) -> int:
+    """Sleeps too long."""
+    await anyio.sleep(5)
+    return x
+
+
+@tool
+def broken(x: int) -> int:
+    """Always raises."""
+    raise RuntimeError("disk on fire")
+
+
+@tool
+async def double(x: int) -> int:
+    """Double a number.
+
+    Args:
+        x: the number.
+    """
+    return 2 * x
+
+
+class Tools(ToolEnv):
+    tools = (double, broken, slow_tool)
+    max_turns = 10
+    rubric = Rubric(lambda task, state: 1.0 if "84" in state.completion else 0.0)
+
+
+async def test_tool_errors_go_back_to_the_model(smollm2: ChatTokenizer) -> None:
+    script = iter([
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "double", "arguments": {"x": "forty"}}</tool_call>',
+        '<tool_call>{"name": "broken", "arguments": {"x": 1}}</tool_call>',
+        '<tool_call>{"name": "slow_tool", "arguments": {"x": 1}}</tool_call>',
+        '<tool_call>{"name": "double", "arguments": {"x": 42}}</tool_call>',
+        "The answer is 84.",
+    ])
+    model = ScriptedModel(smollm2, lambda ctx: next(script))
+    sink = ListSink()
+    await run_rollouts(Tools(), tasks(1), model, tokenizer=smollm2, sink=sink)
+    (s,) = sink.samples
+    assert s.status is Status.COMPLETED and s.reward == 1.0
+    assert s.metadata["tool_calls"] == 6 and s.metadata["tool_errors"] == 5
+    text = smollm2.decode(s.completion_ids)
+    assert "Error: tool call 0 is not valid JSON" in text
+    assert "Error: unknown tool 'nope'; available tools: ['broken', 'double', 'slow_tool']" in text
+    assert "Error: invalid arguments for 'double': x:" in text
+    assert "Error: tool 'broken' raised RuntimeError: disk on fire" in text
+    assert "Error: tool 'slow_tool' timed out after 0.2 s" in text
+    assert "<|im_start|>tool\n84<|im_end|>" in text
+    # The tools were described to the model (SmolLM2's template has no tool support).
+    assert '"name": "double"' in smollm2.decode(s.prompt_ids)
+
+
+# -- multi-agent ----------------------------------------------------------------------------
+async def test_two_agent_word_guess(smollm2: ChatTokenizer) -> None:
+    from environments.word_guess import CLUE_GIVER, GUESSER, WordGuessEnv
+
+    def play(ctx) -> str:  # type: ignore[no-untyped-def]
+        if "You are the clue giver" in ctx.text:
+            return "It is a red fruit that keeps the doctor away."
+        return "apple"
+
+    env = WordGuessEnv(max_rounds=2)
+    ts = [Task(id="a", answer="apple"), Task(id="b", answer="piano")]
+    sink = ListSink()
+    await run_rollouts(env, ts, ScriptedModel(smollm2, play), tokenizer=smollm2, sink=sink)
+    roles = {(s.group_id.split("@")[0], s.role): s for s in sink.samples}  # type: ignore[union-attr]
+    assert roles[("a", CLUE_GIVER)].reward == 1.0 and roles[("a", GUESSER)].reward == 1.0
+    assert roles[("b", GUESSER)].reward == 0.0 and roles[("b", GUESSER)].metadata["turns"] == 2
+    for s in sink.samples:
+        if s.role == GUESSER:  # private information never reaches the guesser
+            assert "piano" not in smollm2.decode(s.ids) or s.group_id.startswith("a")
+
+
+async def test_word_guess_leak_penalised_and_hidden(smollm2: ChatTokenizer) -> None:
+    from environments.word_guess import CLUE_GIVER, WordGuessEnv
+
+    model = ScriptedModel(smollm2, lambda ctx: "The word is piano.")
+    sink = ListSink()
+    await run_rollouts(WordGuessEnv(), [Task(id="p", answer="piano")], model,
+                       tokenizer=smollm2, sink=sink)
+    (s,) = sink.samples  # the guesser never played: it never saw the leaked clue
+    assert s.role == CLUE_GIVER and s.reward == -1.0 and s.metadata["leaked"] is True
+
+
+async def test_fixed_opponent_policy_per_role(smollm2: ChatTokenizer) -> None:
+    from environments.word_guess import GUESSER, WordGuessEnv
+
+    giver = ScriptedModel(smollm2, lambda ctx: "A keyboard instrument.", weight_version="7")
+    guesser = ScriptedModel(smollm2, lambda ctx: "piano", weight_version="frozen")
+    sink = ListSink()
+    await run_rollouts(WordGuessEnv(), [Task(id="p", answer="piano")], giver,
+                       tokenizer=smollm2, sink=sink, policies={GUESSER: guesser})
+    versions = {s.role: s.weight_versions for s in sink.samples}
+    assert versions == {"clue_giver": ["7"], "guesser": ["frozen"]}
+    assert all(s.reward == 1.0 for s in sink.samples)
