@@ -64,7 +64,9 @@ class Limits:
             raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
         if self.context_length is not None and self.context_length < 2:
             raise ConfigError(f"context_length must be at least 2, got {self.context_length}")
-        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+        if self.timeout_s is not None and not (
+            self.timeout_s > 0 and math.isfinite(self.timeout_s)
+        ):
             raise ConfigError(f"timeout_s must be a positive number, got {self.timeout_s}")
 
 

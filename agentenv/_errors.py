@@ -7,7 +7,7 @@ Every error the SDK raises on purpose derives from :class:`AgentEnvError`::
     ├── MessageError           a chat message is malformed (also a ValueError)
     ├── SampleError            a Sample violates the data contract (also a ValueError)
     ├── TemplateError          the tokenizer has no usable chat template, or rendering failed
-    │   └── HistoryRewriteError  the template renders earlier turns differently than the model saw them
+    │   └── HistoryRewriteError  the template renders earlier turns unlike what the model saw
     ├── ContextLengthError     a prompt does not fit in the model's context
     ├── GenerationError        the generator failed or returned an unusable completion
     ├── ToolCallError          a tool call could not be parsed, validated or run
@@ -88,7 +88,7 @@ class RewardError(AgentEnvError):
     """A reward function returned NaN, an infinity or something that is not a number."""
 
 
-class EpisodeTruncated(AgentEnvError):  # noqa: N818 - control flow, not a failure
+class EpisodeTruncated(AgentEnvError):
     """Raised inside an episode when it reaches its turn limit or context budget.
 
     The convenience environments catch it and emit truncated samples; the runner does
@@ -100,7 +100,7 @@ class EpisodeTruncated(AgentEnvError):  # noqa: N818 - control flow, not a failu
         self.reason = reason
 
 
-class EpisodeAborted(AgentEnvError):  # noqa: N818 - control flow, not a failure
+class EpisodeAborted(AgentEnvError):
     """Raised inside an episode when the generator aborts a request (finish type ``abort``).
 
     The episode's samples are emitted with status ``aborted``.

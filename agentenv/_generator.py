@@ -53,9 +53,7 @@ class SamplingParams:
         if not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 1 and self.top_k != -1:
-            raise ConfigError(
-                f"top_k must be -1 (disable), or at least 1, got {self.top_k}"
-            )
+            raise ConfigError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}")
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
@@ -108,7 +106,7 @@ class SamplingParams:
 
     @classmethod
     def from_sglang(cls, data: Mapping[str, Any] | None) -> SamplingParams:
-        """Parse SGLang's ``sampling_params``: ``null`` takes the default, unknown keys are ignored."""
+        """Parse SGLang's ``sampling_params``: ``null`` means the default; unknown keys are ignored."""
         data = data or {}
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names and v is not None}
@@ -155,8 +153,12 @@ class FinishReason:
         kind = data.get("type")
         if kind not in ("stop", "length", "abort"):
             raise ConfigError(f"finish_reason.type must be stop, length or abort, got {kind!r}")
-        return cls(kind, matched=data.get("matched"), length=data.get("length"),
-                   message=data.get("message"))
+        return cls(
+            kind,
+            matched=data.get("matched"),
+            length=data.get("length"),
+            message=data.get("message"),
+        )
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

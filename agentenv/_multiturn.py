@@ -14,11 +14,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv._environment import Environment, Episode, Task
-from agentenv._errors import EpisodeAborted, EpisodeTruncated
+from agentenv._errors import EpisodeAborted, EpisodeTruncated, ToolCallError
 from agentenv._messages import Message
 from agentenv._rewards import Rubric
 from agentenv._sample import JSONValue, Sample, Status
-from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallError, ToolCallParser, run_tool_calls
+from agentenv._tools import (
+    HermesParser,
+    Tool,
+    ToolCall,
+    ToolCallParser,
+    run_tool_calls,
+)
 from agentenv._transcript import Transcript
 
 __all__ = ["MultiTurnEnv", "SingleTurnEnv", "State", "ToolEnv"]

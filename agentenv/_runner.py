@@ -168,7 +168,9 @@ class RolloutStats:
         }
 
 
-def failed_sample(episode: Episode, error: BaseException, *, error_type: str | None = None) -> Sample:
+def failed_sample(
+    episode: Episode, error: BaseException, *, error_type: str | None = None
+) -> Sample:
     """A failed sample for ``episode`` naming ``error`` (prompt ids kept when known)."""
     prompt: list[int] = []
     role = None
@@ -245,8 +247,15 @@ def _progress_bar(enabled: bool | None, total: int, desc: str) -> Any:
     from tqdm import tqdm
 
     show = sys.stderr.isatty() if enabled is None else enabled
-    return tqdm(total=total, desc=desc, unit="ep", disable=not show, file=sys.stderr,
-                dynamic_ncols=True, mininterval=0.5)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="ep",
+        disable=not show,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
 
 
 async def run_rollouts(
@@ -292,8 +301,12 @@ async def run_rollouts(
             except Exception as e:
                 ok = [
                     dataclasses.replace(
-                        s, status=Status.FAILED, reason=f"group reward: {e}"[:_MAX_REASON],
-                        error_type=type(e).__name__, reward=0.0, metadata=dict(s.metadata),
+                        s,
+                        status=Status.FAILED,
+                        reason=f"group reward: {e}"[:_MAX_REASON],
+                        error_type=type(e).__name__,
+                        reward=0.0,
+                        metadata=dict(s.metadata),
                     )
                     for s in ok
                 ]

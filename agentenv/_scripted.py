@@ -16,7 +16,6 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from agentenv._errors import ConfigError
 from agentenv._generator import Completion, FinishReason, SamplingParams
@@ -131,8 +130,10 @@ class ScriptedModel:
             )
         rules: list[Rule] = []
         for i, r in enumerate(data.get("rules", [])):
-            if not isinstance(r, dict) or not isinstance(r.get("pattern"), str) or not isinstance(
-                r.get("reply"), str
+            if (
+                not isinstance(r, dict)
+                or not isinstance(r.get("pattern"), str)
+                or not isinstance(r.get("reply"), str)
             ):
                 raise ConfigError(
                     f"script file {str(p)!r} rule {i} must be "
@@ -204,5 +205,3 @@ def _match_rules(rules: Sequence[Rule], default: str | None, ctx: ScriptContext)
     if default is None:
         raise ConfigError(f"no script rule matches the prompt ending {text[-120:]!r}")
     return default
-
-

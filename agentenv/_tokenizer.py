@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatTokenizer", "Tokenizer"]
 
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the SDK needs from a tokenizer."""
@@ -57,6 +58,7 @@ class Tokenizer(Protocol):
         """The chat template applied to ``messages``, as text."""
         ...
 
+
 def _token_text(value: Any) -> str | None:
     # tokenizer_config.json stores special tokens either as strings or as AddedToken dicts.
     if isinstance(value, dict):
@@ -64,8 +66,10 @@ def _token_text(value: Any) -> str | None:
         return content if isinstance(content, str) else None
     return value if isinstance(value, str) else None
 
+
 def _raise_exception(message: str) -> None:
     raise TemplateError(f"chat template raised: {message}")
+
 
 def _tojson(
     value: Any,
@@ -79,8 +83,10 @@ def _tojson(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
 
+
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
+
 
 _CACHE_MAX_ENTRIES = 8192
 _CACHE_MAX_PIECE = 16384
@@ -121,6 +127,7 @@ def _compile_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template does not compile: {e} (line {e.lineno})") from None
+
 
 class ChatTokenizer:
     """A ``tokenizers.Tokenizer`` plus a Jinja chat template.
@@ -297,5 +304,6 @@ class ChatTokenizer:
 
     def __repr__(self) -> str:
         return f"ChatTokenizer({self.name!r}, vocab={self.vocab_size})"
+
 
 RenderFn = Callable[..., str]

@@ -109,7 +109,8 @@ class Tool:
         if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ConfigError(f"tool timeout_s must be a positive number, got {timeout_s}")
         self.fn = fn
-        self.name = name or fn.__name__
+        # ``is None``, not ``or``: an explicit empty name is a mistake to report, not ignore.
+        self.name = fn.__name__ if name is None else name
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
             raise ConfigError(f"tool name {self.name!r} must be an identifier of at most 64 chars")
         doc_description, arg_docs = _parse_docstring(fn.__doc__)

@@ -148,7 +148,7 @@ class Transcript:
         """Content of the last assistant message ('' if none)."""
         for m in reversed(self.messages):
             if m["role"] == "assistant":
-                return m["content"]
+                return str(m["content"])
         return ""
 
     # -- appending -------------------------------------------------------------------
@@ -205,7 +205,7 @@ class Transcript:
             self.messages = conversation
             self._start_segment(full)
             return self.segments[-1].prompt_ids
-        suffix = full[len(self._text):]
+        suffix = full[len(self._text) :]
         ids = self.tokenizer.encode(suffix)
         seg = self.segments[-1]
         if self.context_length is not None and seg.num_tokens + len(ids) > self.context_length:
@@ -315,8 +315,8 @@ def _explain_rewrite(seen: str, rendered: str) -> str:
         i = min(len(seen), len(rendered))
     return (
         "the chat template renders the conversation differently from the ids the model "
-        f"saw, from character {i}: model saw {seen[i:i + 40]!r}, template now renders "
-        f"{rendered[i:i + 40]!r}. This template rewrites history (e.g. strips earlier "
+        f"saw, from character {i}: model saw {seen[i : i + 40]!r}, template now renders "
+        f"{rendered[i : i + 40]!r}. This template rewrites history (e.g. strips earlier "
         "reasoning or trims whitespace); use on_history_rewrite='new_sample' to start a "
         "new sample from the re-rendered conversation"
     )

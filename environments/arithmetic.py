@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 
 from agentenv import Rubric, SingleTurnEnv, State, Task
-
 from environments._answers import last_integer
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 from agentenv import Rubric, State, Task, ToolEnv, tool
-
 from environments._answers import last_integer
 
 
@@ -68,6 +67,12 @@ class CalculatorEnv(ToolEnv):
         out = []
         for i in range(self.sizes[split]):
             a, b, c = rng.randint(1, 99), rng.randint(1, 99), rng.randint(2, 9)
-            out.append(Task(id=f"{split}-{i}", prompt=f"Compute ({a} + {b}) * {c}.",
-                            answer=(a + b) * c, info={"a": a, "b": b, "c": c}))
+            out.append(
+                Task(
+                    id=f"{split}-{i}",
+                    prompt=f"Compute ({a} + {b}) * {c}.",
+                    answer=(a + b) * c,
+                    info={"a": a, "b": b, "c": c},
+                )
+            )
         return out

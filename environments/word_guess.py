@@ -16,9 +16,30 @@ import re
 from agentenv import Environment, Episode, Sample, Task
 
 WORDS = (
-    "apple", "river", "candle", "mountain", "piano", "garden", "rocket", "window",
-    "bridge", "island", "coffee", "thunder", "mirror", "forest", "castle", "pencil",
-    "anchor", "violin", "desert", "lantern", "glacier", "compass", "harbor", "meadow",
+    "apple",
+    "river",
+    "candle",
+    "mountain",
+    "piano",
+    "garden",
+    "rocket",
+    "window",
+    "bridge",
+    "island",
+    "coffee",
+    "thunder",
+    "mirror",
+    "forest",
+    "castle",
+    "pencil",
+    "anchor",
+    "violin",
+    "desert",
+    "lantern",
+    "glacier",
+    "compass",
+    "harbor",
+    "meadow",
 )
 
 CLUE_GIVER, GUESSER = "clue_giver", "guesser"
@@ -50,8 +71,11 @@ class WordGuessEnv(Environment):
         giver = episode.transcript(
             [
                 {"role": "system", "content": "You are the clue giver in a word game."},
-                {"role": "user", "content": f"The secret word is '{secret}'. Give a one-sentence "
-                 "clue that helps a partner guess it, without saying the word."},
+                {
+                    "role": "user",
+                    "content": f"The secret word is '{secret}'. Give a one-sentence "
+                    "clue that helps a partner guess it, without saying the word.",
+                },
             ],
             role=CLUE_GIVER,
         )
@@ -65,8 +89,11 @@ class WordGuessEnv(Environment):
             if guesser is None:
                 guesser = episode.transcript(
                     [
-                        {"role": "system", "content": "You are the guesser in a word game. "
-                         "Answer with a single word."},
+                        {
+                            "role": "system",
+                            "content": "You are the guesser in a word game. "
+                            "Answer with a single word.",
+                        },
                         {"role": "user", "content": f"Clue: {clue}"},
                     ],
                     role=GUESSER,
@@ -78,8 +105,13 @@ class WordGuessEnv(Environment):
                 solved = True
                 break
             giver.add_messages(
-                [{"role": "user", "content": f"Your partner guessed '{guess}', which is wrong. "
-                  "Give another clue."}]
+                [
+                    {
+                        "role": "user",
+                        "content": f"Your partner guessed '{guess}', which is wrong. "
+                        "Give another clue.",
+                    }
+                ]
             )
         giver_reward = -1.0 if leaked else float(solved)
         meta = {"solved": solved, "leaked": leaked}

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentenv import ChatTokenizer  # noqa: E402
+from agentenv import ChatTokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

@@ -70,8 +70,14 @@ def make_tasks(n: int) -> list[Task]:
     tasks = []
     for i in range(n):
         a, b, c = 10 + i % 89, 3 + i % 31, 7 + i % 53
-        tasks.append(Task(id=str(i), prompt=f"What is {a} + {b} + {c}? Use the add tool.",
-                          answer=a + b + c, info={"abc": [a, b, c]}))
+        tasks.append(
+            Task(
+                id=str(i),
+                prompt=f"What is {a} + {b} + {c}? Use the add tool.",
+                answer=a + b + c,
+                info={"abc": [a, b, c]},
+            )
+        )
     return tasks
 
 
@@ -89,9 +95,10 @@ class InstantModel:
         self.eos = eos
         self.replies: dict[str, list[list[int]]] = {}
         for t in tasks:
-            a, b, c = t.info["abc"]  # type: ignore[index]
+            a, b, c = t.info["abc"]
             texts = [
-                f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>',
+                f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n'
+                "</tool_call>",
                 f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a + b}, "b": {c}}}}}\n'
                 "</tool_call>",
                 f"The answer is {a + b + c}.",
@@ -136,10 +143,15 @@ class CountingSink:
 def _token_bytes(sample: Sample) -> int:
     # Per-token storage of one episode: ids, mask and log-probs as Python lists.
     size = 0
-    for seq in (sample.prompt_ids, sample.completion_ids, sample.loss_mask or [],
-                sample.rollout_logprobs or []):
-        size += sys.getsizeof(seq) + sum(sys.getsizeof(x) for x in seq if not (
-            type(x) is int and -5 <= x <= 256))
+    for seq in (
+        sample.prompt_ids,
+        sample.completion_ids,
+        sample.loss_mask or [],
+        sample.rollout_logprobs or [],
+    ):
+        size += sys.getsizeof(seq) + sum(
+            sys.getsizeof(x) for x in seq if not (type(x) is int and -5 <= x <= 256)
+        )
     return size
 
 
@@ -163,11 +175,18 @@ async def run_level(tokenizer: ChatTokenizer, concurrency: int, episodes: int) -
     model = InstantModel(tokenizer, tasks)
     env = AddEnv()
     sink = CountingSink()
-    config = RolloutConfig(concurrency=concurrency, progress=False,
-                           sampling=SamplingParams(max_new_tokens=64))
+    config = RolloutConfig(
+        concurrency=concurrency, progress=False, sampling=SamplingParams(max_new_tokens=64)
+    )
     # Warm-up: compile the template, fill caches, import lazily imported modules.
-    await run_rollouts(env, make_tasks(min(8, episodes)), InstantModel(tokenizer, make_tasks(8)),
-                       tokenizer=tokenizer, sink=CountingSink(), config=config)
+    await run_rollouts(
+        env,
+        make_tasks(min(8, episodes)),
+        InstantModel(tokenizer, make_tasks(8)),
+        tokenizer=tokenizer,
+        sink=CountingSink(),
+        config=config,
+    )
     rss_before = peak_rss_mb()
     start = time.perf_counter()
     stats = await run_rollouts(env, tasks, model, tokenizer=tokenizer, sink=sink, config=config)

@@ -60,7 +60,9 @@ class EvalConfig(pydantic.BaseModel):
 
 def add_parser(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
-        "eval", help="evaluate an environment", description=__doc__,
+        "eval",
+        help="evaluate an environment",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser, EvalConfig)
@@ -88,8 +90,9 @@ async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     )
     sink: JsonlSink | ListSink = JsonlSink(cfg.out) if cfg.out else ListSink()
     try:
-        stats = await run_rollouts(env, tasks, policy, tokenizer=tokenizer, sink=sink,
-                                   config=config)
+        stats = await run_rollouts(
+            env, tasks, policy, tokenizer=tokenizer, sink=sink, config=config
+        )
     finally:
         if isinstance(sink, JsonlSink):
             sink.close()

@@ -56,8 +56,14 @@ def say_number(ctx) -> str:  # type: ignore[no-untyped-def]
 async def test_single_turn_groups_rewards_and_tokens(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, say_number)
     sink = ListSink()
-    stats = await run_rollouts(Echo(), tasks(5), model, tokenizer=smollm2, sink=sink,
-                               config=RolloutConfig(n_samples_per_prompt=3, concurrency=4))
+    stats = await run_rollouts(
+        Echo(),
+        tasks(5),
+        model,
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(n_samples_per_prompt=3, concurrency=4),
+    )
     assert stats.episodes == 15 and stats.samples == 15 and stats.turns == 15
     assert stats.reward_mean == 1.0 and not stats.failed
     groups: dict[str, list[Sample]] = {}
@@ -67,10 +73,12 @@ async def test_single_turn_groups_rewards_and_tokens(smollm2: ChatTokenizer) -> 
     assert len(groups) == 5 and all(len(g) == 3 for g in groups.values())
     # A group is emitted whole: its samples are adjacent in the sink.
     order = [s.group_id for s in sink.samples]
-    assert all(order[i:i + 3].count(order[i]) == 3 for i in range(0, 15, 3))
+    assert all(order[i : i + 3].count(order[i]) == 3 for i in range(0, 15, 3))
     s = sink.samples[0]
     assert s.status is Status.COMPLETED and s.metadata["rewards"] == {"exact": 1.0}
-    assert s.completion_ids[-1] == smollm2.eos_token_id and s.loss_mask == [1] * len(s.completion_ids)
+    assert s.completion_ids[-1] == smollm2.eos_token_id and s.loss_mask == [1] * len(
+        s.completion_ids
+    )
     assert s.weight_versions == ["scripted"]
     assert stats.completion_tokens == sum(len(x.completion_ids) for x in sink.samples)
 
@@ -94,17 +102,25 @@ async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
     await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink)
     (s,) = sink.samples
     assert s.reward == 3.0 and s.metadata["turns"] == 3
-    assert s.loss_mask.count(1) == 3 * len(smollm2.encode("ok") + [0])  # type: ignore[union-attr]
+    assert s.loss_mask.count(1) == 3 * len([*smollm2.encode("ok"), 0])  # type: ignore[union-attr]
     assert 0 in s.loss_mask  # type: ignore[operator]
     assert s.rollout_logprobs is not None
-    assert all(lp == 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask or [], strict=True) if m == 0)
+    assert all(
+        lp == 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask or [], strict=True) if m == 0
+    )
 
 
 async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok")
     sink = ListSink()
-    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink,
-                       config=RolloutConfig(limits=Limits(max_turns=2)))
+    await run_rollouts(
+        Counter(),
+        tasks(1),
+        model,
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(limits=Limits(max_turns=2)),
+    )
     (s,) = sink.samples
     assert s.status is Status.TRUNCATED and "max_turns" in (s.reason or "")
     assert s.metadata["turns"] == 2
@@ -113,8 +129,14 @@ async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:
 async def test_context_budget_truncates_not_raises(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok " * 20)
     sink = ListSink()
-    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink,
-                       config=RolloutConfig(limits=Limits(context_length=90)))
+    await run_rollouts(
+        Counter(),
+        tasks(1),
+        model,
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(limits=Limits(context_length=90)),
+    )
     (s,) = sink.samples
     assert s.status is Status.TRUNCATED and (s.reason or "").startswith(("context", "length"))
     assert len(s.prompt_ids) + len(s.completion_ids) <= 90
@@ -123,8 +145,14 @@ async def test_context_budget_truncates_not_raises(smollm2: ChatTokenizer) -> No
 async def test_max_new_tokens_truncates(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "a long answer that goes on")
     sink = ListSink()
-    await run_rollouts(Echo(), tasks(1), model, tokenizer=smollm2, sink=sink,
-                       config=RolloutConfig(sampling=SamplingParams(max_new_tokens=3)))
+    await run_rollouts(
+        Echo(),
+        tasks(1),
+        model,
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(sampling=SamplingParams(max_new_tokens=3)),
+    )
     (s,) = sink.samples
     assert s.status is Status.TRUNCATED and "max_new_tokens" in (s.reason or "")
     assert len(s.completion_ids) == 3
@@ -133,9 +161,14 @@ async def test_max_new_tokens_truncates(smollm2: ChatTokenizer) -> None:
 async def test_prompt_longer_than_context_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
     sink = ListSink()
     long = [Task(id="long", prompt="word " * 200, answer="")]
-    stats = await run_rollouts(Echo(), long, ScriptedModel(smollm2, lambda c: "x"),
-                               tokenizer=smollm2, sink=sink,
-                               config=RolloutConfig(limits=Limits(context_length=64)))
+    stats = await run_rollouts(
+        Echo(),
+        long,
+        ScriptedModel(smollm2, lambda c: "x"),
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(limits=Limits(context_length=64)),
+    )
     (s,) = sink.samples
     assert s.status is Status.FAILED and s.error_type == "ContextLengthError"
     assert "context_length is 64" in (s.reason or "")
@@ -171,13 +204,19 @@ async def test_failures_become_failed_samples_and_siblings_survive(smollm2: Chat
     sink = ListSink()
     start = time.monotonic()
     stats = await run_rollouts(
-        Flaky(), ts, ScriptedModel(smollm2, lambda c: "fine"), tokenizer=smollm2, sink=sink,
+        Flaky(),
+        ts,
+        ScriptedModel(smollm2, lambda c: "fine"),
+        tokenizer=smollm2,
+        sink=sink,
         config=RolloutConfig(concurrency=6, limits=Limits(timeout_s=0.5)),
     )
     assert time.monotonic() - start < 10
     by_task = {s.group_id.split("@")[0]: s for s in sink.samples}  # type: ignore[union-attr]
     assert by_task["ok1"].status is Status.COMPLETED and by_task["ok2"].reward == 1.0
-    assert by_task["boom"].error_type == "ValueError" and "verifier exploded" in by_task["boom"].reason
+    assert (
+        by_task["boom"].error_type == "ValueError" and "verifier exploded" in by_task["boom"].reason
+    )
     assert by_task["nan"].error_type == "RewardError" and "finite" in by_task["nan"].reason
     assert by_task["str"].error_type == "RewardError" and "str" in by_task["str"].reason
     assert by_task["slow"].error_type == "EpisodeTimeout" and "0.5 s" in by_task["slow"].reason
@@ -187,8 +226,9 @@ async def test_failures_become_failed_samples_and_siblings_survive(smollm2: Chat
 
 
 class Empty:
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
-                       rid: str | None = None) -> Completion:
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
         return Completion(output_ids=[], logprobs=[], finish_reason=FinishReason("stop", matched=2))
 
 
@@ -200,10 +240,14 @@ async def test_empty_completion_is_a_failed_sample(smollm2: ChatTokenizer) -> No
 
 
 class Aborting:
-    async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
-                       rid: str | None = None) -> Completion:
-        return Completion(output_ids=[5, 6], logprobs=[-1.0, -1.0],
-                          finish_reason=FinishReason("abort", message="weights updating"))
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        return Completion(
+            output_ids=[5, 6],
+            logprobs=[-1.0, -1.0],
+            finish_reason=FinishReason("abort", message="weights updating"),
+        )
 
 
 async def test_abort_gives_aborted_sample(smollm2: ChatTokenizer) -> None:
@@ -224,8 +268,9 @@ class Raw(Environment):
 
 async def test_rollout_returning_garbage_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
     sink = ListSink()
-    await run_rollouts(Raw(), tasks(1), ScriptedModel(smollm2, lambda c: "x"),
-                       tokenizer=smollm2, sink=sink)
+    await run_rollouts(
+        Raw(), tasks(1), ScriptedModel(smollm2, lambda c: "x"), tokenizer=smollm2, sink=sink
+    )
     assert sink.samples[0].error_type == "ConfigError"
     assert "must return Sample objects" in (sink.samples[0].reason or "")
 
@@ -234,8 +279,9 @@ async def test_concurrency_is_bounded_and_run_is_cancellable(smollm2: ChatTokeni
     in_flight = peak = 0
 
     class Slow:
-        async def generate(self, input_ids: Sequence[int], params: SamplingParams, *,
-                           rid: str | None = None) -> Completion:
+        async def generate(
+            self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+        ) -> Completion:
             nonlocal in_flight, peak
             in_flight += 1
             peak = max(peak, in_flight)
@@ -243,16 +289,24 @@ async def test_concurrency_is_bounded_and_run_is_cancellable(smollm2: ChatTokeni
                 await anyio.sleep(0.01)
             finally:
                 in_flight -= 1
-            return Completion(output_ids=[2], logprobs=[-0.1],
-                              finish_reason=FinishReason("stop", matched=2))
+            return Completion(
+                output_ids=[2], logprobs=[-0.1], finish_reason=FinishReason("stop", matched=2)
+            )
 
-    await run_rollouts(Echo(), tasks(40), Slow(), tokenizer=smollm2,
-                       config=RolloutConfig(concurrency=7))
+    await run_rollouts(
+        Echo(), tasks(40), Slow(), tokenizer=smollm2, config=RolloutConfig(concurrency=7)
+    )
     assert peak == 7
     sink = ListSink()
     with anyio.move_on_after(0.5):
-        await run_rollouts(Echo(), tasks(10_000), Slow(), tokenizer=smollm2, sink=sink,
-                           config=RolloutConfig(concurrency=8))
+        await run_rollouts(
+            Echo(),
+            tasks(10_000),
+            Slow(),
+            tokenizer=smollm2,
+            sink=sink,
+            config=RolloutConfig(concurrency=8),
+        )
     assert in_flight == 0 and 0 < len(sink.samples) < 10_000
 
 
@@ -267,8 +321,14 @@ async def test_group_rewards_see_the_whole_group(smollm2: ChatTokenizer) -> None
     replies = iter(["a", "a b c", "a b"])
     model = ScriptedModel(smollm2, lambda ctx: next(replies))
     sink = ListSink()
-    await run_rollouts(Grouped(), tasks(1), model, tokenizer=smollm2, sink=sink,
-                       config=RolloutConfig(n_samples_per_prompt=3, concurrency=1))
+    await run_rollouts(
+        Grouped(),
+        tasks(1),
+        model,
+        tokenizer=smollm2,
+        sink=sink,
+        config=RolloutConfig(n_samples_per_prompt=3, concurrency=1),
+    )
     assert sorted(s.reward for s in sink.samples) == [0.0, 0.0, 0.5]
 
 
@@ -282,8 +342,9 @@ async def test_duplicate_task_ids_rejected(smollm2: ChatTokenizer) -> None:
 async def test_jsonl_sink_round_trips(smollm2: ChatTokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "out" / "samples.jsonl"
     with JsonlSink(path) as sink:
-        await run_rollouts(Echo(), tasks(3), ScriptedModel(smollm2, say_number),
-                           tokenizer=smollm2, sink=sink)
+        await run_rollouts(
+            Echo(), tasks(3), ScriptedModel(smollm2, say_number), tokenizer=smollm2, sink=sink
+        )
     lines = path.read_text().splitlines()
     assert len(lines) == 3
     assert all(Sample.from_json(line).reward == 1.0 for line in lines)
@@ -320,15 +381,17 @@ class Tools(ToolEnv):
 
 
 async def test_tool_errors_go_back_to_the_model(smollm2: ChatTokenizer) -> None:
-    script = iter([
-        "<tool_call>{not json}</tool_call>",
-        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "double", "arguments": {"x": "forty"}}</tool_call>',
-        '<tool_call>{"name": "broken", "arguments": {"x": 1}}</tool_call>',
-        '<tool_call>{"name": "slow_tool", "arguments": {"x": 1}}</tool_call>',
-        '<tool_call>{"name": "double", "arguments": {"x": 42}}</tool_call>',
-        "The answer is 84.",
-    ])
+    script = iter(
+        [
+            "<tool_call>{not json}</tool_call>",
+            '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "double", "arguments": {"x": "forty"}}</tool_call>',
+            '<tool_call>{"name": "broken", "arguments": {"x": 1}}</tool_call>',
+            '<tool_call>{"name": "slow_tool", "arguments": {"x": 1}}</tool_call>',
+            '<tool_call>{"name": "double", "arguments": {"x": 42}}</tool_call>',
+            "The answer is 84.",
+        ]
+    )
     model = ScriptedModel(smollm2, lambda ctx: next(script))
     sink = ListSink()
     await run_rollouts(Tools(), tasks(1), model, tokenizer=smollm2, sink=sink)
@@ -372,8 +435,9 @@ async def test_word_guess_leak_penalised_and_hidden(smollm2: ChatTokenizer) -> N
 
     model = ScriptedModel(smollm2, lambda ctx: "The word is piano.")
     sink = ListSink()
-    await run_rollouts(WordGuessEnv(), [Task(id="p", answer="piano")], model,
-                       tokenizer=smollm2, sink=sink)
+    await run_rollouts(
+        WordGuessEnv(), [Task(id="p", answer="piano")], model, tokenizer=smollm2, sink=sink
+    )
     (s,) = sink.samples  # the guesser never played: it never saw the leaked clue
     assert s.role == CLUE_GIVER and s.reward == -1.0 and s.metadata["leaked"] is True
 
@@ -384,8 +448,14 @@ async def test_fixed_opponent_policy_per_role(smollm2: ChatTokenizer) -> None:
     giver = ScriptedModel(smollm2, lambda ctx: "A keyboard instrument.", weight_version="7")
     guesser = ScriptedModel(smollm2, lambda ctx: "piano", weight_version="frozen")
     sink = ListSink()
-    await run_rollouts(WordGuessEnv(), [Task(id="p", answer="piano")], giver,
-                       tokenizer=smollm2, sink=sink, policies={GUESSER: guesser})
+    await run_rollouts(
+        WordGuessEnv(),
+        [Task(id="p", answer="piano")],
+        giver,
+        tokenizer=smollm2,
+        sink=sink,
+        policies={GUESSER: guesser},
+    )
     versions = {s.role: s.weight_versions for s in sink.samples}
     assert versions == {"clue_giver": ["7"], "guesser": ["frozen"]}
     assert all(s.reward == 1.0 for s in sink.samples)

@@ -21,7 +21,9 @@ from agentenv import (
 from agentenv._scripted import scripted_logprob
 
 
-def completion(tok: ChatTokenizer, text: str, *, eot: bool = True, version: str = "v0") -> Completion:
+def completion(
+    tok: ChatTokenizer, text: str, *, eot: bool = True, version: str = "v0"
+) -> Completion:
     """What an engine returns for ``text``: its ids, the end-of-turn id, aligned log-probs."""
     ids = tok.encode(text)
     assert tok.eos_token_id is not None
@@ -58,15 +60,15 @@ def test_model_tokens_appended_exactly_and_env_suffix_masked(any_template: ChatT
     assert seg.completion_ids == c1.output_ids
     assert seg.loss_mask == [1] * len(c1.output_ids)
     appended = t.add_messages([{"role": "user", "content": "And 3+3?"}])
-    assert seg.completion_ids[len(c1.output_ids):] == appended
-    assert seg.loss_mask[len(c1.output_ids):] == [0] * len(appended)
-    assert seg.logprobs[len(c1.output_ids):] == [0.0] * len(appended)
+    assert seg.completion_ids[len(c1.output_ids) :] == appended
+    assert seg.loss_mask[len(c1.output_ids) :] == [0] * len(appended)
+    assert seg.logprobs[len(c1.output_ids) :] == [0.0] * len(appended)
     c2 = completion(any_template, "6")
     t.add_completion(c2)
     # Both model spans are byte-for-byte the ids returned, at their positions.
     n1, n2 = len(c1.output_ids), len(appended)
     assert seg.completion_ids[:n1] == c1.output_ids
-    assert seg.completion_ids[n1 + n2:] == c2.output_ids
+    assert seg.completion_ids[n1 + n2 :] == c2.output_ids
     assert seg.logprobs[:n1] == c1.logprobs
     # The whole sequence decodes to what the template renders for the conversation.
     assert any_template.render(t.messages).startswith(any_template.decode(t.ids))
@@ -93,23 +95,38 @@ def test_llama3_has_no_newline_after_eot(llama3: ChatTokenizer) -> None:
 
 
 def test_tools_rendered_by_template(chatml_tools: ChatTokenizer) -> None:
-    schema = {"type": "function", "function": {"name": "add", "description": "Add",
-              "parameters": {"type": "object", "properties": {}}}}
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
     t = Transcript(chatml_tools, "use a tool", tools=[schema])
     assert chatml_tools.supports_tools
     assert '"name": "add"' in t.text
     assert t.messages[0]["role"] == "user"  # nothing injected: the template handles tools
-    t.add_completion(completion(chatml_tools, '<tool_call>{"name": "add", "arguments": {}}</tool_call>'))
-    appended = t.add_messages([{"role": "tool", "content": "3", "name": "add"},
-                               {"role": "tool", "content": "4", "name": "add"}])
+    t.add_completion(
+        completion(chatml_tools, '<tool_call>{"name": "add", "arguments": {}}</tool_call>')
+    )
+    appended = t.add_messages(
+        [
+            {"role": "tool", "content": "3", "name": "add"},
+            {"role": "tool", "content": "4", "name": "add"},
+        ]
+    )
     text = chatml_tools.decode(appended)
     assert text.count("<tool_response>") == 2 and text.count("<|im_start|>user") == 1
 
 
 def test_tools_described_in_system_prompt_when_template_cannot(smollm2: ChatTokenizer) -> None:
     schema = {"type": "function", "function": {"name": "add", "parameters": {}}}
-    t = Transcript(smollm2, [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": "hi"}], tools=[schema])
+    t = Transcript(
+        smollm2,
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        tools=[schema],
+    )
     assert not smollm2.supports_tools
     assert t.messages[0]["content"].startswith("Be brief.\n\n")
     assert "<tools>" in t.messages[0]["content"] and '"name": "add"' in t.text
@@ -236,18 +253,28 @@ def test_empty_completion_is_an_error(smollm2: ChatTokenizer) -> None:
 _text = st.text(
     # Excluded: characters SmolLM2 has no byte token for (some controls, planes 4+).
     alphabet=st.characters(
-        blacklist_categories=("Cs", "Cc", "Cn", "Co"), max_codepoint=0x2FFFF, blacklist_characters="<>"
+        blacklist_categories=("Cs", "Cc", "Cn", "Co"),
+        max_codepoint=0x2FFFF,
+        blacklist_characters="<>",
     ),
     min_size=1,
     max_size=40,
 ).filter(lambda s: s.strip() == s and s.strip() != "")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     opening=_text,
-    turns=st.lists(st.tuples(_text, st.lists(st.tuples(st.sampled_from(["user", "tool"]), _text),
-                                             min_size=1, max_size=3)), min_size=1, max_size=4),
+    turns=st.lists(
+        st.tuples(
+            _text,
+            st.lists(st.tuples(st.sampled_from(["user", "tool"]), _text), min_size=1, max_size=3),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
     family=st.sampled_from(["smollm2", "chatml_tools", "llama3"]),
 )
 def test_property_decode_reproduces_render_and_spans_are_exact(
@@ -269,7 +296,7 @@ def test_property_decode_reproduces_render_and_spans_are_exact(
         assert tok.decode(t.ids) == tok.render(t.messages, add_generation_prompt=True)
     seg = t.current
     for start, ids in spans:
-        assert seg.completion_ids[start:start + len(ids)] == ids
-        assert seg.loss_mask[start:start + len(ids)] == [1] * len(ids)
+        assert seg.completion_ids[start : start + len(ids)] == ids
+        assert seg.loss_mask[start : start + len(ids)] == [1] * len(ids)
     assert sum(seg.loss_mask) == sum(len(ids) for _, ids in spans)
     assert len(seg.completion_ids) == len(seg.loss_mask) == len(seg.logprobs)

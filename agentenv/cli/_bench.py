@@ -1,0 +1,144 @@
+"""``agentenv bench``: measured numbers for the SDK itself.
+
+    agentenv bench rollout [--quick] [--json]
+
+``rollout`` measures the SDK's per-turn overhead on a 3-turn tool-use episode with an
+instant model, at concurrency 1, 64 and 1024, each level in a fresh process pinned to one
+CPU core; in the same run it plays the equivalent episode through PrimeIntellect's
+``verifiers`` (when installed) and reports the throughput ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from agentenv._errors import ConfigError
+
+LEVELS = (1, 64, 1024)
+# Episodes per level: enough for ≥ 1 s of steady state at the measured rates.
+FULL = {1: 1000, 64: 4000, 1024: 8192}
+QUICK = {1: 200, 64: 1000, 1024: 2048}
+VERIFIERS_FULL = {1: 100, 64: 1000, 1024: 2048}
+VERIFIERS_QUICK = {1: 30, 64: 256, 1024: 1024}
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    rollout = kinds.add_parser("rollout", help="SDK overhead per tool-use turn")
+    rollout.add_argument("--quick", action="store_true", help="fewer episodes (< 60 s)")
+    rollout.add_argument("--json", action="store_true", help="print one JSON object last")
+    rollout.add_argument(
+        "--no-verifiers", action="store_true", help="skip the verifiers comparison"
+    )
+    rollout.add_argument(
+        "--verifiers-python",
+        default=None,
+        help="python of a virtualenv with verifiers installed (default: this one)",
+    )
+    rollout.set_defaults(handler=run_rollout)
+
+
+def _child(
+    module: str, args: list[str], python: str | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        RAYON_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    proc = subprocess.run(
+        [python or sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise ConfigError(f"benchmark child {module} {' '.join(args)} failed: {' | '.join(tail)}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    episodes = QUICK if args.quick else FULL
+    results: dict[str, Any] = {"bench": "rollout", "quick": bool(args.quick), "levels": {}}
+    for c in LEVELS:
+        r = _child(
+            "agentenv.bench._rollout", ["--concurrency", str(c), "--episodes", str(episodes[c])]
+        )
+        results["levels"][str(c)] = r
+        print(
+            f"agentenv   concurrency {c:>5}: {r['turns_per_s']:>9,.0f} turns/s  "
+            f"{r['overhead_us_per_turn']:>7.1f} µs/turn  peak RSS {r['peak_rss_mb']:.0f} MB",
+            file=sys.stderr,
+        )
+    base, top = results["levels"]["1"], results["levels"]["1024"]
+    # Peak RSS grows with the episodes in flight: 1024 at the top level, 1 at the base.
+    in_flight_kb = max(0.0, (top["peak_rss_mb"] - base["peak_rss_mb"]) * 1024) / (LEVELS[-1] - 1)
+    token_kb = top["token_bytes_per_episode"] / 1024
+    results["memory"] = {
+        "kb_per_in_flight_episode": round(in_flight_kb, 2),
+        "token_kb_per_episode": round(token_kb, 2),
+        "kb_per_episode_beyond_tokens": round(max(0.0, in_flight_kb - token_kb), 2),
+    }
+    results["verifiers"] = None if args.no_verifiers else _verifiers(args, results)
+    if args.json:
+        print(json.dumps(results, separators=(",", ":")))
+    else:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+def _verifiers(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
+    module = "agentenv.bench._verifiers_episode"
+    probe = subprocess.run(
+        [
+            args.verifiers_python or sys.executable,
+            "-c",
+            "from agentenv.bench._verifiers_episode import verifiers_available as v; "
+            "print(v() or 'ok')",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
+    reason = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else probe.stderr
+    if reason != "ok":
+        print(f"verifiers comparison skipped: {reason}", file=sys.stderr)
+        return {"skipped": reason}
+    episodes = VERIFIERS_QUICK if args.quick else VERIFIERS_FULL
+    out: dict[str, Any] = {"levels": {}}
+    for c in LEVELS:
+        r = _child(
+            module,
+            ["--concurrency", str(c), "--episodes", str(episodes[c])],
+            python=args.verifiers_python,
+        )
+        ours = results["levels"][str(c)]["turns_per_s"]
+        r["agentenv_over_verifiers"] = (
+            round(ours / r["turns_per_s"], 2) if r["turns_per_s"] else None
+        )
+        out["levels"][str(c)] = r
+        print(
+            f"verifiers  concurrency {c:>5}: {r['turns_per_s']:>9,.0f} turns/s  "
+            f"agentenv is {r['agentenv_over_verifiers']}x",
+            file=sys.stderr,
+        )
+    return out

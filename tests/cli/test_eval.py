@@ -1,0 +1,93 @@
+"""``agentenv eval`` end to end, in-process and as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentenv import Sample
+from agentenv.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE = str(ROOT / "examples" / "scripts" / "arithmetic_oracle.py")
+
+
+def test_eval_json_summary_and_samples_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s.jsonl"
+    argv = [
+        "eval",
+        "--env",
+        "arithmetic",
+        "--model",
+        f"scripted:{ORACLE}",
+        "--n",
+        "20",
+        "--n-samples-per-prompt",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(last)
+    for key in (
+        "episodes",
+        "samples",
+        "reward_mean",
+        "reward_std",
+        "failed",
+        "completion_tokens",
+        "wall_s",
+    ):
+        assert key in summary
+    assert summary["episodes"] == 40 and summary["samples"] == 40
+    assert summary["failed"] == {}
+    assert 0.5 < summary["reward_mean"] < 1.0  # the oracle is right 80 % of the time
+    samples = [Sample.from_json(line) for line in out.read_text().splitlines()]
+    assert len(samples) == 40
+    assert sum(len(s.completion_ids) for s in samples) == summary["completion_tokens"]
+
+
+def test_eval_calculator_uses_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    script = str(ROOT / "examples" / "scripts" / "calculator.json")
+    assert (
+        main(
+            ["eval", "--env", "calculator", "--model", f"scripted:{script}", "--n", "10", "--json"]
+        )
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["reward_mean"] == 1.0 and summary["turns"] == 30
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "nope", "--model", "scripted:x.json"], "unknown environment 'nope'"),
+        (["--env", "arithmetic", "--model", "scripted:/no/such.json"], "does not exist"),
+        (["--env", "arithmetic", "--model", "http://127.0.0.1:1"], "not supported yet"),
+        (["--env", "arithmetic", "--model", "scripted:x", "--n", "0"], "--n: Input should be"),
+        (["--env", "arithmetic", "--model", "scripted:x", "--env-args", "{bad"], "JSON"),
+        (["--env", "arithmetic", "--model", "scripted:x", "--split", "dev"], "invalid choice"),
+    ],
+)
+def test_eval_bad_input_names_the_problem(argv: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
