@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,20 +35,21 @@ def _name(fn: Callable[..., Any]) -> str:
 
 def check_reward(value: Any, source: str) -> float:
     """``value`` as a finite float, or :class:`RewardError` naming ``source``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # numbers.Real admits numpy scalars (np.float32, np.int64), which verifiers often return.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RewardError(
             f"reward function {source!r} returned {type(value).__name__} {value!r}; "
             "it must return a finite number"
         )
     try:
-        value = float(value)
+        number = float(value)
     except OverflowError:  # an int too large for a float is not finite either
         raise RewardError(
             f"reward function {source!r} returned an int beyond float range; it must be finite"
         ) from None
-    if not math.isfinite(value):
-        raise RewardError(f"reward function {source!r} returned {value}; it must be finite")
-    return value
+    if not math.isfinite(number):
+        raise RewardError(f"reward function {source!r} returned {number}; it must be finite")
+    return number
 
 
 def reward(*, blocking: bool = False, name: str | None = None) -> Callable[[RewardFn], RewardFn]:
@@ -64,7 +66,7 @@ def reward(*, blocking: bool = False, name: str | None = None) -> Callable[[Rewa
             threaded.__name__ = name or _name(fn)
             return threaded
         if name:
-            fn.__name__ = name  # type: ignore[attr-defined]
+            fn.__name__ = name
         return fn
 
     return wrap
@@ -135,7 +137,7 @@ class Rubric:
             if inspect.isawaitable(values):
                 values = await values
             try:
-                values = list(values)  # type: ignore[arg-type]
+                values = list(values)
             except TypeError:  # e.g. one float for the whole group
                 raise RewardError(
                     f"group reward {_name(fn)!r} returned {type(values).__name__} {values!r}; "

@@ -142,7 +142,7 @@ class Tool:
                 hints[pname],
                 pydantic.Field(default, alias=pname, description=arg_docs.get(pname) or None),
             )
-        self._model: type[pydantic.BaseModel] = pydantic.create_model(  # type: ignore[call-overload]
+        self._model: type[pydantic.BaseModel] = pydantic.create_model(
             f"{self.name}_arguments",
             __config__=pydantic.ConfigDict(extra="forbid"),
             **fields,

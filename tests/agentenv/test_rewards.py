@@ -321,3 +321,13 @@ async def test_bad_group_values_name_the_function(value: Any, message: str) -> N
 
     with pytest.raises(RewardError, match=rf"reward function 'odd' {message}"):
         await Rubric(group=[odd]).score_group(TASK, samples(2))
+
+
+def test_numpy_scalars_are_numbers() -> None:
+    import numpy as np
+
+    from agentenv._rewards import check_reward
+
+    assert check_reward(np.float32(0.5), "np") == 0.5
+    assert check_reward(np.int64(2), "np") == 2.0
+    assert Sample(prompt_ids=[1], completion_ids=[2], reward=np.float32(1.0)).reward == 1.0
