@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio
-import anyio.abc
 
 from agentenv._environment import Environment, Episode, Limits, Task
 from agentenv._errors import ClosedResourceError, ConfigError, EpisodeAborted, EpisodeTruncated
@@ -210,8 +209,11 @@ async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     """Run one episode; every outcome, including errors, comes back as samples."""
     timeout = episode.limits.timeout_s
     try:
-        with anyio.fail_after(timeout):
+        if timeout is None:  # a cancel scope is not free; skip it when there is no limit
             result = await env.rollout(episode.task, episode)
+        else:
+            with anyio.fail_after(timeout):
+                result = await env.rollout(episode.task, episode)
         samples = [result] if isinstance(result, Sample) else list(result)
         if not samples:
             raise ConfigError(f"{type(env).__name__}.rollout returned no samples")
@@ -320,45 +322,38 @@ async def run_rollouts(
             await sink.put(s)
         group.samples.clear()
 
-    send, receive = anyio.create_memory_object_stream[tuple[_Group, int]](0)
+    # One lazy iterator shared by the workers: next() never suspends, so no two workers
+    # can take the same item, and no channel is needed.
+    items = ((group, i) for group in groups for i in range(n))
 
-    async def feed() -> None:
-        async with send:
-            for group in groups:
-                for i in range(n):
-                    await send.send((group, i))
-
-    async def worker(items: anyio.abc.ObjectReceiveStream[tuple[_Group, int]]) -> None:
-        async with items:
-            async for group, i in items:
-                episode = Episode(
-                    task=group.task,
-                    tokenizer=tokenizer,
-                    policy=policy,
-                    policies=policies,
-                    sampling=config.sampling,
-                    limits=config.limits,
-                    group_id=group.group_id,
-                    index=i,
-                    seed=_episode_seed(config.seed, group.task.id, i),
-                    on_history_rewrite=config.on_history_rewrite,
-                )
-                samples = await play_episode(env, episode)
-                stats.episodes += 1
-                stats.turns += sum(t.turns for t in episode.transcripts)
-                stats.completion_tokens += episode.completion_tokens
-                group.samples.extend(samples)
-                group.pending -= 1
-                bar.update(1)
-                if group.pending == 0:
-                    await finish(group)
+    async def worker() -> None:
+        for group, i in items:
+            episode = Episode(
+                task=group.task,
+                tokenizer=tokenizer,
+                policy=policy,
+                policies=policies,
+                sampling=config.sampling,
+                limits=config.limits,
+                group_id=group.group_id,
+                index=i,
+                seed=_episode_seed(config.seed, group.task.id, i),
+                on_history_rewrite=config.on_history_rewrite,
+            )
+            samples = await play_episode(env, episode)
+            stats.episodes += 1
+            stats.turns += sum(t.turns for t in episode.transcripts)
+            stats.completion_tokens += episode.completion_tokens
+            group.samples.extend(samples)
+            group.pending -= 1
+            bar.update(1)
+            if group.pending == 0:
+                await finish(group)
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(feed)
             for _ in range(min(config.concurrency, max(1, len(tasks) * n))):
-                tg.start_soon(worker, receive.clone())
-            receive.close()
+                tg.start_soon(worker)
     finally:
         bar.close()
         stats.wall_s = time.perf_counter() - start

@@ -12,7 +12,7 @@ import datetime
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -112,6 +112,10 @@ def _special_token_splitter(tok: tokenizers.Tokenizer) -> re.Pattern[str] | None
     return re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
 
 
+def _concat(parts: Iterable[str]) -> str:
+    return "".join(parts)
+
+
 def _compile_template(source: str) -> jinja2.Template:
     import jinja2
     from jinja2.ext import loopcontrols
@@ -156,6 +160,7 @@ class ChatTokenizer:
             _compile_template(chat_template) if chat_template else None
         )
         self._supports_tools = bool(chat_template) and "tools" in (chat_template or "")
+        self._globals: dict[str, Any] = dict(self._template.globals) if self._template else {}
         self._split = _special_token_splitter(tokenizer)
         self._cache: dict[str, list[int]] = {}
         self._token_text: dict[int, str] = {}
@@ -290,13 +295,16 @@ class ChatTokenizer:
                 "has 'chat_template'"
             )
         try:
-            return self._template.render(
-                messages=messages,
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
+            # What Template.render does, minus a copy of the globals per call: the
+            # variables are laid over a prepared copy and used as the shared context.
+            variables = dict(self._globals)
+            variables["messages"] = messages
+            variables["tools"] = list(tools) if tools else None
+            variables["add_generation_prompt"] = add_generation_prompt
+            variables["bos_token"] = self.bos_token or ""
+            variables["eos_token"] = self.eos_token or ""
+            template = self._template
+            return _concat(template.root_render_func(template.new_context(variables, shared=True)))
         except TemplateError:
             raise
         except Exception as e:  # a template bug must name itself, not surface as a KeyError
@@ -304,6 +312,3 @@ class ChatTokenizer:
 
     def __repr__(self) -> str:
         return f"ChatTokenizer({self.name!r}, vocab={self.vocab_size})"
-
-
-RenderFn = Callable[..., str]

@@ -10,6 +10,7 @@ becomes a tool message telling the model what went wrong; the episode continues.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -84,6 +85,18 @@ def _strip_titles(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_strip_titles(v) for v in schema]
     return schema
+
+
+class _Overrun(Exception):
+    """The tool's timeout fired."""
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # trio, or no loop
+        return False
+    return True
 
 
 class Tool:
@@ -182,17 +195,8 @@ class Tool:
         """Validate, run (sync tools in a worker thread) under the timeout, and return text."""
         kwargs = self.validate(arguments)
         try:
-            with anyio.fail_after(self.timeout_s) as scope:
-                if self.is_async:
-                    result = await self.fn(**kwargs)
-                else:
-                    # Blocking tools must not stall every other episode on the loop.
-                    result = await anyio.to_thread.run_sync(
-                        lambda: self.fn(**kwargs), abandon_on_cancel=True
-                    )
-        except TimeoutError as e:
-            if not scope.cancelled_caught:  # the tool raised TimeoutError itself
-                raise ToolCallError(f"tool {self.name!r} raised TimeoutError: {e}") from e
+            result = await self._run(kwargs)
+        except _Overrun:
             raise ToolCallError(f"tool {self.name!r} timed out after {self.timeout_s} s") from None
         except ToolCallError:
             raise
@@ -207,6 +211,31 @@ class Tool:
 
     async def __call__(self, **kwargs: Any) -> str:
         return await self.call(kwargs)
+
+    async def _run(self, kwargs: dict[str, Any]) -> Any:
+        # Raises _Overrun when the timeout fires; a TimeoutError the tool raises itself
+        # propagates as an ordinary exception.
+        if self.timeout_s is None:
+            return await self._invoke(kwargs)
+        if self.is_async and _on_asyncio():
+            # asyncio's own timeout costs half an anyio cancel scope, and async tools run
+            # on most turns of a tool-use episode.
+            try:
+                async with asyncio.timeout(self.timeout_s) as deadline:
+                    return await self.fn(**kwargs)
+            except TimeoutError:
+                if deadline.expired():
+                    raise _Overrun from None
+                raise
+        with anyio.move_on_after(self.timeout_s):
+            return await self._invoke(kwargs)
+        raise _Overrun
+
+    async def _invoke(self, kwargs: dict[str, Any]) -> Any:
+        if self.is_async:
+            return await self.fn(**kwargs)
+        # Blocking tools must not stall every other episode on the loop.
+        return await anyio.to_thread.run_sync(lambda: self.fn(**kwargs), abandon_on_cancel=True)
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"

@@ -1,0 +1,108 @@
+"""ChatTokenizer renders like transformers and its cached encode equals a plain encode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentenv import ChatTokenizer, TemplateError
+from agentenv.engine._models import resolve_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers. ü",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2 + 3? Ünïcode ✓"},
+    {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+    },
+    {"role": "tool", "content": "5", "name": "add"},
+    {"role": "tool", "content": "7", "name": "add"},
+]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer() -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m")))
+
+
+@pytest.mark.parametrize("family", ["smollm2", "chatml_tools", "llama3", "thinking"])
+@pytest.mark.parametrize("tools", [None, TOOLS])
+@pytest.mark.parametrize("gen", [False, True])
+def test_render_matches_transformers(
+    request: pytest.FixtureRequest, hf_tokenizer: Any, family: str, tools: Any, gen: bool
+) -> None:
+    tok: ChatTokenizer = request.getfixturevalue(family)
+    ours = tok.render(CONVERSATION, tools=tools, add_generation_prompt=gen)
+    theirs = hf_tokenizer.apply_chat_template(
+        CONVERSATION,
+        tools=tools,
+        add_generation_prompt=gen,
+        tokenize=False,
+        chat_template=tok.chat_template,
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+    )
+    assert ours == theirs
+
+
+def test_template_tool_support_is_detected(
+    smollm2: ChatTokenizer, chatml_tools: ChatTokenizer
+) -> None:
+    assert not smollm2.supports_tools
+    assert chatml_tools.supports_tools
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " ", "12"]),
+            st.text(max_size=30),
+        ),
+        max_size=12,
+    )
+)
+def test_cached_encode_equals_plain_encode(smollm2: ChatTokenizer, parts: list[str]) -> None:
+    text = "".join(parts)
+    assert smollm2.encode(text) == smollm2._tok.encode(text, add_special_tokens=False).ids
+    assert smollm2.encode(text) == smollm2.encode(text)  # and again, from the cache
+
+
+def test_decode_keeps_special_tokens(smollm2: ChatTokenizer) -> None:
+    ids = smollm2.encode("<|im_start|>user\nhi<|im_end|>")
+    assert ids[0] == smollm2.token_to_id("<|im_start|>")
+    assert smollm2.decode(ids) == "<|im_start|>user\nhi<|im_end|>"
+    assert smollm2.decode(ids[-1:]) == "<|im_end|>"
+
+
+def test_from_dir_without_tokenizer_json(tmp_path: Any) -> None:
+    from agentenv import ConfigError
+
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        ChatTokenizer.from_dir(tmp_path)
+
+
+def test_render_without_template_names_the_fix(smollm2: ChatTokenizer) -> None:
+    bare = ChatTokenizer(smollm2._tok, None, name="bare")
+    with pytest.raises(TemplateError, match="with_template"):
+        bare.render([{"role": "user", "content": "x"}])
