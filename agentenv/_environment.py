@@ -80,6 +80,22 @@ class Episode:
     truncated and aborted samples.
     """
 
+    # Slots: a run holds thousands of episodes in flight.
+    __slots__ = (
+        "completion_tokens",
+        "group_id",
+        "index",
+        "limits",
+        "on_history_rewrite",
+        "policies",
+        "policy",
+        "sampling",
+        "seed",
+        "task",
+        "tokenizer",
+        "transcripts",
+    )
+
     def __init__(
         self,
         *,
@@ -97,7 +113,7 @@ class Episode:
         self.task = task
         self.tokenizer = tokenizer
         self.policy = policy
-        self.policies = dict(policies or {})
+        self.policies: Mapping[str, Generator] = policies or {}
         self.sampling = sampling or SamplingParams()
         self.limits = limits or Limits()
         self.group_id = group_id if group_id is not None else task.id

@@ -108,8 +108,10 @@ class Rubric:
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         if not callable(fn):
             raise ConfigError(f"a reward must be callable, got {type(fn).__name__}")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
-            weight
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not math.isfinite(weight)
         ):
             raise ConfigError(
                 f"reward weight for {_name(fn)!r} must be a finite number, got {weight!r}"

@@ -53,7 +53,14 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             section = "args"
             continue
         if stripped.endswith(":") and stripped[:-1].lower() in {
-            "returns", "return", "raises", "yields", "examples", "example", "note", "notes",
+            "returns",
+            "return",
+            "raises",
+            "yields",
+            "examples",
+            "example",
+            "note",
+            "notes",
         }:
             section = "other"
             continue
@@ -339,9 +346,7 @@ async def run_tool_calls(
         if isinstance(call, ToolCallError):
             text = f"Error: {call}"
         elif call.name not in by_name:
-            text = (
-                f"Error: unknown tool {call.name!r}; available tools: {sorted(by_name)}"
-            )
+            text = f"Error: unknown tool {call.name!r}; available tools: {sorted(by_name)}"
         else:
             try:
                 text = await by_name[call.name].call(call.arguments)

@@ -6,8 +6,8 @@ messages are appended by rendering the whole conversation and keeping only the t
 *after* what the model has already seen; only that suffix is tokenized (mask 0). Earlier
 ids are never re-tokenized.
 
-The transcript tracks the conversation as text: rendered text for environment turns, the
-decoded ids for model turns. A character the tokenizer has no token for (SmolLM2 lacks six
+The transcript tracks what the model has seen as text -- rendered text for environment
+turns, the decoded ids for model turns -- kept as a length and checksums, not a copy. A character the tokenizer has no token for (SmolLM2 lacks six
 ASCII control characters) is dropped from the ids exactly as an engine would drop it; the
 ids remain exactly what the model is conditioned on.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -57,10 +58,14 @@ def tool_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
 
 @dataclasses.dataclass(slots=True)
 class Segment:
-    """One contiguous token sequence: a prompt and everything appended after it."""
+    """One contiguous token sequence: a prompt and everything appended after it.
 
-    prompt_ids: list[int]
-    completion_ids: list[int] = dataclasses.field(default_factory=list)
+    ``ids`` holds the prompt and the completion in one list (the generator is handed this
+    list itself, not a copy); ``loss_mask`` and ``logprobs`` cover the completion part.
+    """
+
+    ids: list[int]
+    prompt_len: int
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     weight_versions: list[str] = dataclasses.field(default_factory=list)
@@ -68,8 +73,18 @@ class Segment:
     has_logprobs: bool = True
 
     @property
+    def prompt_ids(self) -> list[int]:
+        """A copy of the prompt part."""
+        return self.ids[: self.prompt_len]
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """A copy of the completion part."""
+        return self.ids[self.prompt_len :]
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
+        return len(self.ids)
 
 
 class Transcript:
@@ -87,6 +102,20 @@ class Transcript:
         on_history_rewrite: ``"new_sample"`` (default) starts a new segment when the
             template rewrites history; ``"error"`` raises :class:`HistoryRewriteError`.
     """
+
+    # Slots: a run holds thousands of transcripts in flight.
+    __slots__ = (
+        "_render_tools",
+        "_seen",
+        "context_length",
+        "last_finish",
+        "messages",
+        "on_history_rewrite",
+        "role",
+        "segments",
+        "tokenizer",
+        "tools",
+    )
 
     def __init__(
         self,
@@ -114,7 +143,7 @@ class Transcript:
         self.messages: list[Message] = msgs
         self.segments: list[Segment] = []
         self.last_finish: FinishReason | None = None
-        self._text = ""
+        self._seen = _SeenText("")
         self._start_segment(self._render(msgs, add_generation_prompt=True))
 
     # -- views -----------------------------------------------------------------------
@@ -125,9 +154,12 @@ class Transcript:
 
     @property
     def ids(self) -> list[int]:
-        """The ids the next generation is conditioned on."""
-        seg = self.segments[-1]
-        return seg.prompt_ids + seg.completion_ids
+        """The ids the next generation is conditioned on.
+
+        This is the transcript's own list, handed out without a copy: read it, never
+        modify it (append through :meth:`add_completion` and :meth:`add_messages`).
+        """
+        return self.segments[-1].ids
 
     @property
     def num_tokens(self) -> int:
@@ -135,8 +167,8 @@ class Transcript:
 
     @property
     def text(self) -> str:
-        """The current segment as text (the decoding of :attr:`ids`, for lossless tokenizers)."""
-        return self._text
+        """The current segment decoded from :attr:`ids` (computed on each access)."""
+        return self.tokenizer.decode(self.segments[-1].ids)
 
     @property
     def turns(self) -> int:
@@ -161,7 +193,7 @@ class Transcript:
                 f"(finish_reason={completion.finish_reason.type}); nothing to append"
             )
         seg = self.segments[-1]
-        seg.completion_ids.extend(ids)
+        seg.ids.extend(ids)
         seg.loss_mask.extend([1] * len(ids))
         if completion.logprobs is None:
             seg.has_logprobs = False
@@ -173,7 +205,7 @@ class Transcript:
         seg.turns += 1
         self.last_finish = completion.finish_reason
         piece = self.tokenizer.decode(ids)
-        self._text += piece
+        self._seen.extend(piece)
         content = piece
         fr = completion.finish_reason
         # The end-of-turn token is template markup, not content: the template adds it back.
@@ -199,13 +231,13 @@ class Transcript:
         new = validate_messages(messages)
         conversation = [*self.messages, *new]
         full = self._render(conversation, add_generation_prompt=generation_prompt)
-        if not full.startswith(self._text):
+        if not self._seen.is_prefix_of(full):
             if self.on_history_rewrite == "error":
-                raise HistoryRewriteError(_explain_rewrite(self._text, full))
+                raise HistoryRewriteError(_explain_rewrite(self.text, full))
             self.messages = conversation
             self._start_segment(full)
             return self.segments[-1].prompt_ids
-        suffix = full[len(self._text) :]
+        suffix = full[self._seen.length :]
         ids = self.tokenizer.encode(suffix)
         seg = self.segments[-1]
         if self.context_length is not None and seg.num_tokens + len(ids) > self.context_length:
@@ -213,10 +245,10 @@ class Transcript:
                 f"context: appending {len(ids)} environment tokens to {seg.num_tokens} "
                 f"would exceed context_length {self.context_length}"
             )
-        seg.completion_ids.extend(ids)
+        seg.ids.extend(ids)
         seg.loss_mask.extend([0] * len(ids))
         seg.logprobs.extend([0.0] * len(ids))
-        self._text = full
+        self._seen.extend(suffix)
         self.messages = conversation
         return ids
 
@@ -241,8 +273,8 @@ class Transcript:
                 meta.update(metadata)
             out.append(
                 Sample(
-                    prompt_ids=list(seg.prompt_ids),
-                    completion_ids=list(seg.completion_ids),
+                    prompt_ids=seg.prompt_ids,
+                    completion_ids=seg.completion_ids,
                     reward=reward,
                     loss_mask=list(seg.loss_mask),
                     rollout_logprobs=list(seg.logprobs) if seg.has_logprobs else None,
@@ -273,14 +305,43 @@ class Transcript:
             if self.segments:
                 raise EpisodeTruncated(f"context: {message}")
             raise ContextLengthError(message)
-        self.segments.append(Segment(prompt_ids=ids))
-        self._text = text
+        self.segments.append(Segment(ids=ids, prompt_len=len(ids)))
+        self._seen = _SeenText(text)
 
     def __repr__(self) -> str:
         return (
             f"Transcript(role={self.role!r}, messages={len(self.messages)}, "
             f"tokens={self.num_tokens}, segments={len(self.segments)})"
         )
+
+
+class _SeenText:
+    """What the model has seen, as a length and two running checksums.
+
+    Checking that a re-rendered conversation starts with it needs only these, not the
+    text: a run holds thousands of transcripts, and the text is the largest part of each.
+    Two independent 32-bit checksums make an accidental match vanishingly unlikely.
+    """
+
+    __slots__ = ("adler", "crc", "length")
+
+    def __init__(self, text: str) -> None:
+        data = text.encode()
+        self.length = len(text)
+        self.crc = zlib.crc32(data)
+        self.adler = zlib.adler32(data)
+
+    def extend(self, piece: str) -> None:
+        data = piece.encode()
+        self.length += len(piece)
+        self.crc = zlib.crc32(data, self.crc)
+        self.adler = zlib.adler32(data, self.adler)
+
+    def is_prefix_of(self, text: str) -> bool:
+        if len(text) < self.length:
+            return False
+        data = text[: self.length].encode()
+        return zlib.crc32(data) == self.crc and zlib.adler32(data) == self.adler
 
 
 # Environments pass the same schema list to every episode; describing it is not free.
@@ -298,12 +359,23 @@ def _cached_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
     return prompt
 
 
+_SYSTEM_WITH_TOOLS: dict[tuple[str, str], str] = {}
+
+
 def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
     prompt = _cached_tool_prompt(tools)
-    if msgs[0]["role"] == "system":
-        first: Message = {"role": "system", "content": f"{msgs[0]['content']}\n\n{prompt}"}
-        return [first, *msgs[1:]]
-    return [{"role": "system", "content": prompt}, *msgs]
+    if msgs[0]["role"] != "system":
+        return [{"role": "system", "content": prompt}, *msgs]
+    # One string per (system prompt, tools), shared by every episode that uses them.
+    key = (msgs[0]["content"], prompt)
+    content = _SYSTEM_WITH_TOOLS.get(key)
+    if content is None:
+        content = f"{key[0]}\n\n{prompt}"
+        if len(_SYSTEM_WITH_TOOLS) >= 256:
+            _SYSTEM_WITH_TOOLS.clear()
+        _SYSTEM_WITH_TOOLS[key] = content
+    first: Message = {"role": "system", "content": content}
+    return [first, *msgs[1:]]
 
 
 def _explain_rewrite(seen: str, rendered: str) -> str:

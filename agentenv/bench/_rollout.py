@@ -17,18 +17,20 @@ level and the numbers are single-core numbers::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
 import resource
 import sys
 import time
+import tracemalloc
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from agentenv._environment import Task
+from agentenv._environment import Episode, Task
 from agentenv._generator import Completion, FinishReason, SamplingParams
 from agentenv._multiturn import State, ToolEnv
 from agentenv._rewards import Rubric
@@ -127,7 +129,6 @@ class CountingSink:
     def __init__(self) -> None:
         self.samples = 0
         self.rewards = 0.0
-        self.token_bytes = 0
         self.tool_calls = 0
 
     async def put(self, sample: Sample) -> None:
@@ -136,23 +137,6 @@ class CountingSink:
         # The answer is only right if both tool calls really ran without error.
         if sample.metadata.get("tool_calls") == 2 and not sample.metadata.get("tool_errors"):
             self.tool_calls += 2
-        if self.samples == 1:
-            self.token_bytes = _token_bytes(sample)
-
-
-def _token_bytes(sample: Sample) -> int:
-    # Per-token storage of one episode: ids, mask and log-probs as Python lists.
-    size = 0
-    for seq in (
-        sample.prompt_ids,
-        sample.completion_ids,
-        sample.loss_mask or [],
-        sample.rollout_logprobs or [],
-    ):
-        size += sys.getsizeof(seq) + sum(
-            sys.getsizeof(x) for x in seq if not (type(x) is int and -5 <= x <= 256)
-        )
-    return size
 
 
 def pin_to_one_core() -> int | None:
@@ -191,6 +175,7 @@ async def run_level(tokenizer: ChatTokenizer, concurrency: int, episodes: int) -
     start = time.perf_counter()
     stats = await run_rollouts(env, tasks, model, tokenizer=tokenizer, sink=sink, config=config)
     wall = time.perf_counter() - start
+    memory = await _in_flight_memory(tokenizer, concurrency)
     return {
         "concurrency": concurrency,
         "episodes": stats.episodes,
@@ -203,8 +188,71 @@ async def run_level(tokenizer: ChatTokenizer, concurrency: int, episodes: int) -
         "tool_calls": sink.tool_calls,
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "rss_before_mb": round(rss_before, 1),
-        "token_bytes_per_episode": sink.token_bytes,
+        "heap_bytes_per_in_flight_episode": memory["heap_bytes"],
+        "token_bytes_per_in_flight_episode": memory["token_bytes"],
+        "bytes_per_episode_beyond_tokens": memory["beyond_tokens_bytes"],
     }
+
+
+async def _in_flight_memory(tokenizer: ChatTokenizer, concurrency: int) -> dict[str, int]:
+    """Python heap held per episode while ``concurrency`` episodes are all in flight.
+
+    A separate, untimed run (tracemalloc slows Python down several times). Every episode
+    is held at its last model turn until all have arrived; the traced heap is read then,
+    and the per-token lists of the transcripts (ids, mask, log-probs, and the copy of the
+    ids passed to the model) are counted separately as token storage.
+    """
+    tasks = make_tasks(concurrency)
+    episodes: list[Episode] = []
+    reading: dict[str, int] = {}
+
+    class Tracked(AddEnv):
+        async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
+            episodes.append(episode)
+            return await super().rollout(task, episode)
+
+    class Held(InstantModel):
+        arrived = 0
+        released = anyio.Event()
+
+        async def generate(
+            self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+        ) -> Completion:
+            if rid is not None and rid.endswith("/2"):
+                Held.arrived += 1
+                if Held.arrived == concurrency:
+                    reading["heap"] = tracemalloc.get_traced_memory()[0] - base
+                    reading["tokens"] = sum(_transcript_token_bytes(e) for e in episodes)
+                    Held.released.set()
+                else:
+                    await Held.released.wait()
+            return await super().generate(input_ids, params, rid=rid)
+
+    model = Held(tokenizer, tasks)
+    config = RolloutConfig(
+        concurrency=concurrency, progress=False, sampling=SamplingParams(max_new_tokens=64)
+    )
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        await run_rollouts(
+            Tracked(), tasks, model, tokenizer=tokenizer, sink=CountingSink(), config=config
+        )
+    finally:
+        tracemalloc.stop()
+    heap = reading["heap"] // concurrency
+    tokens = reading["tokens"] // concurrency
+    return {"heap_bytes": heap, "token_bytes": tokens, "beyond_tokens_bytes": heap - tokens}
+
+
+def _transcript_token_bytes(episode: Episode) -> int:
+    size = 0
+    for t in episode.transcripts:
+        for seg in t.segments:
+            for seq in (seg.ids, seg.loss_mask, seg.logprobs):
+                size += sys.getsizeof(seq)
+    return size
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -290,8 +290,9 @@ def test_to_dict_copies_lists() -> None:
 finite = st.floats(allow_nan=False, allow_infinity=False)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | finite | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
