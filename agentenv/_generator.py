@@ -106,7 +106,7 @@ class SamplingParams:
 
     @classmethod
     def from_sglang(cls, data: Mapping[str, Any] | None) -> SamplingParams:
-        """Parse SGLang's ``sampling_params``: ``null`` means the default; unknown keys are ignored."""
+        """Parse SGLang's ``sampling_params``; ``null`` means default, unknown keys are ignored."""
         data = data or {}
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names and v is not None}

@@ -7,9 +7,10 @@ messages are appended by rendering the whole conversation and keeping only the t
 ids are never re-tokenized.
 
 The transcript tracks what the model has seen as text -- rendered text for environment
-turns, the decoded ids for model turns -- kept as a length and checksums, not a copy. A character the tokenizer has no token for (SmolLM2 lacks six
-ASCII control characters) is dropped from the ids exactly as an engine would drop it; the
-ids remain exactly what the model is conditioned on.
+turns, the decoded ids for model turns -- kept as a length and checksums, not a copy. A
+character the tokenizer has no token for (SmolLM2 lacks six ASCII control characters) is
+dropped from the ids exactly as an engine would drop it; the ids remain exactly what the
+model is conditioned on.
 
 If the template renders the history differently from what the model saw (templates that
 strip earlier ``<think>`` blocks or trim whitespace), the prefix check fails. The

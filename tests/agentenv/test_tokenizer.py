@@ -98,7 +98,7 @@ def test_decode_keeps_special_tokens(smollm2: ChatTokenizer) -> None:
 def test_from_dir_without_tokenizer_json(tmp_path: Any) -> None:
     from agentenv import ConfigError
 
-    with pytest.raises(ConfigError, match="no tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
         ChatTokenizer.from_dir(tmp_path)
 
 
