@@ -42,8 +42,16 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-bench: $(STAMP)
-	$(BIN)/agentenv bench rollout --json
+# The comparison runs PrimeIntellect's verifiers in a venv of its own (it is heavy, and its
+# imports would inflate agentenv's memory figures).
+VERIFIERS_VENV := .venv-verifiers
+$(VERIFIERS_VENV)/.installed:
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/pip install -q verifiers==0.4.0 uv==0.13.9
+	touch $@
+
+bench: $(STAMP) $(VERIFIERS_VENV)/.installed
+	$(BIN)/agentenv bench rollout --json --verifiers-python $(VERIFIERS_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
+	rm -rf $(VENV) $(VERIFIERS_VENV) .pytest_cache .mypy_cache .ruff_cache out

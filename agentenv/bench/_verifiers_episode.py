@@ -3,7 +3,7 @@
 ``agentenv bench rollout`` compares the SDK's own per-turn overhead with verifiers' on the same
 episode: a system + user prompt asks for ``a + b + c``; an instant fake model answers turn 1 with
 an OpenAI-format call ``add(a, b)``, turn 2 with ``add(<result>, c)``, turn 3 with plain text
-quoting the last tool result; the reward is 1.0 iff that text contains the right sum. The fake
+quoting the last tool result; the reward is 1.0 iff that text states the right sum. The fake
 model reads the numbers it passes on from the tool results in the request, so a reward of 1.0
 proves the tool really ran and the rubric really scored.
 
@@ -17,10 +17,12 @@ Written against verifiers 0.4.x, whose only API is the ``verifiers.v1`` stack (t
   loopback HTTP. It is taskset-scoped (one server for the run); a task-scoped toolset would
   also start one server process per rollout;
 * a harness: the program that plays the agent. Stock verifiers runs the tool-less chat loop
-  (harness ``null``) as a uv-managed Python *subprocess per rollout* (``--harness null``,
-  the default here). ``--harness inproc`` runs the same bundled chat-loop source inside this
-  process instead, which the ``Harness.launch`` contract allows, to separate verifiers'
-  framework overhead from its process-per-rollout design;
+  (harness ``null``) as a uv-managed Python *subprocess per rollout* (``--harness null``):
+  ~2.5 CPU-s of imports and ~100 MB per in-flight rollout, so it cannot reach concurrency
+  1024 on a small machine. The default, ``--harness inproc``, runs the same bundled
+  chat-loop source inside this process instead -- the ``Harness.launch`` contract allows
+  that -- which measures verifiers' framework overhead without its process-per-rollout
+  cost, i.e. the comparison most favourable to verifiers;
 * the interception server: an in-process aiohttp server the harness's OpenAI client talks to;
   it records each turn into the trace and forwards it to the real client.
 
@@ -69,7 +71,9 @@ _TASKSET_ID = "agentenv_vf_add_taskset"
 _INPROC_HARNESS_ID = "agentenv_vf_inproc_harness"
 _FAKE_MODEL = "agentenv-fake-model"
 _SUPPORTED_SERIES = "0.4."
-_HARNESSES = ("null", "inproc")
+_HARNESSES = ("inproc", "null")
+# Measured peak RSS of one stock `null` chat-program process (openai + mcp imported).
+_NULL_RSS_PER_ROLLOUT = 100 * 2**20
 _NUM_TASKS = 64
 _SYSTEM_PROMPT = "You are a careful calculator. Always use the add tool for arithmetic."
 _INT = re.compile(r"-?\d+")
@@ -91,10 +95,6 @@ def verifiers_available() -> str | None:
         importlib.import_module("mcp")
     except Exception as e:  # any import-time failure makes the comparison impossible
         return f"verifiers {version} does not import: {type(e).__name__}: {e}"
-    if _uv() is None:
-        # The stock `null` harness runs its chat program through `uv run --script`; verifiers
-        # would otherwise try to download uv from the internet.
-        return "uv is not on PATH (pip install uv); verifiers' chat harness needs it"
     return None
 
 
@@ -412,8 +412,23 @@ def _tree_cpu_s() -> float:
     return total
 
 
+def _mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, None where unreadable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _prepare_process_env() -> None:
-    """Environment the runtime's subprocesses inherit (the subprocess runtime copies ours)."""
+    """Environment the runtime's subprocesses inherit (the subprocess runtime copies ours).
+
+    Mutates ``os.environ``: the tool server needs this repository on PYTHONPATH, and the
+    stock harness needs uv; both only add to what is there."""
     path = os.environ.get("PYTHONPATH", "")
     if str(_REPO_ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), path) if p)
@@ -426,23 +441,37 @@ def _prepare_process_env() -> None:
 
 
 async def run_verifiers_bench(
-    concurrency: int, episodes: int, harness: str = "null", warmup: int = 1
+    concurrency: int, episodes: int, harness: str = "inproc", warmup: int = 1
 ) -> dict[str, float]:
     """Run `episodes` 3-turn tool-use episodes through verifiers with at most `concurrency` in
     flight and an instant fake client. Returns {"turns_per_s": ..., "episodes": ...,
     "turns": ..., "wall_s": ..., "reward_mean": ...} plus memory and error counts.
 
-    `harness` is ``"null"`` (stock: chat program as a subprocess per rollout) or ``"inproc"``
-    (the same program in this process). `warmup` untimed episodes run first, so one-time
+    `harness` is ``"inproc"`` (verifiers' chat program run in this process) or ``"null"``
+    (stock: the program as a subprocess per rollout; refused when the in-flight processes
+    would not fit in available memory). `warmup` untimed episodes run first, so one-time
     costs (uv preparing the program's environment, imports, the tool server's first call)
     stay out of the timing. The tool server is started before timing too."""
     if harness not in _HARNESSES:
         raise ValueError(f"harness must be one of {_HARNESSES}, not {harness!r}")
     if concurrency < 1 or episodes < 1:
         raise ValueError("concurrency and episodes must be >= 1")
+    if harness == "null":
+        # Better a clear refusal than the OOM killer picking a victim on a shared machine.
+        need = min(concurrency, episodes) * _NULL_RSS_PER_ROLLOUT
+        available = _mem_available()
+        if available is not None and need > 0.8 * available:
+            raise RuntimeError(
+                f"harness 'null' at concurrency {concurrency} needs ~{need / 2**30:.0f} GiB "
+                f"(a Python process per in-flight rollout); {available / 2**30:.0f} GiB free"
+            )
     reason = verifiers_available()
     if reason is not None:
         raise RuntimeError(reason)
+    if harness == "null" and _uv() is None:
+        # The stock harness prepares its chat program with `uv sync --script`; without uv,
+        # verifiers would try to download uv from the internet.
+        raise RuntimeError("harness 'null' needs uv next to this Python or on PATH")
     _prepare_process_env()
     plugin = _plugin()
     vf = plugin.vf
@@ -500,18 +529,19 @@ def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--harness", choices=_HARNESSES, default="null")
+    parser.add_argument("--harness", choices=_HARNESSES, default="inproc")
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args(argv)
     # Run the importable module, not this __main__ copy, so class __module__ names resolve.
     module = importlib.import_module(_MODULE)
-    reason = module.verifiers_available()
-    if reason is not None:
-        print(json.dumps({"error": reason}))
+    try:
+        result = asyncio.run(
+            module.run_verifiers_bench(args.concurrency, args.episodes, args.harness, args.warmup)
+        )
+    except (RuntimeError, ValueError) as e:
+        # Unavailable or refused: still one JSON line, so the parent benchmark can report why.
+        print(json.dumps({"error": str(e)}))
         return 2
-    result = asyncio.run(
-        module.run_verifiers_bench(args.concurrency, args.episodes, args.harness, args.warmup)
-    )
     print(json.dumps(result))
     return 0
 
