@@ -36,7 +36,7 @@ def validate_messages(messages: Iterable[Mapping[str, Any]] | str) -> list[Messa
         return [{"role": "user", "content": messages}]
     out: list[Message] = []
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
+        if type(m) is not dict and not isinstance(m, Mapping):  # dict first: ABC checks are slow
             raise MessageError(
                 f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}"
             )

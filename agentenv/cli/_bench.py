@@ -15,11 +15,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from agentenv._errors import ConfigError
 
 LEVELS = (1, 64, 1024)
+_ROOT = str(Path(__file__).resolve().parents[2])
 # Episodes per level: enough for ≥ 1 s of steady state at the measured rates.
 FULL = {1: 1000, 64: 4000, 1024: 8192}
 QUICK = {1: 200, 64: 1000, 1024: 2048}
@@ -59,6 +61,8 @@ def _child(
         RAYON_NUM_THREADS="1",
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
+        # The verifiers venv does not have agentenv installed: import it from the checkout.
+        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p),
     )
     proc = subprocess.run(
         [python or sys.executable, "-m", module, *args],
@@ -89,15 +93,18 @@ def run_rollout(args: argparse.Namespace) -> int:
             f"{r['overhead_us_per_turn']:>7.1f} µs/turn  peak RSS {r['peak_rss_mb']:.0f} MB",
             file=sys.stderr,
         )
-    base, top = results["levels"]["1"], results["levels"]["1024"]
-    # Peak RSS grows with the episodes in flight: 1024 at the top level, 1 at the base.
-    in_flight_kb = max(0.0, (top["peak_rss_mb"] - base["peak_rss_mb"]) * 1024) / (LEVELS[-1] - 1)
-    token_kb = top["token_bytes_per_episode"] / 1024
+    # Heap per episode with all 1024 in flight (read at a barrier, see _rollout.py).
+    top = results["levels"][str(LEVELS[-1])]
     results["memory"] = {
-        "kb_per_in_flight_episode": round(in_flight_kb, 2),
-        "token_kb_per_episode": round(token_kb, 2),
-        "kb_per_episode_beyond_tokens": round(max(0.0, in_flight_kb - token_kb), 2),
+        "kb_per_in_flight_episode": round(top["heap_bytes_per_in_flight_episode"] / 1024, 2),
+        "token_kb_per_episode": round(top["token_bytes_per_in_flight_episode"] / 1024, 2),
+        "kb_per_episode_beyond_tokens": round(top["bytes_per_episode_beyond_tokens"] / 1024, 2),
     }
+    print(
+        f"memory per in-flight episode: {results['memory']['kb_per_in_flight_episode']} KB, "
+        f"{results['memory']['kb_per_episode_beyond_tokens']} KB beyond its token ids",
+        file=sys.stderr,
+    )
     results["verifiers"] = None if args.no_verifiers else _verifiers(args, results)
     if args.json:
         print(json.dumps(results, separators=(",", ":")))
@@ -118,7 +125,7 @@ def _verifiers(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, A
         capture_output=True,
         text=True,
         check=False,
-        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        env=dict(os.environ, PYTHONPATH=_ROOT),
     )
     reason = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else probe.stderr
     if reason != "ok":
@@ -127,10 +134,13 @@ def _verifiers(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, A
     episodes = VERIFIERS_QUICK if args.quick else VERIFIERS_FULL
     out: dict[str, Any] = {"levels": {}}
     for c in LEVELS:
+        if c not in episodes:
+            continue
         r = _child(
             module,
             ["--concurrency", str(c), "--episodes", str(episodes[c])],
             python=args.verifiers_python,
+            timeout=1800,
         )
         ours = results["levels"][str(c)]["turns_per_s"]
         r["agentenv_over_verifiers"] = (
