@@ -228,6 +228,17 @@ async def _in_flight_memory(tokenizer: ChatTokenizer, concurrency: int) -> dict[
                     await Held.released.wait()
             return await super().generate(input_ids, params, rid=rid)
 
+    # Steady state: the tokenizer's piece cache is bounded and, once full, evicts as much
+    # as it adds; a first, untraced pass fills it for these prompts so its growth is not
+    # counted as per-episode memory.
+    await run_rollouts(
+        AddEnv(),
+        tasks,
+        InstantModel(tokenizer, tasks),
+        tokenizer=tokenizer,
+        sink=CountingSink(),
+        config=RolloutConfig(concurrency=concurrency, progress=False),
+    )
     model = Held(tokenizer, tasks)
     config = RolloutConfig(
         concurrency=concurrency, progress=False, sampling=SamplingParams(max_new_tokens=64)
