@@ -45,10 +45,15 @@ _MAX_REASON = 1000
 
 @runtime_checkable
 class SampleSink(Protocol):
-    """Where finished samples go. The Data Buffer implements this."""
+    """Where finished groups go. The Data Buffer implements this.
 
-    async def put(self, sample: Sample) -> None:
-        """Accept one sample (may wait: backpressure)."""
+    A group is every sample of one task's ``n_samples_per_prompt`` episodes, failed ones
+    included, in episode order; it arrives whole, so group-level logic (GRPO baselines,
+    filters) never sees half a group.
+    """
+
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        """Accept one finished group (may wait: backpressure)."""
         ...
 
 
@@ -58,8 +63,8 @@ class ListSink:
     def __init__(self) -> None:
         self.samples: list[Sample] = []
 
-    async def put(self, sample: Sample) -> None:
-        self.samples.append(sample)
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        self.samples.extend(samples)
 
 
 class JsonlSink:
@@ -71,11 +76,11 @@ class JsonlSink:
         self._file: IO[str] | None = self.path.open("w", encoding="utf-8")
         self.count = 0
 
-    async def put(self, sample: Sample) -> None:
+    async def put_group(self, samples: Sequence[Sample]) -> None:
         if self._file is None:
             raise ClosedResourceError(f"JsonlSink({str(self.path)!r}) is closed")
-        self._file.write(sample.to_json() + "\n")
-        self.count += 1
+        self._file.write("".join(s.to_json() + "\n" for s in samples))
+        self.count += len(samples)
 
     def close(self) -> None:
         if self._file is not None:
@@ -312,15 +317,16 @@ async def run_rollouts(
                     )
                     for s in ok
                 ]
-        for s in [*ok, *bad]:
+        out = sorted([*ok, *bad], key=lambda s: s.episode or 0)  # stable: episode order
+        for s in out:
             stats.samples += 1
             stats.status[s.status.value] += 1
             if s.status is Status.FAILED:
                 stats.failed[s.error_type or "Error"] += 1
             else:
                 stats.rewards.append(s.reward)
-            await sink.put(s)
         group.samples.clear()
+        await sink.put_group(out)
 
     # One lazy iterator shared by the workers: next() never suspends, so no two workers
     # can take the same item, and no channel is needed.
@@ -341,6 +347,10 @@ async def run_rollouts(
                 on_history_rewrite=config.on_history_rewrite,
             )
             samples = await play_episode(env, episode)
+            for k, s in enumerate(samples):
+                s.id = s.id or f"{group.group_id}/{i}/{k}"
+                s.task_id = s.task_id or group.task.id
+                s.episode = i if s.episode is None else s.episode
             stats.episodes += 1
             stats.turns += sum(t.turns for t in episode.transcripts)
             stats.completion_tokens += episode.completion_tokens

@@ -67,6 +67,10 @@ class Sample:
             0.0 where ``loss_mask`` is 0. ``None`` when the generator gave none.
         group_id: the GRPO group key (samples of one prompt share it).
         role: the agent that produced the sample, in multi-agent episodes.
+        id: unique id; the Data Buffer stores a given id once (retried puts are no-ops).
+        task_id: the task the episode played (stale groups are re-run by it).
+        episode: index of the episode within its group (one episode may yield several
+            samples: several agents, or a context reset).
         weight_versions: every policy version that produced a token of this sample, in order.
         status: how the episode ended; ``reason`` is required unless ``COMPLETED``.
         reason: a short human-readable explanation of ``status``.
@@ -81,6 +85,9 @@ class Sample:
     rollout_logprobs: list[float] | None = None
     group_id: str | None = None
     role: str | None = None
+    id: str | None = None
+    task_id: str | None = None
+    episode: int | None = None
     weight_versions: list[str] = dataclasses.field(default_factory=list)
     status: Status = Status.COMPLETED
     reason: str | None = None
@@ -136,6 +143,8 @@ class Sample:
             raise SampleError(
                 f"status must be one of {[s.value for s in Status]}, got {self.status!r}"
             ) from None
+        if self.episode is not None and (type(self.episode) is not int or self.episode < 0):
+            raise SampleError(f"episode must be a non-negative int, got {self.episode!r}")
         if self.status is not Status.COMPLETED and not self.reason:
             raise SampleError(f"a {self.status.value} sample needs a reason")
         if self.status is Status.FAILED:
@@ -177,6 +186,9 @@ class Sample:
             else list(self.rollout_logprobs),
             "group_id": self.group_id,
             "role": self.role,
+            "id": self.id,
+            "task_id": self.task_id,
+            "episode": self.episode,
             "weight_versions": list(self.weight_versions),
             "status": self.status.value,
             "reason": self.reason,
@@ -216,7 +228,10 @@ class Sample:
             kwargs["rollout_logprobs"] = [float(v) for v in lp]
         # The remaining fields are not checked by the constructor; a wrong JSON type here
         # (e.g. "weight_versions": "v1") would otherwise slip into a "valid" sample.
-        for key in ("group_id", "role", "reason", "error_type"):
+        episode = kwargs.get("episode")
+        if episode is not None and type(episode) is not int:
+            raise SampleError(f"episode must be an integer or null, got {type(episode).__name__}")
+        for key in ("group_id", "role", "id", "task_id", "reason", "error_type"):
             value = kwargs.get(key)
             if value is not None and not isinstance(value, str):
                 raise SampleError(f"{key} must be a string or null, got {type(value).__name__}")

@@ -131,12 +131,13 @@ class CountingSink:
         self.rewards = 0.0
         self.tool_calls = 0
 
-    async def put(self, sample: Sample) -> None:
-        self.samples += 1
-        self.rewards += sample.reward
-        # The answer is only right if both tool calls really ran without error.
-        if sample.metadata.get("tool_calls") == 2 and not sample.metadata.get("tool_errors"):
-            self.tool_calls += 2
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        for sample in samples:
+            self.samples += 1
+            self.rewards += sample.reward
+            # The answer is only right if both tool calls really ran without error.
+            if sample.metadata.get("tool_calls") == 2 and not sample.metadata.get("tool_errors"):
+                self.tool_calls += 2
 
 
 def pin_to_one_core() -> int | None:
