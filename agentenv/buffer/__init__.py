@@ -1,0 +1,22 @@
+"""The Data Buffer: GRPO groups in, trainer batches out, optionally crash-safe on disk.
+
+See :class:`Buffer`. ``agentenv buffer stats|export|serve`` work on a durable Buffer's
+directory.
+"""
+
+from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
+from agentenv.buffer._config import BufferConfig, FilterResult, GroupFilter, RewardStdFilter
+from agentenv.buffer._store import BufferStoreError
+
+__all__ = [
+    "Batch",
+    "Buffer",
+    "BufferConfig",
+    "BufferStats",
+    "BufferStoreError",
+    "FilterResult",
+    "Group",
+    "GroupFilter",
+    "RewardStdFilter",
+    "UnknownBatchError",
+]

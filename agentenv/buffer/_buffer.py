@@ -1,0 +1,516 @@
+"""The Data Buffer: finished groups in, batches for the trainer out.
+
+Producers (the rollout runner, remote workers) ``put_group`` every finished group; the
+Buffer applies the failed-sample policy and the filters, bounds memory (``put_group``
+waits while ``capacity`` groups are ready), and hands the trainer batches of groups that
+are fresh enough for its policy version. A batch counts as consumed only when the trainer
+acknowledges its step. With ``path=``, everything that matters is on disk before the call
+that changed it returns: a killed run resumes with no acknowledged group lost and no group
+handed to a committed step twice.
+
+    async with Buffer(BufferConfig(n_samples_per_prompt=8, rollout_batch_size=32),
+                      path="runs/exp1/buffer") as buffer:
+        stats = await run_rollouts(env, tasks, policy, tokenizer=tok, sink=buffer)
+        batch = await buffer.get_batch(policy_version=step)
+        ...train on batch.samples...
+        await buffer.ack(batch, step=step)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, SampleError
+from agentenv._sample import Sample, Status
+from agentenv.buffer._config import BufferConfig, FilterResult
+from agentenv.buffer._store import GroupRecord, MemoryStore, SqliteStore, Store
+
+__all__ = ["Batch", "Buffer", "BufferStats", "Group", "UnknownBatchError"]
+
+
+class UnknownBatchError(AgentEnvError, KeyError):
+    """``ack`` or ``release`` named a batch this Buffer did not hand out (or already settled)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+    """The samples of one task's episodes for one role, in episode order."""
+
+    group_id: str
+    role: str | None
+    task_id: str | None
+    samples: tuple[Sample, ...]
+    version: int | None
+    seq: int
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """Groups handed to one trainer step; ``ack`` it when the step is committed."""
+
+    id: str
+    groups: tuple[Group, ...]
+    policy_version: int | None
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g.samples]
+
+
+@dataclasses.dataclass(slots=True)
+class BufferStats:
+    """Counters of everything the Buffer decided."""
+
+    groups_put: int = 0
+    samples_put: int = 0
+    duplicate_groups: int = 0
+    kept: int = 0
+    dropped: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    failed_samples_dropped: int = 0
+    stale_dropped: int = 0
+    recycled: int = 0
+    ready: int = 0
+    handed: int = 0
+    consumed: int = 0
+    batches: int = 0
+    in_flight: int = 0
+    policy_version: int | None = None
+
+    @property
+    def pass_rate(self) -> float:
+        """Fraction of complete groups kept (1.0 before any decision)."""
+        total = self.kept + sum(self.dropped.values())
+        return self.kept / total if total else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["dropped"] = dict(self.dropped)
+        d["pass_rate"] = self.pass_rate
+        return d
+
+
+def _versions(samples: Sequence[Sample]) -> int | None:
+    # The oldest policy version that produced any token of the group.
+    oldest: int | None = None
+    for s in samples:
+        for v in s.weight_versions:
+            try:
+                n = int(v)
+            except ValueError:
+                raise SampleError(
+                    f"sample {s.id!r} has weight version {v!r}; staleness needs integer "
+                    "versions (the trainer's step numbers)"
+                ) from None
+            oldest = n if oldest is None else min(oldest, n)
+    return oldest
+
+
+class Buffer:
+    """Groups in, batches out; in memory, or durable with ``path=DIR``.
+
+    Use as an async context manager (or call :meth:`aclose`). Implements the runner's
+    ``SampleSink`` (``put_group``), so ``run_rollouts(..., sink=buffer)`` fills it.
+    """
+
+    def __init__(
+        self,
+        config: BufferConfig | None = None,
+        *,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.config = config or BufferConfig()
+        self.path = path
+        self._store: Store = SqliteStore(path) if path is not None else MemoryStore()
+        self._ready: collections.deque[Group] = collections.deque()
+        self._handed: dict[str, Batch] = {}
+        self._recycled: list[str] = []
+        self._stats = BufferStats()
+        self._changed = anyio.Event()
+        self._lock = anyio.Lock()  # one store call at a time: SQLite is used from one thread
+        self._pending: list[tuple[list[GroupRecord], list[Any]]] = []
+        self._committing = False
+        self._closed = False
+        self._admitted = 0  # groups reserved since start (admission control)
+        for record in self._store.ready():
+            self._ready.append(self._group(record))
+        self._stats.ready = len(self._ready)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> Buffer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the store; later calls raise :class:`ClosedResourceError`."""
+        if not self._closed:
+            self._closed = True
+            async with self._lock:
+                self._store.close()
+            self._notify()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("the Buffer is closed")
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # -- producing -----------------------------------------------------------------------
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        """Add one finished group (every episode of one task, failed ones included).
+
+        Returns once the group is stored (on disk, for a durable Buffer). Waits while the
+        Buffer holds ``capacity`` ready groups. A group whose sample ids are all stored
+        already is a no-op (counted in ``duplicate_groups``).
+        """
+        self._check_open()
+        records = self._assemble(samples)
+        while self._stats.ready >= self.config.capacity:
+            changed = self._changed
+            await changed.wait()
+            self._check_open()
+        for record in records:
+            if record.state == "ready":
+                verdict = await self._filter(record.samples)
+                if not verdict.keep:
+                    record.state, record.reason = "dropped", verdict.reason or "filtered"
+        new = await self._commit(records)
+        self._stats.in_flight = max(0, self._stats.in_flight - 1)
+        if not any(new):
+            self._stats.duplicate_groups += 1
+            return
+        self._stats.groups_put += 1
+        self._stats.samples_put += len(samples)
+        for record, is_new in zip(records, new, strict=True):
+            if not is_new:
+                continue
+            if record.state == "ready":
+                self._stats.kept += 1
+                self._ready.append(self._group(record))
+            else:
+                self._stats.dropped[record.reason] += 1
+        self._stats.ready = len(self._ready)
+        self._notify()
+
+    def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
+        if not samples:
+            raise SampleError("put_group needs at least one sample")
+        group_id = None
+        for i, s in enumerate(samples):
+            if not isinstance(s, Sample):
+                raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
+            if s.group_id is None:
+                raise SampleError(f"sample {i} has no group_id; the Buffer groups by it")
+            if group_id is None:
+                group_id = s.group_id
+            elif s.group_id != group_id:
+                raise SampleError(
+                    f"one put_group call takes one group, got group ids {group_id!r} and "
+                    f"{s.group_id!r}"
+                )
+        assert group_id is not None
+        ids = [s.id or f"{group_id}/{i}" for i, s in enumerate(samples)]
+        if len(set(ids)) != len(ids):
+            raise SampleError(f"group {group_id!r} repeats a sample id")
+        episodes = {s.episode if s.episode is not None else -1 - i for i, s in enumerate(samples)}
+        n = self.config.n_samples_per_prompt
+        if len(episodes) > n:
+            raise SampleError(
+                f"group {group_id!r} has {len(episodes)} episodes but n_samples_per_prompt "
+                f"is {n}; a group holds at most n_samples_per_prompt episodes"
+            )
+        samples = [
+            s if s.id is not None else dataclasses.replace(s, id=ids[i])
+            for i, s in enumerate(samples)
+        ]
+        # Multi-agent episodes: one group per (task, role); a failed episode's sample
+        # (role unknown) is missing from every role's group.
+        # A sample without a role (a failed episode's) is stored once, with the first role.
+        roles = sorted({s.role for s in samples if s.role is not None})
+        if not roles:
+            return [self._decide(group_id, None, samples, n)]
+        records = []
+        for k, role in enumerate(roles):
+            members = [s for s in samples if s.role == role or (k == 0 and s.role is None)]
+            records.append(self._decide(group_id, role, members, n))
+        return records
+
+    def _decide(
+        self, group_id: str, role: str | None, samples: list[Sample], n: int
+    ) -> GroupRecord:
+        task_id = next((s.task_id for s in samples if s.task_id is not None), None)
+        failed = [s for s in samples if s.status is Status.FAILED]
+        alive = [s for s in samples if s.status is not Status.FAILED]
+        record = GroupRecord(group_id, role, task_id, list(samples), "ready")
+        if failed:
+            if self.config.on_failed == "drop_group":
+                record.state, record.reason = "dropped", "failed_sample"
+                return record
+            self._stats.failed_samples_dropped += len(failed)
+            # Failed samples are stored for inspection, never handed to the trainer.
+            record.samples = [*alive, *failed]
+        episodes = {s.episode if s.episode is not None else id(s) for s in alive}
+        if len(episodes) < self.config.min_group_size:
+            record.state, record.reason = "dropped", "too_small"
+        elif self.config.max_staleness is not None:
+            record.version = _versions(alive)
+            if self._is_stale(record.version):
+                record.state, record.reason = self._stale_state(task_id)
+        return record
+
+    async def _filter(self, samples: Sequence[Sample]) -> FilterResult:
+        alive = [s for s in samples if s.status is not Status.FAILED]
+        for f in self.config.filters:
+            verdict = f(alive)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            if isinstance(verdict, FilterResult):
+                if not verdict.keep:
+                    return verdict
+            elif not verdict:
+                return FilterResult(False, getattr(f, "__name__", type(f).__name__))
+        return FilterResult(True)
+
+    async def _commit(self, records: list[GroupRecord]) -> list[bool]:
+        # Group commit: whoever finds no commit running becomes the committer and writes
+        # every pending put in one transaction; the others wait for its result.
+        slot: list[Any] = []
+        self._pending.append((list(records), slot))
+        if self._committing:
+            while not slot:
+                changed = self._changed
+                await changed.wait()
+        else:
+            self._committing = True
+            try:
+                while self._pending:
+                    batch, self._pending = self._pending, []
+                    flat = [r for recs, _ in batch for r in recs]
+                    try:
+                        async with self._lock:
+                            self._check_open()
+                            flags = await anyio.to_thread.run_sync(self._store.put, flat)
+                    except BaseException as e:
+                        for _, out in batch:
+                            out.append(e)
+                        if not isinstance(e, Exception):
+                            raise
+                    else:
+                        i = 0
+                        for recs, out in batch:
+                            out.append(flags[i : i + len(recs)])
+                            i += len(recs)
+                    self._notify()
+            finally:
+                self._committing = False
+        result = slot[0]
+        if isinstance(result, BaseException):
+            raise result
+        return list(result)
+
+    def _group(self, record: GroupRecord) -> Group:
+        return Group(
+            group_id=record.group_id,
+            role=record.role,
+            task_id=record.task_id,
+            samples=tuple(s for s in record.samples if s.status is not Status.FAILED),
+            version=record.version,
+            seq=record.seq,
+        )
+
+    # -- staleness and admission ---------------------------------------------------------
+    def _is_stale(self, version: int | None) -> bool:
+        limit = self.config.max_staleness
+        current = self._stats.policy_version
+        return (
+            limit is not None
+            and current is not None
+            and version is not None
+            and (current - version > limit)
+        )
+
+    def _stale_state(self, task_id: str | None) -> tuple[str, str]:
+        if self.config.on_stale == "recycle" and task_id is not None:
+            self._recycled.append(task_id)
+            self._stats.recycled += 1
+            return "stale", "recycled"
+        self._stats.stale_dropped += 1
+        return "stale", "stale"
+
+    def set_policy_version(self, version: int) -> None:
+        """The trainer's current policy version (its step); staleness is measured from it."""
+        self._stats.policy_version = version
+        self._notify()
+
+    def recycled(self) -> list[str]:
+        """Task ids whose groups went stale (``on_stale="recycle"``); taken once."""
+        out, self._recycled = self._recycled, []
+        return out
+
+    def prompts_to_start(self, groups: int | None = None) -> int:
+        """How many more prompts to start so that ``groups`` kept groups will be ready.
+
+        Uses the observed filter pass rate and the prompts already started
+        (:meth:`reserve`), so producers over-sample just enough; surplus kept groups stay
+        for the next batch.
+        """
+        target = groups or self.config.rollout_batch_size or 1
+        rate = max(self._stats.pass_rate, 0.05)
+        expected = self._stats.ready + self._stats.in_flight * rate
+        missing = target - expected
+        return max(0, math.ceil(missing / rate)) if missing > 0 else 0
+
+    async def reserve(self, prompts: int = 1) -> None:
+        """Admission control: wait until ``prompts`` more rollouts may start.
+
+        With ``max_staleness`` and ``rollout_batch_size`` set, the groups started are
+        bounded so that none can be older than ``max_staleness`` versions when its batch
+        is taken: at most ``(version + max_staleness + 1) * rollout_batch_size`` groups
+        (not counting dropped ones) may have been started when the trainer is at
+        ``version``. Without those settings it only counts the prompts in flight.
+        """
+        self._check_open()
+        limit = self.config.max_staleness
+        per_step = self.config.rollout_batch_size
+        while limit is not None and per_step is not None:
+            version = self._stats.policy_version or 0
+            live = self._admitted - sum(self._stats.dropped.values()) - self._stats.stale_dropped
+            if live + prompts <= (version + limit + 1) * per_step:
+                break
+            changed = self._changed
+            await changed.wait()
+            self._check_open()
+        self._admitted += prompts
+        self._stats.in_flight += prompts
+
+    def release(self, prompts: int = 1) -> None:
+        """Give back reservations for rollouts that will not be put (cancelled)."""
+        self._admitted = max(0, self._admitted - prompts)
+        self._stats.in_flight = max(0, self._stats.in_flight - prompts)
+        self._notify()
+
+    # -- consuming -----------------------------------------------------------------------
+    async def get_batch(
+        self,
+        groups: int | None = None,
+        *,
+        policy_version: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline for the wait, as Queue.get
+    ) -> Batch:
+        """The next ``groups`` ready groups (default ``rollout_batch_size``), oldest first.
+
+        Waits until enough are ready (``TimeoutError`` after ``timeout`` seconds). Groups
+        too stale for ``policy_version`` are dropped or recycled on the way.
+        """
+        self._check_open()
+        n = groups or self.config.rollout_batch_size
+        if n is None or n < 1:
+            raise ConfigError(
+                "get_batch needs a number of groups (or BufferConfig.rollout_batch_size)"
+            )
+        if n > self.config.capacity:
+            raise ConfigError(
+                f"a batch of {n} groups can never fill a capacity of {self.config.capacity}"
+            )
+        if policy_version is not None:
+            self.set_policy_version(policy_version)
+        with anyio.fail_after(timeout):
+            while True:
+                await self._drop_stale()
+                if len(self._ready) >= n:
+                    break
+                changed = self._changed
+                await changed.wait()
+                self._check_open()
+        taken = tuple(self._ready.popleft() for _ in range(n))
+        batch = Batch(uuid.uuid4().hex, taken, self._stats.policy_version)
+        self._handed[batch.id] = batch
+        self._stats.ready = len(self._ready)
+        self._stats.handed += n
+        self._stats.batches += 1
+        self._notify()  # room for producers
+        return batch
+
+    async def _drop_stale(self) -> None:
+        if self.config.max_staleness is None:
+            return
+        stale = [g for g in self._ready if self._is_stale(g.version)]
+        if not stale:
+            return
+        states: dict[str, list[int]] = {}
+        for g in stale:
+            self._ready.remove(g)
+            _, reason = self._stale_state(g.task_id)
+            states.setdefault(reason, []).append(g.seq)
+        async with self._lock:
+            for reason, seqs in states.items():
+                await anyio.to_thread.run_sync(self._store.set_state, seqs, "stale", reason)
+        self._stats.ready = len(self._ready)
+
+    async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
+        """The trainer committed ``batch`` (as step ``step``): its groups are consumed.
+
+        Durable before it returns. Unknown or already-settled batch ids raise
+        :class:`UnknownBatchError`.
+        """
+        self._check_open()
+        batch_id = batch if isinstance(batch, str) else batch.id
+        taken = self._handed.get(batch_id)
+        if taken is None:
+            raise UnknownBatchError(
+                f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
+                "acknowledged or released"
+            )
+        async with self._lock:
+            await anyio.to_thread.run_sync(self._store.consume, [g.seq for g in taken.groups], step)
+        del self._handed[batch_id]
+        self._stats.handed -= len(taken.groups)
+        self._stats.consumed += len(taken.groups)
+
+    def release_batch(self, batch: Batch | str) -> None:
+        """Put an unacknowledged batch back at the front (the step failed)."""
+        batch_id = batch if isinstance(batch, str) else batch.id
+        taken = self._handed.pop(batch_id, None)
+        if taken is None:
+            raise UnknownBatchError(f"unknown batch {batch_id!r}")
+        self._ready.extendleft(reversed(taken.groups))
+        self._stats.handed -= len(taken.groups)
+        self._stats.ready = len(self._ready)
+        self._notify()
+
+    def position(self) -> int | None:
+        """The last acknowledged step: save it with the trainer's checkpoint."""
+        return self._store.last_step()
+
+    async def rewind(self, step: int) -> int:
+        """Resume from a checkpoint at ``step``: groups consumed by later steps become ready
+        again (they were never committed with a checkpoint). Returns how many."""
+        self._check_open()
+        async with self._lock:
+            records = await anyio.to_thread.run_sync(self._store.rewind, step)
+        back = [self._group(r) for r in records]
+        self._ready.extendleft(reversed(back))
+        self._stats.ready = len(self._ready)
+        self._stats.consumed -= min(self._stats.consumed, len(back))
+        self._notify()
+        return len(back)
+
+    def statistics(self) -> BufferStats:
+        """A snapshot of the counters."""
+        return dataclasses.replace(self._stats, dropped=collections.Counter(self._stats.dropped))

@@ -1,0 +1,354 @@
+"""The Data Buffer: groups, policies, filters, staleness, backpressure, batches, durability."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentenv import ConfigError, Sample, SampleError, Status
+from agentenv.buffer import (
+    Buffer,
+    BufferConfig,
+    BufferStoreError,
+    FilterResult,
+    RewardStdFilter,
+    UnknownBatchError,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def group(
+    gid: str,
+    rewards: Sequence[float],
+    *,
+    failed: Sequence[int] = (),
+    role: str | None = None,
+    version: int = 0,
+    tokens: int = 4,
+) -> list[Sample]:
+    out = []
+    for i, r in enumerate(rewards):
+        if i in failed:
+            out.append(
+                Sample(
+                    prompt_ids=[1],
+                    completion_ids=[],
+                    reward=0.0,
+                    group_id=gid,
+                    episode=i,
+                    id=f"{gid}/{i}/{role}",
+                    task_id=gid.split("@")[0],
+                    status=Status.FAILED,
+                    reason="boom",
+                    error_type="ValueError",
+                )
+            )
+        else:
+            out.append(
+                Sample(
+                    prompt_ids=[1, 2],
+                    completion_ids=list(range(3, 3 + tokens)),
+                    reward=r,
+                    group_id=gid,
+                    episode=i,
+                    id=f"{gid}/{i}/{role}",
+                    role=role,
+                    task_id=gid.split("@")[0],
+                    weight_versions=[str(version)],
+                )
+            )
+    return out
+
+
+async def test_put_get_ack_and_statistics() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=2, rollout_batch_size=2)) as b:
+        await b.put_group(group("a", [1, 0]))
+        await b.put_group(group("b", [0, 1]))
+        await b.put_group(group("c", [1, 1]))
+        batch = await b.get_batch()
+        assert [g.group_id for g in batch.groups] == ["a", "b"]
+        assert [s.reward for s in batch.samples] == [1, 0, 0, 1]
+        await b.ack(batch, step=1)
+        st = b.statistics()
+        assert (st.groups_put, st.samples_put, st.kept, st.ready, st.consumed) == (3, 6, 3, 1, 2)
+        with pytest.raises(UnknownBatchError, match="unknown batch"):
+            await b.ack(batch, step=1)
+        with pytest.raises(UnknownBatchError):
+            await b.ack("nope")
+
+
+async def test_failed_samples_policy() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=4, min_group_size=3)
+    async with Buffer(cfg) as b:
+        await b.put_group(group("one_failed", [1, 0, 1, 0], failed=[2]))
+        await b.put_group(group("two_failed", [1, 0, 1, 0], failed=[0, 1]))
+        batch = await b.get_batch(1)
+        assert len(batch.groups[0].samples) == 3
+        assert all(s.status is not Status.FAILED for s in batch.samples)
+        st = b.statistics()
+        assert st.dropped == {"too_small": 1} and st.failed_samples_dropped == 3
+    async with Buffer(BufferConfig(n_samples_per_prompt=4, on_failed="drop_group")) as b:
+        await b.put_group(group("x", [1, 0, 1, 0], failed=[3]))
+        assert b.statistics().dropped == {"failed_sample": 1}
+
+
+async def test_multi_agent_groups_by_role() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=2)) as b:
+        samples = group("g", [1, 0], role="red") + group("g", [0, 1], role="blue")
+        await b.put_group(samples)
+        batch = await b.get_batch(2)
+        assert sorted(g.role for g in batch.groups) == ["blue", "red"]
+        assert all(len(g.samples) == 2 for g in batch.groups)
+
+
+async def test_filters_count_reasons() -> None:
+    async def no_long(samples: Sequence[Sample]) -> FilterResult:
+        return FilterResult(all(len(s.completion_ids) < 10 for s in samples), "too_long")
+
+    def never_negative(samples: Sequence[Sample]) -> bool:
+        return all(s.reward >= 0 for s in samples)
+
+    cfg = BufferConfig(n_samples_per_prompt=2, filters=[RewardStdFilter(), no_long, never_negative])
+    async with Buffer(cfg) as b:
+        await b.put_group(group("flat", [1, 1]))
+        await b.put_group(group("long", [1, 0], tokens=20))
+        await b.put_group(group("neg", [-1, 0]))
+        await b.put_group(group("ok", [1, 0]))
+        st = b.statistics()
+        assert st.dropped == {"zero_reward_std": 1, "too_long": 1, "never_negative": 1}
+        assert st.kept == 1 and math.isclose(st.pass_rate, 0.25)
+        # Over-sampling: 4 kept groups wanted, 1 ready, pass rate 1/4 -> 12 more prompts.
+        assert b.prompts_to_start(4) == 12
+        await b.reserve(8)
+        assert b.prompts_to_start(4) == 4  # 8 in flight are expected to yield 2
+
+
+async def test_staleness_drop_and_recycle() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=2, max_staleness=1, on_stale="recycle")
+    async with Buffer(cfg) as b:
+        await b.put_group(group("old@r", [1, 0], version=0))
+        await b.put_group(group("new@r", [1, 0], version=2))
+        batch = await b.get_batch(1, policy_version=2)
+        assert batch.groups[0].group_id == "new@r"
+        assert b.recycled() == ["old"] and b.recycled() == []
+        await b.put_group(group("older@r", [1, 0], version=0))  # stale on arrival
+        st = b.statistics()
+        assert st.recycled == 2 and st.ready == 0
+    cfg = BufferConfig(n_samples_per_prompt=2, max_staleness=0)
+    async with Buffer(cfg) as b:
+        b.set_policy_version(3)
+        await b.put_group(group("s", [1, 0], version=2))
+        assert b.statistics().stale_dropped == 1
+        with pytest.raises(SampleError, match="integer versions"):
+            await b.put_group(
+                [
+                    *group("v", [1])[:0],
+                    Sample(
+                        prompt_ids=[1],
+                        completion_ids=[2],
+                        reward=1.0,
+                        group_id="v",
+                        weight_versions=["scripted"],
+                    ),
+                ]
+            )
+
+
+async def test_admission_control_bounds_started_rollouts() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=1, max_staleness=1, rollout_batch_size=2)
+    async with Buffer(cfg) as b:
+        b.set_policy_version(0)
+        await b.reserve(4)  # (0 + 1 + 1) * 2 = 4 allowed at version 0
+        with anyio.move_on_after(0.2) as scope:
+            await b.reserve(1)
+        assert scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.reserve, 1)
+            await anyio.sleep(0.05)
+            b.set_policy_version(1)  # the trainer moved on: one more batch may start
+        assert b.statistics().in_flight == 5
+
+
+async def test_backpressure_put_waits_when_full() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=1, capacity=2)) as b:
+        await b.put_group(group("a", [1]))
+        await b.put_group(group("b", [1]))
+        done = []
+
+        async def put_third() -> None:
+            await b.put_group(group("c", [1]))
+            done.append(True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(put_third)
+            await anyio.sleep(0.1)
+            assert not done and b.statistics().ready == 2
+            await b.get_batch(1)
+        assert done == [True] and b.statistics().ready == 2
+
+
+async def test_get_batch_waits_and_times_out() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=1)) as b:
+        with pytest.raises(TimeoutError):
+            await b.get_batch(1, timeout=0.1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(b.put_group, group("late", [1]))
+            batch = await b.get_batch(1, timeout=5)
+        assert batch.groups[0].group_id == "late"
+
+
+async def test_duplicate_put_is_a_counted_no_op(tmp_path: Path) -> None:
+    for path in (None, tmp_path / "buf"):
+        async with Buffer(BufferConfig(n_samples_per_prompt=2), path=path) as b:
+            await b.put_group(group("a", [1, 0]))
+            await b.put_group(group("a", [1, 0]))
+            st = b.statistics()
+            assert (st.groups_put, st.duplicate_groups, st.ready) == (1, 1, 1)
+
+
+def test_batch_identity_names_the_four_numbers() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout_batch_size \(32\) x n_samples_per_prompt "
+        r"\(8\) = 256, but global_batch_size \(64\) x num_steps_per_rollout "
+        r"\(2\) = 128",
+    ):
+        BufferConfig(
+            n_samples_per_prompt=8,
+            rollout_batch_size=32,
+            global_batch_size=64,
+            num_steps_per_rollout=2,
+        )
+    BufferConfig(
+        n_samples_per_prompt=8,
+        rollout_batch_size=32,
+        global_batch_size=128,
+        num_steps_per_rollout=2,
+    )
+
+
+async def test_bad_input() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=2)) as b:
+        with pytest.raises(SampleError, match="Sample objects"):
+            await b.put_group([{"prompt_ids": [1]}])  # type: ignore[list-item]
+        with pytest.raises(SampleError, match="3 episodes but n_samples_per_prompt is 2"):
+            await b.put_group(group("big", [1, 0, 1]))
+        with pytest.raises(SampleError, match="one group"):
+            await b.put_group(group("x", [1]) + group("y", [0]))
+        with pytest.raises(SampleError, match="no group_id"):
+            await b.put_group([Sample(prompt_ids=[1], completion_ids=[2], reward=1.0)])
+        with pytest.raises(SampleError, match="at least one"):
+            await b.put_group([])
+        assert b.statistics().groups_put == 0
+    with pytest.raises(SampleError, match="finite"):
+        Sample(prompt_ids=[1], completion_ids=[2], reward=float("nan"))
+    with pytest.raises(SampleError, match="aligned"):
+        Sample(prompt_ids=[1], completion_ids=[2], reward=1.0, loss_mask=[1, 1])
+
+
+async def test_closed_buffer_raises() -> None:
+    from agentenv import ClosedResourceError
+
+    b = Buffer()
+    await b.aclose()
+    with pytest.raises(ClosedResourceError):
+        await b.put_group(group("a", [1]))
+
+
+# -- durability ------------------------------------------------------------------------------
+async def test_durable_restart_redelivers_unacked_and_keeps_acked(tmp_path: Path) -> None:
+    path = tmp_path / "buf"
+    cfg = BufferConfig(n_samples_per_prompt=2)
+    async with Buffer(cfg, path=path) as b:
+        for name in "abcd":
+            await b.put_group(group(name, [1, 0]))
+        first = await b.get_batch(1)
+        await b.ack(first, step=1)
+        second = await b.get_batch(1)  # handed out, never acknowledged
+        assert second.groups[0].group_id == "b"
+    async with Buffer(cfg, path=path) as b:
+        assert b.position() == 1
+        batch = await b.get_batch(3)
+        assert [g.group_id for g in batch.groups] == ["b", "c", "d"]
+        assert batch.samples[0] == group("b", [1, 0])[0]  # exact round trip through disk
+        await b.ack(batch, step=2)
+    async with Buffer(cfg, path=path) as b:
+        assert b.statistics().ready == 0 and b.position() == 2
+        # The trainer resumes from its step-1 checkpoint: step 2 was never committed.
+        assert await b.rewind(1) == 3
+        again = await b.get_batch(3)
+        assert [g.group_id for g in again.groups] == ["b", "c", "d"]
+
+
+async def test_foreign_or_corrupt_file_is_refused_untouched(tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "buffer.sqlite").write_bytes(b"not a database at all" * 100)
+    before = (junk / "buffer.sqlite").read_bytes()
+    with pytest.raises(ConfigError, match="not an agentenv buffer"):
+        Buffer(path=junk)
+    assert (junk / "buffer.sqlite").read_bytes() == before
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    db = sqlite3.connect(foreign / "buffer.sqlite")
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.execute("INSERT INTO users VALUES ('alice')")
+    db.commit()
+    db.close()
+    before = (foreign / "buffer.sqlite").read_bytes()
+    with pytest.raises(ConfigError, match="not an agentenv buffer"):
+        Buffer(path=foreign)
+    assert (foreign / "buffer.sqlite").read_bytes() == before
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        Buffer(path=a_file)
+
+
+async def test_disk_full_fails_the_put_and_writes_nothing_partial(tmp_path: Path) -> None:
+    path = tmp_path / "buf"
+    cfg = BufferConfig(n_samples_per_prompt=4, capacity=10_000)
+    b = Buffer(cfg, path=path)
+    b._store._db.execute("PRAGMA max_page_count = 60")  # type: ignore[attr-defined]
+    stored = 0
+    with pytest.raises(BufferStoreError, match="full"):
+        for i in range(10_000):
+            await b.put_group(group(f"g{i}", [1, 0, 1, 0], tokens=400))
+            stored += 1
+    await b.aclose()
+    db = sqlite3.connect(path / "buffer.sqlite")
+    counts = db.execute("SELECT seq, COUNT(*) FROM samples GROUP BY seq").fetchall()
+    db.close()
+    assert len(counts) == stored and all(n == 4 for _, n in counts)
+    async with Buffer(cfg, path=path) as b:
+        assert b.statistics().ready == stored
+
+
+async def test_rollout_runner_writes_into_the_buffer(smollm2) -> None:  # type: ignore[no-untyped-def]
+    from agentenv import RolloutConfig, ScriptedModel, run_rollouts
+    from environments.arithmetic import ArithmeticEnv
+
+    env = ArithmeticEnv()
+    tasks = env.tasks("test")[:6]
+    model = ScriptedModel(smollm2, lambda ctx: "42")
+    async with Buffer(BufferConfig(n_samples_per_prompt=3)) as b:
+        await run_rollouts(
+            env,
+            tasks,
+            model,
+            tokenizer=smollm2,
+            sink=b,
+            config=RolloutConfig(n_samples_per_prompt=3),
+        )
+        batch = await b.get_batch(6)
+        assert {g.task_id for g in batch.groups} == {t.id for t in tasks}
+        assert all(len(g.samples) == 3 for g in batch.groups)
+        assert all(s.id and s.episode is not None for s in batch.samples)
