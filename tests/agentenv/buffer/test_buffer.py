@@ -319,10 +319,15 @@ async def test_disk_full_fails_the_put_and_writes_nothing_partial(tmp_path: Path
     b = Buffer(cfg, path=path)
     b._store._db.execute("PRAGMA max_page_count = 60")  # type: ignore[attr-defined]
     stored = 0
-    with pytest.raises(BufferStoreError, match="full"):
+
+    async def fill() -> None:
+        nonlocal stored
         for i in range(10_000):
             await b.put_group(group(f"g{i}", [1, 0, 1, 0], tokens=400))
             stored += 1
+
+    with pytest.raises(BufferStoreError, match="full"):
+        await fill()
     await b.aclose()
     db = sqlite3.connect(path / "buffer.sqlite")
     counts = db.execute("SELECT seq, COUNT(*) FROM samples GROUP BY seq").fetchall()
