@@ -24,8 +24,8 @@ import inspect
 import math
 import os
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 
@@ -35,6 +35,8 @@ from agentenv.buffer._config import BufferConfig, FilterResult
 from agentenv.buffer._store import GroupRecord, MemoryStore, SqliteStore, Store
 
 __all__ = ["Batch", "Buffer", "BufferStats", "Group", "UnknownBatchError"]
+
+T = TypeVar("T")
 
 
 class UnknownBatchError(AgentEnvError, KeyError):
@@ -133,7 +135,12 @@ class Buffer:
     ) -> None:
         self.config = config or BufferConfig()
         self.path = path
-        self._store: Store = SqliteStore(path) if path is not None else MemoryStore()
+        self._store: Store = (
+            SqliteStore(path, durability=self.config.durability)
+            if path is not None
+            else MemoryStore()
+        )
+        self._durable = path is not None
         self._ready: collections.deque[Group] = collections.deque()
         self._handed: dict[str, Batch] = {}
         self._recycled: list[str] = []
@@ -288,6 +295,8 @@ class Buffer:
         return FilterResult(True)
 
     async def _commit(self, records: list[GroupRecord]) -> list[bool]:
+        if not self._durable:  # nothing to wait for: a few dict operations
+            return self._store.put(records)
         # Group commit: whoever finds no commit running becomes the committer and writes
         # every pending put in one transaction; the others wait for its result.
         slot: list[Any] = []
@@ -305,7 +314,7 @@ class Buffer:
                     try:
                         async with self._lock:
                             self._check_open()
-                            flags = await anyio.to_thread.run_sync(self._store.put, flat)
+                            flags = await self._call(self._store.put, flat)
                     except BaseException as e:
                         for _, out in batch:
                             out.append(e)
@@ -323,6 +332,12 @@ class Buffer:
         if isinstance(result, BaseException):
             raise result
         return list(result)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        # The in-memory store is a few dict operations: a thread hop would cost more.
+        if self._durable:
+            return await anyio.to_thread.run_sync(fn, *args)
+        return fn(*args)
 
     def _group(self, record: GroupRecord) -> Group:
         return Group(
@@ -460,7 +475,7 @@ class Buffer:
             states.setdefault(reason, []).append(g.seq)
         async with self._lock:
             for reason, seqs in states.items():
-                await anyio.to_thread.run_sync(self._store.set_state, seqs, "stale", reason)
+                await self._call(self._store.set_state, seqs, "stale", reason)
         self._stats.ready = len(self._ready)
 
     async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
@@ -478,7 +493,7 @@ class Buffer:
                 "acknowledged or released"
             )
         async with self._lock:
-            await anyio.to_thread.run_sync(self._store.consume, [g.seq for g in taken.groups], step)
+            await self._call(self._store.consume, [g.seq for g in taken.groups], step)
         del self._handed[batch_id]
         self._stats.handed -= len(taken.groups)
         self._stats.consumed += len(taken.groups)
@@ -503,7 +518,7 @@ class Buffer:
         again (they were never committed with a checkpoint). Returns how many."""
         self._check_open()
         async with self._lock:
-            records = await anyio.to_thread.run_sync(self._store.rewind, step)
+            records = await self._call(self._store.rewind, step)
         back = [self._group(r) for r in records]
         self._ready.extendleft(reversed(back))
         self._stats.ready = len(self._ready)
