@@ -213,30 +213,41 @@ class SqliteStore:
         return _Tx(self._db, work)
 
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
-        out: list[bool] = []
         blobs = [[encode_sample(s) for s in r.samples] for r in records]
+        all_ids = [s.id for r in records for s in r.samples]
         with self._transaction("put"):
-            cur = self._db.cursor()
+            db = self._db
+            # Three statements per commit, whatever its size: one lookup of every id,
+            # then one insert of all groups and one of all samples.
+            known: set[str] = set()
+            for i in range(0, len(all_ids), 900):  # SQLite's bound-parameter limit
+                chunk = all_ids[i : i + 900]
+                marks = ",".join("?" * len(chunk))
+                known.update(
+                    row[0]
+                    for row in db.execute(f"SELECT id FROM samples WHERE id IN ({marks})", chunk)
+                )
+            (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
+            out: list[bool] = []
+            group_rows = []
+            sample_rows = []
             for r, encoded in zip(records, blobs, strict=True):
                 ids = [s.id for s in r.samples]
-                known = 0
-                if ids:
-                    marks = ",".join("?" * len(ids))
-                    known = cur.execute(
-                        f"SELECT COUNT(*) FROM samples WHERE id IN ({marks})", ids
-                    ).fetchone()[0]
-                if ids and known == len(ids):
+                hits = sum(1 for i in ids if i in known)
+                if ids and hits == len(ids):
                     out.append(False)
                     continue
-                if known:
+                if hits:
                     raise ConfigError(
-                        f"group {r.group_id!r}: {known} of its {len(ids)} sample ids are "
+                        f"group {r.group_id!r}: {hits} of its {len(ids)} sample ids are "
                         "already stored under another group; sample ids must be unique"
                     )
-                cur.execute(
-                    "INSERT INTO groups (group_id, role, task_id, state, reason, version, "
-                    "n_samples) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                known.update(i for i in ids if i is not None)
+                last += 1
+                r.seq = last
+                group_rows.append(
                     (
+                        last,
                         r.group_id,
                         r.role or "",
                         r.task_id,
@@ -244,19 +255,21 @@ class SqliteStore:
                         r.reason,
                         r.version,
                         len(r.samples),
-                    ),
+                    )
                 )
-                seq = cur.lastrowid
-                assert seq is not None
-                r.seq = seq
-                cur.executemany(
-                    "INSERT INTO samples (id, seq, pos, data) VALUES (?, ?, ?, ?)",
-                    [
-                        (s.id, seq, i, b)
-                        for i, (s, b) in enumerate(zip(r.samples, encoded, strict=True))
-                    ],
+                sample_rows.extend(
+                    (sid, last, pos, blob)
+                    for pos, (sid, blob) in enumerate(zip(ids, encoded, strict=True))
                 )
                 out.append(True)
+            db.executemany(
+                "INSERT INTO groups (seq, group_id, role, task_id, state, reason, version, "
+                "n_samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                group_rows,
+            )
+            db.executemany(
+                "INSERT INTO samples (id, seq, pos, data) VALUES (?, ?, ?, ?)", sample_rows
+            )
         return out
 
     def consume(self, seqs: Sequence[int], step: int | None) -> None:
