@@ -50,6 +50,11 @@ def add_parser(sub: Any) -> None:
         help="python of a virtualenv with verifiers installed (default: this one)",
     )
     rollout.set_defaults(handler=run_rollout)
+    buffer = kinds.add_parser("buffer", help="Data Buffer throughput, 1,000-token samples")
+    buffer.add_argument("--quick", action="store_true", help="fewer samples (< 60 s)")
+    buffer.add_argument("--json", action="store_true", help="print one JSON object last")
+    buffer.add_argument("--no-service", action="store_true", help="skip the HTTP service mode")
+    buffer.set_defaults(handler=run_buffer)
 
 
 def _child(
@@ -153,3 +158,27 @@ def _verifiers(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, A
             file=sys.stderr,
         )
     return out
+
+
+def run_buffer(args: argparse.Namespace) -> int:
+    groups = 1000 if args.quick else 4000  # x 8 samples of 1,000 tokens
+    runs = [
+        ("queue_baseline", ["--mode", "queue"]),
+        ("memory", ["--mode", "memory"]),
+        ("durable", ["--mode", "durable", "--producers", "64", "--durability", "power"]),
+        ("durable_process", ["--mode", "durable", "--producers", "64", "--durability", "process"]),
+    ]
+    if not args.no_service:
+        runs.append(("service", ["--mode", "service", "--producers", "16"]))
+    results: dict[str, Any] = {"bench": "buffer", "quick": bool(args.quick), "runs": {}}
+    for name, extra in runs:
+        n = groups // 4 if name == "service" else groups
+        r = _child("agentenv.bench._buffer", [*extra, "--groups", str(n)])
+        results["runs"][name] = r
+        results[f"{name}_samples_per_s"] = r["samples_per_s"]
+        print(f"{name:>16}: {r['samples_per_s']:>12,.0f} samples/s", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, separators=(",", ":")))
+    else:
+        print(json.dumps(results, indent=2))
+    return 0

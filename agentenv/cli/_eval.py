@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +21,7 @@ from agentenv._environment import Limits
 from agentenv._generator import SamplingParams
 from agentenv._policies import load_policy
 from agentenv._registry import load_environment
-from agentenv._runner import JsonlSink, ListSink, RolloutConfig, run_rollouts
+from agentenv._runner import JsonlSink, ListSink, RolloutConfig, SampleSink, run_rollouts
 from agentenv.cli._config import add_model_arguments, build_config
 
 
@@ -51,7 +53,10 @@ class EvalConfig(pydantic.BaseModel):
         600.0, gt=0, description="seconds per episode before it fails"
     )
     seed: int = pydantic.Field(0, description="base seed")
-    out: Path | None = pydantic.Field(None, description="write samples to this JSONL file")
+    out: Path | None = pydantic.Field(
+        None,
+        description="keep the samples: a .jsonl file, or a directory for a durable Data Buffer",
+    )
     json_output: bool = pydantic.Field(
         False, alias="json", description="print the summary as one JSON object on the last line"
     )
@@ -88,20 +93,34 @@ async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         seed=cfg.seed,
         progress=cfg.progress,
     )
-    sink: JsonlSink | ListSink = JsonlSink(cfg.out) if cfg.out else ListSink()
-    try:
+    async with _open_sink(cfg, len(tasks)) as sink:
         stats = await run_rollouts(
             env, tasks, policy, tokenizer=tokenizer, sink=sink, config=config
         )
-    finally:
-        if isinstance(sink, JsonlSink):
-            sink.close()
     summary = stats.to_dict()
     summary["env"] = cfg.env
     summary["model"] = cfg.model
     if cfg.out:
         summary["out"] = str(cfg.out)
     return summary
+
+
+@contextlib.asynccontextmanager
+async def _open_sink(cfg: EvalConfig, groups: int) -> AsyncIterator[SampleSink]:
+    if cfg.out is None:
+        yield ListSink()
+    elif cfg.out.suffix == ".jsonl":
+        async with JsonlSink(cfg.out) as sink:
+            yield sink
+    else:
+        from agentenv.buffer import Buffer, BufferConfig
+
+        # Nothing consumes during an evaluation: room for every group it will put.
+        config = BufferConfig(
+            n_samples_per_prompt=cfg.n_samples_per_prompt, capacity=max(1024, groups)
+        )
+        async with Buffer(config, path=cfg.out) as buffer:
+            yield buffer
 
 
 def run(args: argparse.Namespace) -> int:

@@ -91,3 +91,35 @@ def test_eval_bad_input_names_the_problem(argv: list[str], message: str) -> None
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_eval_out_directory_is_a_durable_buffer(tmp_path: Path) -> None:
+    import anyio
+
+    from agentenv.buffer import Buffer, BufferConfig
+
+    out = tmp_path / "buf"
+    argv = [
+        "eval",
+        "--env",
+        "arithmetic",
+        "--model",
+        f"scripted:{ORACLE}",
+        "--n",
+        "5",
+        "--n-samples-per-prompt",
+        "3",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    assert main(argv) == 0  # a second run adds new groups (new run id), never overwrites
+
+    async def read() -> int:
+        async with Buffer(BufferConfig(n_samples_per_prompt=3), path=out) as b:
+            batch = await b.get_batch(10)
+            assert all(len(g.samples) == 3 for g in batch.groups)
+            return b.statistics().ready
+
+    assert anyio.run(read) == 0
