@@ -31,6 +31,7 @@ import anyio
 
 from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, SampleError
 from agentenv._sample import Sample, Status
+from agentenv.buffer._codec import encode_sample
 from agentenv.buffer._config import BufferConfig, FilterResult
 from agentenv.buffer._store import GroupRecord, MemoryStore, SqliteStore, Store
 
@@ -297,6 +298,10 @@ class Buffer:
     async def _commit(self, records: list[GroupRecord]) -> list[bool]:
         if not self._durable:  # nothing to wait for: a few dict operations
             return self._store.put(records)
+        # Encode here, on the event loop's thread: the store's thread then only runs
+        # SQLite, which releases the GIL; encoding there made the two threads fight for it.
+        for record in records:
+            record.blobs = [encode_sample(s) for s in record.samples]
         # Group commit: whoever finds no commit running becomes the committer and writes
         # every pending put in one transaction; the others wait for its result.
         slot: list[Any] = []

@@ -52,6 +52,7 @@ class GroupRecord:
     version: int | None = None
     seq: int = 0
     step: int | None = None
+    blobs: list[bytes] | None = None  # the samples encoded, when the caller did it already
 
 
 class Store(Protocol):
@@ -213,7 +214,7 @@ class SqliteStore:
         return _Tx(self._db, work)
 
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
-        blobs = [[encode_sample(s) for s in r.samples] for r in records]
+        blobs = [r.blobs or [encode_sample(s) for s in r.samples] for r in records]
         all_ids = [s.id for r in records for s in r.samples]
         with self._transaction("put"):
             db = self._db
