@@ -357,3 +357,19 @@ async def test_rollout_runner_writes_into_the_buffer(smollm2) -> None:  # type: 
         assert {g.task_id for g in batch.groups} == {t.id for t in tasks}
         assert all(len(g.samples) == 3 for g in batch.groups)
         assert all(s.id and s.episode is not None for s in batch.samples)
+
+
+async def test_release_batch_puts_groups_back_in_order() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=1)) as b:
+        for name in "abc":
+            await b.put_group(group(name, [1]))
+        first = await b.get_batch(2)
+        b.release_batch(first)
+        with pytest.raises(UnknownBatchError):
+            b.release_batch(first)
+        again = await b.get_batch(3)
+        assert [g.group_id for g in again.groups] == ["a", "b", "c"]
+        await b.ack(again, step=7)
+        assert b.position() == 7
+        with pytest.raises(ConfigError, match="durable"):
+            await b.rewind(3)
