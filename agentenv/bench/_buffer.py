@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
 import random
 import tempfile
 import time
@@ -42,17 +41,29 @@ def make_groups(n: int, *, prefix: str = "g") -> list[list[Sample]]:
     groups = []
     for g in range(n):
         gid = f"{prefix}{g}"
-        groups.append([
-            Sample(prompt_ids=prompt, completion_ids=completion, reward=float(k % 2),
-                   loss_mask=mask, rollout_logprobs=logprobs, group_id=gid, id=f"{gid}/{k}",
-                   episode=k, task_id=gid, weight_versions=["0"])
-            for k in range(GROUP)
-        ])
+        groups.append(
+            [
+                Sample(
+                    prompt_ids=prompt,
+                    completion_ids=completion,
+                    reward=float(k % 2),
+                    loss_mask=mask,
+                    rollout_logprobs=logprobs,
+                    group_id=gid,
+                    id=f"{gid}/{k}",
+                    episode=k,
+                    task_id=gid,
+                    weight_versions=["0"],
+                )
+                for k in range(GROUP)
+            ]
+        )
     return groups
 
 
-async def _through_buffer(buffer: Any, groups: Sequence[Sequence[Sample]],
-                          producers: int = 8) -> float:
+async def _through_buffer(
+    buffer: Any, groups: Sequence[Sequence[Sample]], producers: int = 8
+) -> float:
     n_batches = len(groups) // BATCH_GROUPS
     start = time.perf_counter()
 
@@ -96,7 +107,8 @@ async def run(
     groups = make_groups(n_groups)
     samples = n_groups * GROUP
     config = BufferConfig(
-        n_samples_per_prompt=GROUP, capacity=4096,
+        n_samples_per_prompt=GROUP,
+        capacity=4096,
         durability="process" if durability == "process" else "power",
     )
     if mode == "queue":
@@ -108,19 +120,28 @@ async def run(
         with tempfile.TemporaryDirectory(prefix="agentenv-bench-") as tmp:
             async with Buffer(config, path=tmp) as buffer:
                 wall = await _through_buffer(buffer, groups, producers)
-                size = os.path.getsize(os.path.join(tmp, "buffer.sqlite"))
+                size = (await anyio.Path(tmp, "buffer.sqlite").stat()).st_size
     elif mode == "service":
         from agentenv.buffer._service import BufferClient, BufferServer
 
-        async with Buffer(config) as buffer, BufferServer(buffer, token="bench") as server:
-            async with BufferClient(server.url, token="bench") as client:
-                wall = await _through_buffer(client, groups, producers)
+        async with (
+            Buffer(config) as buffer,
+            BufferServer(buffer, token="bench") as server,
+            BufferClient(server.url, token="bench") as client,
+        ):
+            wall = await _through_buffer(client, groups, producers)
     else:
         raise ValueError(f"mode must be queue, memory, durable or service, got {mode!r}")
-    out = {"mode": mode, "samples": samples, "tokens_per_sample": TOKENS,
-           "producers": producers, "durability": durability if mode == "durable" else None,
-           "wall_s": round(wall, 4), "samples_per_s": round(samples / wall, 1),
-           "peak_rss_mb": round(peak_rss_mb(), 1)}
+    out = {
+        "mode": mode,
+        "samples": samples,
+        "tokens_per_sample": TOKENS,
+        "producers": producers,
+        "durability": durability if mode == "durable" else None,
+        "wall_s": round(wall, 4),
+        "samples_per_s": round(samples / wall, 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
     if mode == "durable":
         out["db_bytes_per_sample"] = round(size / samples, 1)
     return out
@@ -136,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     cpu = pin_to_one_core()
     result = anyio.run(
         functools.partial(run, producers=args.producers, durability=args.durability),
-        args.mode, args.groups,
+        args.mode,
+        args.groups,
     )
     result["cpu"] = cpu
     print(json.dumps(result))

@@ -6,12 +6,16 @@ directory.
 
 from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
 from agentenv.buffer._config import BufferConfig, FilterResult, GroupFilter, RewardStdFilter
+from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
 from agentenv.buffer._store import BufferStoreError
 
 __all__ = [
     "Batch",
     "Buffer",
+    "BufferClient",
     "BufferConfig",
+    "BufferServer",
+    "BufferServiceError",
     "BufferStats",
     "BufferStoreError",
     "FilterResult",

@@ -313,30 +313,34 @@ class Buffer:
         else:
             self._committing = True
             try:
-                while self._pending:
-                    batch, self._pending = self._pending, []
-                    flat = [r for recs, _ in batch for r in recs]
-                    try:
-                        async with self._lock:
-                            self._check_open()
-                            flags = await self._call(self._store.put, flat)
-                    except BaseException as e:
-                        for _, out in batch:
-                            out.append(e)
-                        if not isinstance(e, Exception):
-                            raise
-                    else:
-                        i = 0
-                        for recs, out in batch:
-                            out.append(flags[i : i + len(recs)])
-                            i += len(recs)
-                    self._notify()
+                # Shielded: the commit serves every waiting put, so cancelling the task
+                # that happens to run it must neither abandon nor fail the others.
+                with anyio.CancelScope(shield=True):
+                    await self._commit_pending()
             finally:
                 self._committing = False
         result = slot[0]
         if isinstance(result, BaseException):
             raise result
         return list(result)
+
+    async def _commit_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            flat = [r for recs, _ in batch for r in recs]
+            try:
+                async with self._lock:
+                    self._check_open()
+                    flags = await self._call(self._store.put, flat)
+            except Exception as e:
+                for _, out in batch:
+                    out.append(e)
+            else:
+                i = 0
+                for recs, out in batch:
+                    out.append(flags[i : i + len(recs)])
+                    i += len(recs)
+            self._notify()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         # The in-memory store is a few dict operations: a thread hop would cost more.
@@ -373,17 +377,21 @@ class Buffer:
         self._stats.stale_dropped += 1
         return "stale", "stale"
 
-    def set_policy_version(self, version: int) -> None:
+    def _set_version(self, version: int) -> None:
+        self._stats.policy_version = version
+        self._notify()
+
+    async def set_policy_version(self, version: int) -> None:
         """The trainer's current policy version (its step); staleness is measured from it."""
         self._stats.policy_version = version
         self._notify()
 
-    def recycled(self) -> list[str]:
+    async def recycled(self) -> list[str]:
         """Task ids whose groups went stale (``on_stale="recycle"``); taken once."""
         out, self._recycled = self._recycled, []
         return out
 
-    def prompts_to_start(self, groups: int | None = None) -> int:
+    async def prompts_to_start(self, groups: int | None = None) -> int:
         """How many more prompts to start so that ``groups`` kept groups will be ready.
 
         Uses the observed filter pass rate and the prompts already started
@@ -419,7 +427,7 @@ class Buffer:
         self._admitted += prompts
         self._stats.in_flight += prompts
 
-    def release(self, prompts: int = 1) -> None:
+    async def release(self, prompts: int = 1) -> None:
         """Give back reservations for rollouts that will not be put (cancelled)."""
         self._admitted = max(0, self._admitted - prompts)
         self._stats.in_flight = max(0, self._stats.in_flight - prompts)
@@ -449,7 +457,7 @@ class Buffer:
                 f"a batch of {n} groups can never fill a capacity of {self.config.capacity}"
             )
         if policy_version is not None:
-            self.set_policy_version(policy_version)
+            self._set_version(policy_version)
         with anyio.fail_after(timeout):
             while True:
                 await self._drop_stale()
@@ -503,7 +511,7 @@ class Buffer:
         self._stats.handed -= len(taken.groups)
         self._stats.consumed += len(taken.groups)
 
-    def release_batch(self, batch: Batch | str) -> None:
+    async def release_batch(self, batch: Batch | str) -> None:
         """Put an unacknowledged batch back at the front (the step failed)."""
         batch_id = batch if isinstance(batch, str) else batch.id
         taken = self._handed.pop(batch_id, None)
@@ -514,7 +522,7 @@ class Buffer:
         self._stats.ready = len(self._ready)
         self._notify()
 
-    def position(self) -> int | None:
+    async def position(self) -> int | None:
         """The last acknowledged step: save it with the trainer's checkpoint."""
         return self._store.last_step()
 
@@ -531,6 +539,6 @@ class Buffer:
         self._notify()
         return len(back)
 
-    def statistics(self) -> BufferStats:
+    async def statistics(self) -> BufferStats:
         """A snapshot of the counters."""
         return dataclasses.replace(self._stats, dropped=collections.Counter(self._stats.dropped))

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import array
 import json
+import math
 import struct
 import sys
 from collections.abc import Sequence
 
 from agentenv._errors import SampleError
-from agentenv._sample import Sample, Status
+from agentenv._sample import Sample
 
 __all__ = ["decode_sample", "decode_samples", "encode_sample", "encode_samples"]
 
@@ -24,7 +25,13 @@ _LITTLE = sys.byteorder == "little"
 
 
 def _ints(values: Sequence[int]) -> bytes:
-    a = array.array("I", values)
+    try:
+        a = array.array("I", values)
+    except OverflowError:
+        raise SampleError(
+            f"token id {max(values)} does not fit the Buffer's 32-bit ids; token ids must "
+            "be below 2**32"
+        ) from None
     if not _LITTLE:
         a.byteswap()
     return a.tobytes()
@@ -69,11 +76,26 @@ def encode_sample(s: Sample) -> bytes:
     return b"".join(parts)
 
 
+_OPTIONAL_STRINGS = ("group_id", "role", "id", "task_id", "reason", "error_type")
+_MASK_BITS = b"\x00\x01"
+
+
 def decode_sample(data: bytes | memoryview) -> Sample:
-    """Inverse of :func:`encode_sample`; raises :class:`SampleError` on malformed input."""
+    """Inverse of :func:`encode_sample`; raises :class:`SampleError` on malformed input.
+
+    Validated like ``Sample(...)``/``Sample.from_dict``, but the token arrays are checked
+    at C speed instead of element by element: ids come out of an unsigned array (so they
+    are non-negative ints), the loss mask's bytes must all be 0 or 1 and the log-probs'
+    sum must be finite (a NaN or infinity anywhere makes it not). The scalar fields go
+    through the Sample constructor itself, on a sample without tokens; the arrays are then
+    put in place.
+    """
     view = memoryview(data)
     try:
         (n,) = _HEADER.unpack_from(view, 0)
+        header = json.loads(bytes(view[4 : 4 + n]))
+        if type(header) is not list or len(header) != 14:
+            raise ValueError("the header is not a list of 14 fields")
         (
             reward,
             group_id,
@@ -89,45 +111,72 @@ def decode_sample(data: bytes | memoryview) -> Sample:
             n_prompt,
             n_completion,
             has_lp,
-        ) = json.loads(bytes(view[4 : 4 + n]))
+        ) = header
+        if not (type(n_prompt) is int and type(n_completion) is int and type(has_lp) is bool):
+            raise ValueError("bad token counts in the header")
+        if n_prompt < 0 or n_completion < 0:
+            raise ValueError("negative token counts in the header")
         pos = 4 + n
+        n_ids = n_prompt + n_completion
+        size = pos + 4 * n_ids + n_completion + (8 * n_completion if has_lp else 0)
+        if size != len(view):
+            raise ValueError(f"{len(view)} bytes where the header implies {size}")
         ids = array.array("I")
-        ids.frombytes(view[pos : pos + 4 * (n_prompt + n_completion)])
-        pos += 4 * (n_prompt + n_completion)
-        mask = list(view[pos : pos + n_completion])
+        ids.frombytes(view[pos : pos + 4 * n_ids])
+        pos += 4 * n_ids
+        mask = bytes(view[pos : pos + n_completion])
         pos += n_completion
-        logprobs = None
+        lp = None
         if has_lp:
             lp = array.array("d")
-            lp.frombytes(view[pos : pos + 8 * n_completion])
-            if not _LITTLE:
-                lp.byteswap()
-            logprobs = lp.tolist()
-            pos += 8 * n_completion
-        if not _LITTLE:
-            ids.byteswap()
-        if pos != len(view) or len(ids) != n_prompt + n_completion or len(mask) != n_completion:
-            raise ValueError("length mismatch")
-    except (ValueError, TypeError, struct.error, UnicodeDecodeError) as e:
+            lp.frombytes(view[pos:])
+    except (ValueError, TypeError, struct.error) as e:  # incl. JSON and Unicode errors
         raise SampleError(f"malformed encoded sample: {e}") from None
-    id_list = ids.tolist()
-    return Sample(
-        prompt_ids=id_list[:n_prompt],
-        completion_ids=id_list[n_prompt:],
+    for name, value in zip(
+        _OPTIONAL_STRINGS, (group_id, role, sid, task_id, reason, error_type), strict=True
+    ):
+        if value is not None and type(value) is not str:
+            raise SampleError(f"{name} must be a string or null, got {type(value).__name__}")
+    if type(versions) is not list or not all(type(v) is str for v in versions):
+        raise SampleError("weight_versions must be a list of strings")
+    if type(metadata) is not dict:
+        raise SampleError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    if mask.translate(None, _MASK_BITS):  # anything left is neither 0 nor 1
+        bad = next(b for b in mask if b > 1)
+        raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad}")
+    logprobs = None
+    if lp is not None:
+        if not _LITTLE:
+            lp.byteswap()
+        logprobs = lp.tolist()
+        if not math.isfinite(sum(logprobs)) and not all(map(math.isfinite, logprobs)):
+            culprit = next(x for x in logprobs if not math.isfinite(x))
+            raise SampleError(f"rollout_logprobs must all be finite, got {culprit}")
+    if not _LITTLE:
+        ids.byteswap()
+    # The constructor checks every scalar rule (reward, status, reason, episode, ...); the
+    # prompt placeholder keeps its "needs prompt_ids" rule honest.
+    sample = Sample(
+        prompt_ids=[0] if n_prompt else [],
+        completion_ids=[],
         reward=reward,
-        loss_mask=mask,
-        rollout_logprobs=logprobs,
         group_id=group_id,
         role=role,
         id=sid,
         task_id=task_id,
         episode=episode,
         weight_versions=versions,
-        status=Status(status),
+        status=status,
         reason=reason,
         error_type=error_type,
         metadata=metadata,
     )
+    id_list = ids.tolist()
+    sample.prompt_ids = id_list[:n_prompt]
+    sample.completion_ids = id_list[n_prompt:]
+    sample.loss_mask = list(mask)
+    sample.rollout_logprobs = logprobs
+    return sample
 
 
 def encode_samples(samples: Sequence[Sample]) -> bytes:

@@ -230,8 +230,8 @@ class SqliteStore:
                 )
             (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
             out: list[bool] = []
-            group_rows = []
-            sample_rows = []
+            group_rows: list[tuple[object, ...]] = []
+            sample_rows: list[tuple[str | None, int, int, bytes]] = []
             for r, encoded in zip(records, blobs, strict=True):
                 ids = [s.id for s in r.samples]
                 hits = sum(1 for i in ids if i in known)

@@ -1,4 +1,4 @@
-"""The ``agentenv`` command: ``eval``, ``bench``.
+"""The ``agentenv`` command: ``eval``, ``bench``, ``buffer``.
 
 Every command that reports numbers prints them as one JSON object on its last line
 with ``--json``. Run ``agentenv COMMAND --help`` for the flags.
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agentenv.cli import _bench, _eval
+    from agentenv.cli import _bench, _buffer, _eval
 
     parser = argparse.ArgumentParser(
         prog="agentenv", description="RL of language models on agentic tasks"
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _eval.add_parser(sub)
     _bench.add_parser(sub)
+    _buffer.add_parser(sub)
     return parser
 
 

@@ -120,6 +120,6 @@ def test_eval_out_directory_is_a_durable_buffer(tmp_path: Path) -> None:
         async with Buffer(BufferConfig(n_samples_per_prompt=3), path=out) as b:
             batch = await b.get_batch(10)
             assert all(len(g.samples) == 3 for g in batch.groups)
-            return b.statistics().ready
+            return (await b.statistics()).ready
 
     assert anyio.run(read) == 0

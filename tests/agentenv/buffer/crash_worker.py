@@ -61,7 +61,7 @@ async def main(buffer_dir: str, log_dir: str, total: int) -> None:
     async with Buffer(
         BufferConfig(n_samples_per_prompt=N, rollout_batch_size=BATCH, capacity=12), path=buffer_dir
     ) as buffer:
-        step = buffer.position() or 0
+        step = (await buffer.position()) or 0
         produced = anyio.Event()
 
         async def produce() -> None:

@@ -75,7 +75,7 @@ async def test_put_get_ack_and_statistics() -> None:
         assert [g.group_id for g in batch.groups] == ["a", "b"]
         assert [s.reward for s in batch.samples] == [1, 0, 0, 1]
         await b.ack(batch, step=1)
-        st = b.statistics()
+        st = await b.statistics()
         assert (st.groups_put, st.samples_put, st.kept, st.ready, st.consumed) == (3, 6, 3, 1, 2)
         with pytest.raises(UnknownBatchError, match="unknown batch"):
             await b.ack(batch, step=1)
@@ -91,11 +91,11 @@ async def test_failed_samples_policy() -> None:
         batch = await b.get_batch(1)
         assert len(batch.groups[0].samples) == 3
         assert all(s.status is not Status.FAILED for s in batch.samples)
-        st = b.statistics()
+        st = await b.statistics()
         assert st.dropped == {"too_small": 1} and st.failed_samples_dropped == 3
     async with Buffer(BufferConfig(n_samples_per_prompt=4, on_failed="drop_group")) as b:
         await b.put_group(group("x", [1, 0, 1, 0], failed=[3]))
-        assert b.statistics().dropped == {"failed_sample": 1}
+        assert (await b.statistics()).dropped == {"failed_sample": 1}
 
 
 async def test_multi_agent_groups_by_role() -> None:
@@ -120,13 +120,13 @@ async def test_filters_count_reasons() -> None:
         await b.put_group(group("long", [1, 0], tokens=20))
         await b.put_group(group("neg", [-1, 0]))
         await b.put_group(group("ok", [1, 0]))
-        st = b.statistics()
+        st = await b.statistics()
         assert st.dropped == {"zero_reward_std": 1, "too_long": 1, "never_negative": 1}
         assert st.kept == 1 and math.isclose(st.pass_rate, 0.25)
         # Over-sampling: 4 kept groups wanted, 1 ready, pass rate 1/4 -> 12 more prompts.
-        assert b.prompts_to_start(4) == 12
+        assert (await b.prompts_to_start(4)) == 12
         await b.reserve(8)
-        assert b.prompts_to_start(4) == 4  # 8 in flight are expected to yield 2
+        assert (await b.prompts_to_start(4)) == 4  # 8 in flight are expected to yield 2
 
 
 async def test_staleness_drop_and_recycle() -> None:
@@ -136,15 +136,15 @@ async def test_staleness_drop_and_recycle() -> None:
         await b.put_group(group("new@r", [1, 0], version=2))
         batch = await b.get_batch(1, policy_version=2)
         assert batch.groups[0].group_id == "new@r"
-        assert b.recycled() == ["old"] and b.recycled() == []
+        assert (await b.recycled()) == ["old"] and (await b.recycled()) == []
         await b.put_group(group("older@r", [1, 0], version=0))  # stale on arrival
-        st = b.statistics()
+        st = await b.statistics()
         assert st.recycled == 2 and st.ready == 0
     cfg = BufferConfig(n_samples_per_prompt=2, max_staleness=0)
     async with Buffer(cfg) as b:
-        b.set_policy_version(3)
+        await b.set_policy_version(3)
         await b.put_group(group("s", [1, 0], version=2))
-        assert b.statistics().stale_dropped == 1
+        assert (await b.statistics()).stale_dropped == 1
         with pytest.raises(SampleError, match="integer versions"):
             await b.put_group(
                 [
@@ -163,7 +163,7 @@ async def test_staleness_drop_and_recycle() -> None:
 async def test_admission_control_bounds_started_rollouts() -> None:
     cfg = BufferConfig(n_samples_per_prompt=1, max_staleness=1, rollout_batch_size=2)
     async with Buffer(cfg) as b:
-        b.set_policy_version(0)
+        await b.set_policy_version(0)
         await b.reserve(4)  # (0 + 1 + 1) * 2 = 4 allowed at version 0
         with anyio.move_on_after(0.2) as scope:
             await b.reserve(1)
@@ -171,8 +171,8 @@ async def test_admission_control_bounds_started_rollouts() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(b.reserve, 1)
             await anyio.sleep(0.05)
-            b.set_policy_version(1)  # the trainer moved on: one more batch may start
-        assert b.statistics().in_flight == 5
+            await b.set_policy_version(1)  # the trainer moved on: one more batch may start
+        assert (await b.statistics()).in_flight == 5
 
 
 async def test_backpressure_put_waits_when_full() -> None:
@@ -188,9 +188,9 @@ async def test_backpressure_put_waits_when_full() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(put_third)
             await anyio.sleep(0.1)
-            assert not done and b.statistics().ready == 2
+            assert not done and (await b.statistics()).ready == 2
             await b.get_batch(1)
-        assert done == [True] and b.statistics().ready == 2
+        assert done == [True] and (await b.statistics()).ready == 2
 
 
 async def test_get_batch_waits_and_times_out() -> None:
@@ -208,7 +208,7 @@ async def test_duplicate_put_is_a_counted_no_op(tmp_path: Path) -> None:
         async with Buffer(BufferConfig(n_samples_per_prompt=2), path=path) as b:
             await b.put_group(group("a", [1, 0]))
             await b.put_group(group("a", [1, 0]))
-            st = b.statistics()
+            st = await b.statistics()
             assert (st.groups_put, st.duplicate_groups, st.ready) == (1, 1, 1)
 
 
@@ -245,7 +245,7 @@ async def test_bad_input() -> None:
             await b.put_group([Sample(prompt_ids=[1], completion_ids=[2], reward=1.0)])
         with pytest.raises(SampleError, match="at least one"):
             await b.put_group([])
-        assert b.statistics().groups_put == 0
+        assert (await b.statistics()).groups_put == 0
     with pytest.raises(SampleError, match="finite"):
         Sample(prompt_ids=[1], completion_ids=[2], reward=float("nan"))
     with pytest.raises(SampleError, match="aligned"):
@@ -273,13 +273,13 @@ async def test_durable_restart_redelivers_unacked_and_keeps_acked(tmp_path: Path
         second = await b.get_batch(1)  # handed out, never acknowledged
         assert second.groups[0].group_id == "b"
     async with Buffer(cfg, path=path) as b:
-        assert b.position() == 1
+        assert (await b.position()) == 1
         batch = await b.get_batch(3)
         assert [g.group_id for g in batch.groups] == ["b", "c", "d"]
         assert batch.samples[0] == group("b", [1, 0])[0]  # exact round trip through disk
         await b.ack(batch, step=2)
     async with Buffer(cfg, path=path) as b:
-        assert b.statistics().ready == 0 and b.position() == 2
+        assert (await b.statistics()).ready == 0 and (await b.position()) == 2
         # The trainer resumes from its step-1 checkpoint: step 2 was never committed.
         assert await b.rewind(1) == 3
         again = await b.get_batch(3)
@@ -334,7 +334,7 @@ async def test_disk_full_fails_the_put_and_writes_nothing_partial(tmp_path: Path
     db.close()
     assert len(counts) == stored and all(n == 4 for _, n in counts)
     async with Buffer(cfg, path=path) as b:
-        assert b.statistics().ready == stored
+        assert (await b.statistics()).ready == stored
 
 
 async def test_rollout_runner_writes_into_the_buffer(smollm2) -> None:  # type: ignore[no-untyped-def]
@@ -364,12 +364,12 @@ async def test_release_batch_puts_groups_back_in_order() -> None:
         for name in "abc":
             await b.put_group(group(name, [1]))
         first = await b.get_batch(2)
-        b.release_batch(first)
+        await b.release_batch(first)
         with pytest.raises(UnknownBatchError):
-            b.release_batch(first)
+            await b.release_batch(first)
         again = await b.get_batch(3)
         assert [g.group_id for g in again.groups] == ["a", "b", "c"]
         await b.ack(again, step=7)
-        assert b.position() == 7
+        assert (await b.position()) == 7
         with pytest.raises(ConfigError, match="durable"):
             await b.rewind(3)

@@ -1,0 +1,593 @@
+"""The Buffer as a service: remote rollout workers and trainers share one Buffer over HTTP.
+
+:class:`BufferServer` serves a :class:`~agentenv.buffer.Buffer` (it does not own it: close
+the Buffer yourself); :class:`BufferClient` is a drop-in for the Buffer on the other side:
+the same method names, arguments, return types (:class:`Batch`, :class:`Group`,
+:class:`BufferStats`) and exceptions (``SampleError``, ``ConfigError``,
+``UnknownBatchError``, ``BufferStoreError``, ``ClosedResourceError``, ``TimeoutError``).
+It is the runner's ``SampleSink``. Every method of the client is a coroutine, including
+those that are plain methods on the Buffer (``statistics``, ``release_batch``, ...). ::
+
+    async with Buffer(config, path="runs/exp1/buffer") as buffer, \\
+            BufferServer(buffer, token=token, port=8411) as server:
+        await anyio.sleep_forever()              # or: agentenv buffer serve ...
+
+    async with BufferClient("http://10.0.0.5:8411", token=token) as buffer:
+        await run_rollouts(env, tasks, policy, tokenizer=tok, sink=buffer)
+
+Every request carries ``Authorization: Bearer <token>``; without the right token the
+server answers 401 before it reads the request body. Samples travel in the exact binary
+encoding of :mod:`agentenv.buffer._codec` (token ids and float64 log-probs bit for bit),
+everything else as JSON. Errors are ``{"error": {"type": ..., "message": ...}}`` with an
+HTTP status; the client raises the exception class named by ``type``.
+
+Wire protocol (version 1, under ``/v1``)::
+
+    POST /v1/put_group          body: encoded samples            -> 204
+    POST /v1/get_batch          {groups, policy_version, timeout} -> batch frame (long poll)
+    POST /v1/ack                {batch, step}                    -> 204
+    POST /v1/release_batch      {batch}                          -> 204
+    GET  /v1/statistics                                          -> BufferStats as JSON
+    GET  /v1/prompts_to_start?groups=N                           -> {"prompts": int}
+    POST /v1/reserve            {prompts}                        -> 204 (long poll)
+    POST /v1/release            {prompts}                        -> 204
+    POST /v1/set_policy_version {version}                        -> 204
+    POST /v1/recycled                                            -> {"tasks": [str]}
+    GET  /v1/position                                            -> {"step": int | null}
+    POST /v1/rewind             {step}                           -> {"groups": int}
+
+A batch frame is ``u32 length | JSON {id, policy_version, groups: [{group_id, role,
+task_id, version, seq, n}]} | the batch's samples, encoded``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hmac
+import json
+import struct
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import httpx
+import pydantic
+
+from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, SampleError
+from agentenv._http import (
+    Handler,
+    HTTPError,
+    HTTPServer,
+    HTTPTransport,
+    Request,
+    Response,
+    Router,
+)
+from agentenv._sample import Sample
+from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
+from agentenv.buffer._codec import decode_samples, encode_samples
+from agentenv.buffer._store import BufferStoreError
+
+__all__ = ["BufferClient", "BufferServer", "BufferServiceError"]
+
+SAMPLES_TYPE = "application/x-agentenv-samples"
+BATCH_TYPE = "application/x-agentenv-batch"
+PREFIX = "/v1"
+_U32 = struct.Struct("<I")
+
+
+class BufferServiceError(AgentEnvError):
+    """The Buffer service was unreachable, refused the token, or failed unexpectedly.
+
+    ``status`` is the HTTP status (``None`` when no answer came), ``type`` the server's
+    error type.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, type: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+
+
+# Buffer exceptions and their HTTP statuses; the client re-raises them by ``type``. Order
+# matters: the first matching class wins (UnknownBatchError is also a KeyError).
+_ERRORS: tuple[tuple[type[BaseException], int], ...] = (
+    (UnknownBatchError, 404),
+    (SampleError, 400),
+    (ConfigError, 400),
+    (ClosedResourceError, 503),
+    (TimeoutError, 408),
+    (BufferStoreError, 500),
+)
+_RAISE: dict[str, type[BaseException]] = {cls.__name__: cls for cls, _ in _ERRORS}
+_RAISE["ShuttingDown"] = ClosedResourceError
+
+
+def _message(e: BaseException) -> str:
+    # KeyError subclasses quote their message in str(); send the message itself.
+    return str(e.args[0]) if len(e.args) == 1 else str(e)
+
+
+# -- wire messages ------------------------------------------------------------------------
+class _Message(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _GetBatch(_Message):
+    groups: int | None = None
+    policy_version: int | None = None
+    timeout: float | None = None
+
+
+class _Ack(_Message):
+    batch: str
+    step: int | None = None
+
+
+class _BatchId(_Message):
+    batch: str
+
+
+class _Prompts(_Message):
+    prompts: int = 1
+
+
+class _Version(_Message):
+    version: int
+
+
+class _Step(_Message):
+    step: int
+
+
+_M = TypeVar("_M", bound=_Message)
+
+
+def _parse(model: type[_M], request: Request) -> _M:
+    try:
+        return model.model_validate_json(request.body or b"{}")
+    except pydantic.ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors()
+        )
+        raise HTTPError(400, f"bad {request.path} request: {problems}", type="BadRequest") from None
+
+
+def encode_batch(batch: Batch) -> bytes:
+    """A :class:`Batch` as a batch frame (see the module docstring)."""
+    meta = json.dumps(
+        {
+            "id": batch.id,
+            "policy_version": batch.policy_version,
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "role": g.role,
+                    "task_id": g.task_id,
+                    "version": g.version,
+                    "seq": g.seq,
+                    "n": len(g.samples),
+                }
+                for g in batch.groups
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return b"".join((_U32.pack(len(meta)), meta, encode_samples(batch.samples)))
+
+
+def decode_batch(data: bytes) -> Batch:
+    """Inverse of :func:`encode_batch`; :class:`BufferServiceError` on a malformed frame."""
+    try:
+        (n,) = _U32.unpack_from(data, 0)
+        meta = json.loads(data[4 : 4 + n])
+        samples = decode_samples(memoryview(data)[4 + n :])
+        groups = []
+        pos = 0
+        for g in meta["groups"]:
+            k = g["n"]
+            groups.append(
+                Group(
+                    group_id=g["group_id"],
+                    role=g["role"],
+                    task_id=g["task_id"],
+                    samples=tuple(samples[pos : pos + k]),
+                    version=g["version"],
+                    seq=g["seq"],
+                )
+            )
+            pos += k
+        if pos != len(samples):
+            raise ValueError(f"{len(samples)} samples for groups of {pos}")
+        return Batch(meta["id"], tuple(groups), meta["policy_version"])
+    except (ValueError, KeyError, TypeError, struct.error, SampleError) as e:
+        raise BufferServiceError(f"malformed batch from the Buffer service: {e}") from None
+
+
+def _stats_to_json(stats: BufferStats) -> dict[str, Any]:
+    d = stats.to_dict()
+    d.pop("pass_rate", None)  # a property, recomputed by the client
+    return d
+
+
+def _stats_from_json(data: Mapping[str, Any]) -> BufferStats:
+    names = {f.name for f in dataclasses.fields(BufferStats)}
+    values = {k: v for k, v in data.items() if k in names}
+    values["dropped"] = collections.Counter(values.get("dropped", {}))
+    return BufferStats(**values)
+
+
+# -- server -------------------------------------------------------------------------------
+class BufferServer:
+    """Serves ``buffer`` over HTTP; an async context manager (``.port``, ``.url`` inside).
+
+    Args:
+        buffer: the Buffer to serve; the server does not close it.
+        token: the shared secret every request must present as ``Authorization: Bearer``.
+        host: interface to bind; the default serves this machine only. Bind a cluster
+            interface (never a public one) to serve remote workers.
+        port: TCP port; 0 picks a free one.
+        max_body_bytes: the largest ``put_group`` request (encoded samples) accepted.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        *,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
+        _check_token(token)
+        self.buffer = buffer
+        self._expected = token.encode()
+        router = Router()
+        for method, name, handler, long_poll in (
+            ("POST", "put_group", self._put_group, False),
+            ("POST", "get_batch", self._get_batch, True),
+            ("POST", "ack", self._ack, False),
+            ("POST", "release_batch", self._release_batch, False),
+            ("GET", "statistics", self._statistics, False),
+            ("GET", "prompts_to_start", self._prompts_to_start, False),
+            ("POST", "reserve", self._reserve, True),
+            ("POST", "release", self._release, False),
+            ("POST", "set_policy_version", self._set_policy_version, False),
+            ("POST", "recycled", self._recycled, False),
+            ("GET", "position", self._position, False),
+            ("POST", "rewind", self._rewind, False),
+        ):
+            router.add(method, f"{PREFIX}/{name}", self._errors(handler), long_poll=long_poll)
+        self._http = HTTPServer(
+            router, host=host, port=port, max_body_bytes=max_body_bytes, guard=self._authorize
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (after start)."""
+        return self._http.port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``: give it to :class:`BufferClient`."""
+        return self._http.url
+
+    async def __aenter__(self) -> BufferServer:
+        await self._http.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._http.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        """Stop serving (in-flight requests get a moment to finish); the Buffer stays open."""
+        await self._http.aclose()
+
+    def _authorize(self, method: str, path: str, headers: Mapping[str, str]) -> None:
+        scheme, _, presented = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), self._expected
+        ):
+            raise HTTPError(
+                401,
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>' with "
+                "the token the server was started with (agentenv buffer serve --token-file)",
+                type="AuthenticationError",
+                headers=[("www-authenticate", 'Bearer realm="agentenv-buffer"')],
+            )
+
+    @staticmethod
+    def _errors(handler: Callable[[Request], Awaitable[Response]]) -> Handler:
+        # Buffer exceptions become error responses that the client turns back into them.
+        async def handle(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except HTTPError:
+                raise
+            except tuple(cls for cls, _ in _ERRORS) as e:
+                status = next(code for cls, code in _ERRORS if isinstance(e, cls))
+                name = next(cls.__name__ for cls, _ in _ERRORS if isinstance(e, cls))
+                raise HTTPError(status, _message(e), type=name) from None
+            return response
+
+        return handle
+
+    async def _put_group(self, request: Request) -> Response:
+        samples = decode_samples(request.body)
+        await self.buffer.put_group(samples)
+        return Response.empty()
+
+    async def _get_batch(self, request: Request) -> Response:
+        args = _parse(_GetBatch, request)
+        try:
+            batch = await self.buffer.get_batch(
+                args.groups, policy_version=args.policy_version, timeout=args.timeout
+            )
+        except TimeoutError:
+            wanted = args.groups or self.buffer.config.rollout_batch_size
+            raise TimeoutError(
+                f"no batch of {wanted} groups was ready within {args.timeout} s"
+            ) from None
+
+        async def put_back() -> None:
+            # The client left before the batch reached it: give its groups to the next.
+            with contextlib.suppress(UnknownBatchError):  # settled meanwhile
+                await self.buffer.release_batch(batch)
+
+        return Response(encode_batch(batch), content_type=BATCH_TYPE, on_undelivered=put_back)
+
+    async def _ack(self, request: Request) -> Response:
+        args = _parse(_Ack, request)
+        await self.buffer.ack(args.batch, step=args.step)
+        return Response.empty()
+
+    async def _release_batch(self, request: Request) -> Response:
+        await self.buffer.release_batch(_parse(_BatchId, request).batch)
+        return Response.empty()
+
+    async def _statistics(self, request: Request) -> Response:
+        return Response.json(_stats_to_json(await self.buffer.statistics()))
+
+    async def _prompts_to_start(self, request: Request) -> Response:
+        raw = request.query.get("groups")
+        groups = None
+        if raw:
+            if not raw.isdigit():
+                raise HTTPError(400, f"groups must be a non-negative integer, got {raw!r}")
+            groups = int(raw)
+        return Response.json({"prompts": (await self.buffer.prompts_to_start(groups))})
+
+    async def _reserve(self, request: Request) -> Response:
+        prompts = _parse(_Prompts, request).prompts
+        await self.buffer.reserve(prompts)
+
+        async def give_back() -> None:
+            await self.buffer.release(prompts)
+
+        return Response(status=204, on_undelivered=give_back)
+
+    async def _release(self, request: Request) -> Response:
+        await self.buffer.release(_parse(_Prompts, request).prompts)
+        return Response.empty()
+
+    async def _set_policy_version(self, request: Request) -> Response:
+        await self.buffer.set_policy_version(_parse(_Version, request).version)
+        return Response.empty()
+
+    async def _recycled(self, request: Request) -> Response:
+        return Response.json({"tasks": (await self.buffer.recycled())})
+
+    async def _position(self, request: Request) -> Response:
+        return Response.json({"step": (await self.buffer.position())})
+
+    async def _rewind(self, request: Request) -> Response:
+        groups = await self.buffer.rewind(_parse(_Step, request).step)
+        return Response.json({"groups": groups})
+
+
+def _check_token(token: str) -> None:
+    if not isinstance(token, str) or not token or token != token.strip() or not token.isprintable():
+        raise ConfigError(
+            "the Buffer service token must be a non-empty printable string without "
+            "surrounding whitespace; generate one with "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+    if any(c.isspace() for c in token):
+        raise ConfigError("the Buffer service token must not contain whitespace")
+
+
+# -- client -------------------------------------------------------------------------------
+class BufferClient:
+    """A remote Buffer: the same methods as :class:`~agentenv.buffer.Buffer`, all async.
+
+    Args:
+        url: the server's URL (``BufferServer.url``, or what ``agentenv buffer serve``
+            printed).
+        token: the server's token.
+        timeout: seconds for requests that do not wait for the Buffer (``ack``,
+            ``statistics``, ...). ``put_group`` (backpressure), ``get_batch`` and
+            ``reserve`` wait as long as the Buffer makes them (``get_batch(timeout=)``
+            bounds it).
+        max_connections: concurrent requests (producers) at most.
+
+    Proxy environment variables are ignored: the Buffer is reached directly.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str,
+        timeout: float = 60.0,
+        max_connections: int = 64,
+    ) -> None:
+        _check_token(token)
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"the Buffer service URL must start with http://, got {url!r}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        self.url = url.rstrip("/")
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._wait = httpx.Timeout(timeout, connect=min(timeout, 10.0), read=None)
+        self._http = httpx.AsyncClient(
+            base_url=self.url + PREFIX,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=self._timeout,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            # Plain HTTP goes through agentenv's lean transport (a fraction of httpx's
+            # default per-request cost); https:// keeps httpx's own.
+            transport=HTTPTransport(max_connections=max_connections)
+            if self.url.startswith("http://")
+            else None,
+            trust_env=False,
+        )
+        self._closed = False
+
+    async def __aenter__(self) -> BufferClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections; later calls raise :class:`ClosedResourceError`."""
+        if not self._closed:
+            self._closed = True
+            await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        name: str,
+        *,
+        json_body: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
+        params: Mapping[str, Any] | None = None,
+        wait: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        if self._closed:
+            raise ClosedResourceError("the BufferClient is closed")
+        headers = None
+        if json_body is not None:
+            content = json.dumps(json_body, separators=(",", ":")).encode()
+            headers = {"content-type": "application/json"}
+        elif content is not None:
+            headers = {"content-type": SAMPLES_TYPE}
+        try:
+            response = await self._http.request(
+                method,
+                "/" + name,
+                content=content,
+                params=params,
+                headers=headers,
+                timeout=wait or self._timeout,
+            )
+        except httpx.TimeoutException as e:
+            raise BufferServiceError(
+                f"the Buffer service at {self.url} did not answer {name} in time ({e!r})"
+            ) from None
+        except httpx.TransportError as e:
+            raise BufferServiceError(
+                f"cannot reach the Buffer service at {self.url} ({type(e).__name__}: {e}); "
+                "is `agentenv buffer serve` running there?"
+            ) from None
+        if response.status_code >= 400:
+            _raise(response, self.url, name)
+        return response
+
+    # -- producing --------------------------------------------------------------------
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        """:meth:`Buffer.put_group <agentenv.buffer.Buffer.put_group>` over the wire."""
+        samples = list(samples)
+        for i, s in enumerate(samples):
+            if not isinstance(s, Sample):
+                raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
+        await self._call("POST", "put_group", content=encode_samples(samples), wait=self._wait)
+
+    async def reserve(self, prompts: int = 1) -> None:
+        """:meth:`Buffer.reserve <agentenv.buffer.Buffer.reserve>`: wait for admission."""
+        await self._call("POST", "reserve", json_body={"prompts": prompts}, wait=self._wait)
+
+    async def release(self, prompts: int = 1) -> None:
+        """:meth:`Buffer.release <agentenv.buffer.Buffer.release>`."""
+        await self._call("POST", "release", json_body={"prompts": prompts})
+
+    async def prompts_to_start(self, groups: int | None = None) -> int:
+        """:meth:`Buffer.prompts_to_start <agentenv.buffer.Buffer.prompts_to_start>`."""
+        params = None if groups is None else {"groups": groups}
+        data = (await self._call("GET", "prompts_to_start", params=params)).json()
+        return int(data["prompts"])
+
+    async def recycled(self) -> list[str]:
+        """:meth:`Buffer.recycled <agentenv.buffer.Buffer.recycled>`: taken once."""
+        data = (await self._call("POST", "recycled")).json()
+        return [str(t) for t in data["tasks"]]
+
+    # -- consuming --------------------------------------------------------------------
+    async def get_batch(
+        self,
+        groups: int | None = None,
+        *,
+        policy_version: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the Buffer's own deadline, passed on
+    ) -> Batch:
+        """:meth:`Buffer.get_batch <agentenv.buffer.Buffer.get_batch>` over the wire."""
+        wait = self._wait
+        if timeout is not None:  # the server answers 408 at `timeout`; allow for transit
+            wait = httpx.Timeout(
+                self._timeout.write, connect=self._timeout.connect, read=timeout + 30
+            )
+        response = await self._call(
+            "POST",
+            "get_batch",
+            json_body={"groups": groups, "policy_version": policy_version, "timeout": timeout},
+            wait=wait,
+        )
+        return decode_batch(response.content)
+
+    async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
+        """:meth:`Buffer.ack <agentenv.buffer.Buffer.ack>`: durable before it returns."""
+        batch_id = batch if isinstance(batch, str) else batch.id
+        await self._call("POST", "ack", json_body={"batch": batch_id, "step": step})
+
+    async def release_batch(self, batch: Batch | str) -> None:
+        """:meth:`Buffer.release_batch <agentenv.buffer.Buffer.release_batch>`."""
+        batch_id = batch if isinstance(batch, str) else batch.id
+        await self._call("POST", "release_batch", json_body={"batch": batch_id})
+
+    async def set_policy_version(self, version: int) -> None:
+        """:meth:`Buffer.set_policy_version <agentenv.buffer.Buffer.set_policy_version>`."""
+        await self._call("POST", "set_policy_version", json_body={"version": version})
+
+    async def position(self) -> int | None:
+        """:meth:`Buffer.position <agentenv.buffer.Buffer.position>`."""
+        step = (await self._call("GET", "position")).json()["step"]
+        return None if step is None else int(step)
+
+    async def rewind(self, step: int) -> int:
+        """:meth:`Buffer.rewind <agentenv.buffer.Buffer.rewind>`."""
+        return int((await self._call("POST", "rewind", json_body={"step": step})).json()["groups"])
+
+    async def statistics(self) -> BufferStats:
+        """:meth:`Buffer.statistics <agentenv.buffer.Buffer.statistics>`."""
+        return _stats_from_json((await self._call("GET", "statistics")).json())
+
+
+def _raise(response: httpx.Response, url: str, name: str) -> NoReturn:
+    status = response.status_code
+    try:
+        error = response.json()["error"]
+        kind, message = str(error["type"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        kind, message = "", response.text[:500]
+    cls = _RAISE.get(kind)
+    if cls is not None:
+        raise cls(message)
+    raise BufferServiceError(
+        f"the Buffer service at {url} refused {name} with {status} {kind}: {message}",
+        status=status,
+        type=kind,
+    )

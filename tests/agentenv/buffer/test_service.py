@@ -1,0 +1,629 @@
+"""The Buffer as a service: every method through BufferServer + BufferClient, auth, errors,
+concurrency, malformed requests; and the HTTP layer underneath (agentenv._http)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import socket
+import struct
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from anyio.abc import SocketAttribute
+
+from agentenv import ClosedResourceError, ConfigError, Sample, SampleError, Status
+from agentenv._http import (
+    HTTPError,
+    HTTPServer,
+    HTTPTransport,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    sse,
+)
+from agentenv.buffer import (
+    Buffer,
+    BufferConfig,
+    BufferStoreError,
+    RewardStdFilter,
+    UnknownBatchError,
+)
+from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample, encode_samples
+from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+TOKEN = "s3cret-token"
+
+
+def group(
+    gid: str,
+    rewards: Sequence[float],
+    *,
+    tokens: int = 6,
+    version: int = 0,
+    failed: Sequence[int] = (),
+    role: str | None = None,
+) -> list[Sample]:
+    out = []
+    for i, r in enumerate(rewards):
+        if i in failed:
+            out.append(
+                Sample(
+                    prompt_ids=[1],
+                    completion_ids=[],
+                    reward=0.0,
+                    group_id=gid,
+                    episode=i,
+                    id=f"{gid}/{i}/{role}",
+                    task_id=gid.split("@")[0],
+                    status=Status.FAILED,
+                    reason="boom",
+                    error_type="ValueError",
+                )
+            )
+            continue
+        out.append(
+            Sample(
+                prompt_ids=[7, 8, 9],
+                completion_ids=[100 + k for k in range(tokens)],
+                reward=r,
+                loss_mask=[1, 0] * (tokens // 2) + [1] * (tokens % 2),
+                # Values with no short decimal form: the wire must keep every bit.
+                rollout_logprobs=[-(k + 1) / 3 if k % 2 == 0 else 0.0 for k in range(tokens)],
+                group_id=gid,
+                episode=i,
+                id=f"{gid}/{i}/{role}",
+                role=role,
+                task_id=gid.split("@")[0],
+                weight_versions=[str(version)],
+                metadata={"turns": i, "note": "é"},
+            )
+        )
+    return out
+
+
+@pytest.fixture(params=["memory", "durable"])
+async def served(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Buffer, BufferServer, BufferClient]]:
+    path = tmp_path / "buf" if request.param == "durable" else None
+    config = BufferConfig(n_samples_per_prompt=2, rollout_batch_size=2, capacity=64)
+    async with (
+        Buffer(config, path=path) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        yield buffer, server, client
+
+
+async def test_every_method_round_trips(
+    served: tuple[Buffer, BufferServer, BufferClient],
+) -> None:
+    buffer, _, client = served
+    a, b, c = group("a", [1, 0]), group("b", [0, 1], failed=[1]), group("c", [1, 1])
+    for g in (a, b, c):
+        await client.put_group(g)
+    await client.put_group(a)  # a retried put is a counted no-op, as in-process
+    stats = await client.statistics()
+    assert stats == (await buffer.statistics())
+    assert (stats.groups_put, stats.duplicate_groups, stats.ready) == (3, 1, 3)
+    assert stats.pass_rate == 1.0 and stats.failed_samples_dropped == 1
+
+    assert await client.prompts_to_start(5) == (await buffer.prompts_to_start(5)) == 2
+    assert await client.prompts_to_start() == 0
+    await client.reserve(3)
+    assert (await buffer.statistics()).in_flight == 3
+    await client.release(3)
+    assert (await buffer.statistics()).in_flight == 0
+
+    await client.set_policy_version(4)
+    batch = await client.get_batch()
+    assert batch.policy_version == 4
+    assert [g.group_id for g in batch.groups] == ["a", "b"]
+    assert batch.groups[0].samples == tuple(a)  # bit-exact, ids and log-probs included
+    assert batch.groups[1].samples == (b[0],)  # the failed sample is not handed out
+    assert [g.seq for g in batch.groups] == [1, 2] and batch.groups[0].task_id == "a"
+
+    await client.release_batch(batch)
+    again = await client.get_batch(2, policy_version=5)
+    assert [g.group_id for g in again.groups] == ["a", "b"] and again.id != batch.id
+    await client.ack(again, step=5)
+    assert await client.position() == 5 == (await buffer.position())
+    last = await client.get_batch(1)
+    await client.ack(last.id, step=6)
+    assert await client.recycled() == []
+    assert (await client.statistics()).consumed == 3
+
+    if buffer.path is None:
+        with pytest.raises(ConfigError, match="durable"):
+            await client.rewind(5)
+    else:
+        assert await client.rewind(5) == 1
+        assert [g.group_id for g in (await client.get_batch(1)).groups] == ["c"]
+
+
+async def test_staleness_and_recycling_through_the_service() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=2, max_staleness=1, on_stale="recycle")
+    async with (
+        Buffer(cfg) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        await client.put_group(group("old@1", [1, 0], version=0))
+        await client.put_group(group("new@1", [1, 0], version=3))
+        batch = await client.get_batch(1, policy_version=3)
+        assert batch.groups[0].group_id == "new@1" and batch.groups[0].version == 3
+        assert await client.recycled() == ["old"]
+        assert await client.recycled() == []
+
+
+async def test_multi_agent_groups_and_filters() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=2, filters=[RewardStdFilter()])
+    async with (
+        Buffer(cfg) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        await client.put_group(group("g", [1, 0], role="red") + group("g", [0, 1], role="blue"))
+        await client.put_group(group("flat", [1, 1]))
+        batch = await client.get_batch(2)
+        assert sorted(g.role or "" for g in batch.groups) == ["blue", "red"]
+        assert (await client.statistics()).dropped == collections.Counter(zero_reward_std=1)
+
+
+async def test_same_exceptions_are_raised(tmp_path: Path) -> None:
+    cfg = BufferConfig(n_samples_per_prompt=2, capacity=4)
+    async with Buffer(cfg) as buffer, BufferServer(buffer, token=TOKEN) as server:
+        async with BufferClient(server.url, token=TOKEN) as client:
+            with pytest.raises(SampleError, match="no group_id"):
+                await client.put_group([Sample(prompt_ids=[1], completion_ids=[2], reward=1.0)])
+            with pytest.raises(SampleError, match="3 episodes but n_samples_per_prompt is 2"):
+                await client.put_group(group("big", [1, 0, 1]))
+            with pytest.raises(SampleError, match="at least one sample"):
+                await client.put_group([])
+            with pytest.raises(SampleError, match="Sample objects"):
+                await client.put_group([{"prompt_ids": [1]}])  # type: ignore[list-item]
+            with pytest.raises(ConfigError, match="can never fill a capacity of 4"):
+                await client.get_batch(5)
+            with pytest.raises(UnknownBatchError, match="unknown batch 'nope'") as info:
+                await client.ack("nope")
+            assert isinstance(info.value, KeyError)
+            with pytest.raises(UnknownBatchError):
+                await client.release_batch("nope")
+            with pytest.raises(TimeoutError, match=r"within 0.05 s"):
+                await client.get_batch(1, timeout=0.05)
+            assert (await buffer.statistics()).groups_put == 0
+            await buffer.aclose()
+            with pytest.raises(ClosedResourceError, match="closed"):
+                await client.put_group(group("late", [1, 0]))
+        with pytest.raises(ClosedResourceError, match="BufferClient is closed"):
+            await client.statistics()
+
+    durable = Buffer(BufferConfig(n_samples_per_prompt=4, capacity=10_000), path=tmp_path / "d")
+    durable._store._db.execute("PRAGMA max_page_count = 8")  # type: ignore[attr-defined]
+    async with (
+        durable,
+        BufferServer(durable, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+
+        async def fill() -> None:
+            for i in range(1000):
+                await client.put_group(group(f"g{i}", [1, 0, 1, 0], tokens=2000))
+
+        with pytest.raises(BufferStoreError, match="full"):
+            await fill()
+
+
+async def test_wrong_or_missing_token_is_refused_and_nothing_stored() -> None:
+    async with (
+        Buffer(BufferConfig(n_samples_per_prompt=2)) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+    ):
+        body = encode_samples(group("a", [1, 0]))
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False) as raw:
+            for headers in (
+                {},
+                {"authorization": "Bearer wrong"},
+                {"authorization": f"Basic {TOKEN}"},
+                {"authorization": f"Bearer {TOKEN}x"},
+                {"authorization": "Bearer"},
+            ):
+                r = await raw.post("/v1/put_group", content=body, headers=headers)
+                assert r.status_code == 401, headers
+                assert r.json()["error"]["type"] == "AuthenticationError"
+                assert r.headers["www-authenticate"].startswith("Bearer")
+            r = await raw.get("/v1/statistics")
+            assert r.status_code == 401
+            # A large body with a bad token is refused unread (and the answer still arrives).
+            big = encode_samples(group("big", [1, 0], tokens=400_000))
+            r = await raw.post("/v1/put_group", content=big, headers={"authorization": "x"})
+            assert r.status_code == 401
+            r = await raw.get("/no/such/path")
+            assert r.status_code == 401  # nothing is revealed before authentication
+        async with BufferClient(server.url, token="not-the-token") as client:
+            with pytest.raises(BufferServiceError, match="401") as info:
+                await client.put_group(group("b", [1, 0]))
+            assert info.value.status == 401
+        assert (await buffer.statistics()).groups_put == 0
+        assert (await buffer.statistics()).ready == 0
+
+
+def test_tokens_and_urls_are_checked() -> None:
+    buffer = Buffer()
+    for bad in ("", " padded ", "two words", "line\nbreak"):
+        with pytest.raises(ConfigError, match="token"):
+            BufferServer(buffer, token=bad)
+        with pytest.raises(ConfigError, match="token"):
+            BufferClient("http://127.0.0.1:1", token=bad)
+    with pytest.raises(ConfigError, match="http://"):
+        BufferClient("127.0.0.1:8000", token=TOKEN)
+
+
+async def test_unreachable_server_names_the_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        async with BufferClient(f"http://127.0.0.1:{port}", token=TOKEN) as client:
+            with pytest.raises(BufferServiceError, match=f"127.0.0.1:{port}.*buffer serve"):
+                await client.statistics()
+
+
+async def test_concurrent_producers_and_a_consumer() -> None:
+    n_producers, per_producer, batch_groups = 8, 12, 4
+    cfg = BufferConfig(n_samples_per_prompt=4, capacity=8)  # small: producers must wait
+    async with (
+        Buffer(cfg) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        seen: list[str] = []
+
+        async def produce(p: int) -> None:
+            for i in range(per_producer):
+                await client.put_group(group(f"p{p}-{i}", [1, 0, 0, 1], tokens=50))
+
+        async def consume() -> None:
+            for step in range(n_producers * per_producer // batch_groups):
+                batch = await client.get_batch(batch_groups, timeout=30)
+                seen.extend(g.group_id for g in batch.groups)
+                await client.ack(batch, step=step)
+
+        async with anyio.create_task_group() as tg:
+            for p in range(n_producers):
+                tg.start_soon(produce, p)
+            tg.start_soon(consume)
+        assert sorted(seen) == sorted(
+            f"p{p}-{i}" for p in range(n_producers) for i in range(per_producer)
+        )
+        for p in range(n_producers):  # each producer's groups arrive in its order
+            mine = [int(g.split("-")[1]) for g in seen if g.startswith(f"p{p}-")]
+            assert mine == sorted(mine)
+        stats = await client.statistics()
+        assert stats.consumed == n_producers * per_producer and stats.ready == 0
+
+
+async def test_large_groups_and_the_body_limit() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=32)
+    async with (
+        Buffer(cfg) as buffer,
+        BufferServer(buffer, token=TOKEN, max_body_bytes=8 * 1024 * 1024) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        big = group("big", [float(i % 2) for i in range(32)], tokens=16_000)  # ~7 MB
+        await client.put_group(big)
+        batch = await client.get_batch(1)
+        assert batch.groups[0].samples == tuple(big)
+        too_big = group("huge", [float(i % 2) for i in range(32)], tokens=24_000)  # ~10 MB
+        with pytest.raises(BufferServiceError, match="413") as info:
+            await client.put_group(too_big)
+        assert "8388608" in str(info.value)
+        await client.put_group(group("after", [1, 0]))  # the server lives on
+        assert (await buffer.statistics()).groups_put == 2
+
+
+async def test_malformed_requests_are_400_and_the_server_survives() -> None:
+    async with (
+        Buffer(BufferConfig(n_samples_per_prompt=2)) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+    ):
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        good = encode_samples(group("a", [1, 0]))
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, trust_env=False) as raw:
+            cases: list[tuple[str, str, bytes, int, str]] = [
+                ("POST", "/v1/put_group", b"\xff" * 50, 400, "SampleError"),
+                ("POST", "/v1/put_group", good[:-3], 400, "SampleError"),
+                ("POST", "/v1/put_group", good + b"\x00", 400, "SampleError"),
+                ("POST", "/v1/get_batch", b"{not json", 400, "BadRequest"),
+                ("POST", "/v1/get_batch", b'{"groups": "2"}', 400, "BadRequest"),
+                ("POST", "/v1/get_batch", b'{"surprise": 1}', 400, "BadRequest"),
+                ("POST", "/v1/get_batch", b"[1, 2]", 400, "BadRequest"),
+                ("POST", "/v1/ack", b'{"step": 1}', 400, "BadRequest"),
+                ("GET", "/v1/prompts_to_start?groups=-1", b"", 400, "BadRequest"),
+                ("GET", "/v1/nope", b"", 404, "NotFound"),
+                ("GET", "/v1/put_group", b"", 405, "MethodNotAllowed"),
+            ]
+            for method, path, body, status, kind in cases:
+                r = await raw.request(method, path, content=body)
+                assert (r.status_code, r.json()["error"]["type"]) == (status, kind), (path, body)
+                assert r.json()["error"]["message"]
+            # A corrupted ids section: the mask's bytes must be 0 or 1.
+            bad_mask = bytearray(good)
+            bad_mask[-1 - 6 * 8] = 7
+            r = await raw.post("/v1/put_group", content=bytes(bad_mask))
+            assert r.status_code == 400 and "loss_mask" in r.json()["error"]["message"]
+
+            async def chunks() -> AsyncIterator[bytes]:
+                yield good[:10]
+                yield good[10:]
+
+            r = await raw.post("/v1/put_group", content=chunks())  # chunked upload
+            assert r.status_code == 411
+            assert "Content-Length" in r.json()["error"]["message"]
+        async with BufferClient(server.url, token=TOKEN) as client:
+            await client.put_group(group("a", [1, 0]))
+            assert (await client.get_batch(1)).groups[0].group_id == "a"
+        assert (await buffer.statistics()).groups_put == 1
+
+
+async def test_server_binds_loopback_by_default() -> None:
+    async with Buffer() as buffer, BufferServer(buffer, token=TOKEN) as server:
+        assert server.url == f"http://127.0.0.1:{server.port}"
+        assert server._http._listener is not None
+        assert server._http._listener.extra(SocketAttribute.local_address)[0] == "127.0.0.1"
+
+
+async def test_a_waiting_get_batch_is_not_lost_when_its_client_leaves() -> None:
+    async with (
+        Buffer(BufferConfig(n_samples_per_prompt=2)) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+    ):
+        async with BufferClient(server.url, token=TOKEN) as leaver:
+            with anyio.move_on_after(0.2):
+                await leaver.get_batch(1)  # waits: nothing ready; then the client leaves
+        await anyio.sleep(0.1)  # the server notices the closed connection
+        async with BufferClient(server.url, token=TOKEN) as client:
+            await client.put_group(group("a", [1, 0]))
+            batch = await client.get_batch(1, timeout=5)
+            assert batch.groups[0].group_id == "a"
+            assert (await buffer.statistics()).handed == 1  # only this batch is out
+
+
+async def test_shutdown_answers_waiting_requests() -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=2)) as buffer:
+        server = BufferServer(buffer, token=TOKEN)
+        async with server, BufferClient(server.url, token=TOKEN) as client:
+            errors: list[BaseException] = []
+
+            async def wait_for_batch() -> None:
+                try:
+                    await client.get_batch(1)
+                except ClosedResourceError as e:
+                    errors.append(e)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_for_batch)
+                await anyio.sleep(0.1)
+                await server.aclose()
+            assert len(errors) == 1 and "shutting down" in str(errors[0])
+            assert (await buffer.statistics()).handed == 0
+
+
+# -- the wire encoding of samples -------------------------------------------------------------
+def test_codec_round_trip_is_bit_exact() -> None:
+    tiny = 5e-324  # a denormal: survives only a bit-exact encoding
+    samples = [
+        Sample(
+            prompt_ids=[0, 2**32 - 1],
+            completion_ids=[5, 6, 7],
+            reward=-0.0,
+            loss_mask=[1, 0, 1],
+            rollout_logprobs=[-tiny, 0.0, -math.pi],
+            metadata={"nested": {"a": [1, 2.5, None]}, "s": "\u2603"},
+            weight_versions=["3", "4"],
+            role="red",
+            episode=0,
+        ),
+        Sample(prompt_ids=[1], completion_ids=[], reward=2, group_id="g"),
+        group("f", [1, 0], failed=[1])[1],
+    ]
+    for sample in samples:
+        back = decode_sample(encode_sample(sample))
+        assert back == sample
+        assert struct.pack(
+            f"{len(back.rollout_logprobs or [])}d", *(back.rollout_logprobs or [])
+        ) == (
+            struct.pack(f"{len(sample.rollout_logprobs or [])}d", *(sample.rollout_logprobs or []))
+        )
+        assert type(back.reward) is float and math.copysign(1, back.reward) == math.copysign(
+            1, float(sample.reward)
+        )
+    assert decode_samples(encode_samples(samples)) == samples
+    with pytest.raises(SampleError, match="below 2\\*\\*32"):
+        encode_sample(Sample(prompt_ids=[2**32], completion_ids=[], reward=0.0))
+
+
+def test_codec_validates_like_the_constructor() -> None:
+    good = encode_sample(group("a", [1.0])[0])
+    (n,) = struct.unpack_from("<I", good)
+    header = json.loads(good[4 : 4 + n])
+
+    def with_header(**changes: object) -> bytes:
+        fields = ["reward", "group_id", "role", "id", "task_id", "episode", "weight_versions"]
+        fields += ["status", "reason", "error_type", "metadata"]
+        h = list(header)
+        for key, value in changes.items():
+            h[fields.index(key)] = value
+        text = json.dumps(h).encode()
+        return struct.pack("<I", len(text)) + text + good[4 + n :]
+
+    for changes, message in [
+        ({"group_id": 5}, "group_id must be a string"),
+        ({"weight_versions": "3"}, "weight_versions must be a list of strings"),
+        ({"metadata": [1]}, "metadata must be a JSON object"),
+        ({"reward": True}, "reward must be a float"),
+        ({"reward": "1"}, "reward must be a float"),
+        ({"status": "done"}, "status must be one of"),
+        ({"status": "truncated"}, "needs a reason"),
+        ({"episode": -1}, "episode must be a non-negative int"),
+    ]:
+        with pytest.raises(SampleError, match=message):
+            decode_sample(with_header(**changes))
+    nan = bytearray(good)
+    nan[-8:] = struct.pack("<d", float("nan"))
+    with pytest.raises(SampleError, match="finite"):
+        decode_sample(bytes(nan))
+    for broken in (good[:3], good[:-1], good + b"\0", b"\x02\0\0\0[]", b"\x04\0\0\0{}{}"):
+        with pytest.raises(SampleError, match="malformed"):
+            decode_sample(broken)
+
+
+# -- the HTTP layer ---------------------------------------------------------------------------
+def _router() -> Router:
+    router = Router()
+
+    @router.route("GET", "/hello")
+    async def hello(request: Request) -> Response:
+        return Response.json({"hello": request.query.get("name", "world")})
+
+    @router.route("POST", "/echo")
+    async def echo(request: Request) -> Response:
+        return Response(request.body, content_type="application/octet-stream")
+
+    @router.route("GET", "/fail")
+    async def fail(request: Request) -> Response:
+        raise RuntimeError("handler bug")
+
+    @router.route("GET", "/teapot")
+    async def teapot(request: Request) -> Response:
+        raise HTTPError(418, "short and stout", type="Teapot")
+
+    @router.route("GET", "/events")
+    async def events(request: Request) -> StreamingResponse:
+        async def gen() -> AsyncIterator[bytes]:
+            for i in range(3):
+                yield sse(f"tick {i}\nline two", event="tick", id=str(i))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(gen())
+
+    return router
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(data)
+        out = b""
+        with anyio.move_on_after(5):
+            while True:
+                try:
+                    out += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+        return out
+
+
+@pytest.mark.parametrize("transport", ["agentenv", "httpx"])
+async def test_http_server_basics(transport: str) -> None:
+    async with HTTPServer(_router(), max_body_bytes=1 << 20) as server:
+        kwargs: dict[str, object] = {"base_url": server.url, "trust_env": False}
+        if transport == "agentenv":
+            kwargs["transport"] = HTTPTransport(max_connections=4)
+        async with httpx.AsyncClient(**kwargs) as client:  # type: ignore[arg-type]
+            r = await client.get("/hello", params={"name": "a b"})
+            assert r.json() == {"hello": "a b"} and r.headers["content-type"] == "application/json"
+            payload = bytes(range(256)) * 1000
+            for _ in range(3):  # keep-alive: one connection serves them all
+                r = await client.post("/echo", content=payload)
+                assert r.content == payload
+            r = await client.get("/fail")
+            assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
+            r = await client.get("/teapot")
+            assert r.status_code == 418 and r.json()["error"] == {
+                "type": "Teapot",
+                "message": "short and stout",
+            }
+            r = await client.head("/hello")
+            assert r.status_code == 200 and r.content == b""
+            r = await client.post("/echo", content=b"x" * ((1 << 20) + 1))
+            assert r.status_code == 413
+            async with client.stream("GET", "/events") as stream:
+                assert stream.headers["transfer-encoding"] == "chunked"
+                text = "".join([piece async for piece in stream.aiter_text()])
+            assert text.count("event: tick") == 3
+            assert "data: tick 2\ndata: line two\n\n" in text and text.endswith("[DONE]\n\n")
+            r = await client.get("/hello")  # the connection is still good after a stream
+            assert r.status_code == 200
+
+
+async def test_http_server_protocol_edges() -> None:
+    async with HTTPServer(_router(), max_header_bytes=1024) as server:
+        port = server.port
+        # Pipelined keep-alive requests on one connection, answered in order.
+        out = await _raw(
+            port,
+            b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc"
+            b"GET /hello?name=z HTTP/1.1\r\nconnection: close\r\n\r\n",
+        )
+        assert out.count(b"HTTP/1.1 200 OK") == 3
+        assert out.index(b'"world"') < out.index(b"abc") < out.index(b'"z"')
+        # HTTP/1.0 closes unless asked to keep alive.
+        out = await _raw(port, b"GET /hello HTTP/1.0\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200") and b"connection: close" in out
+        for request, status in [
+            (b"garbage\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/2.0\r\n\r\n", b"505"),
+            (b"GET hello HTTP/1.1\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
+            (b"POST /echo HTTP/1.1\r\ncontent-length: x\r\n\r\n", b"400"),
+            (b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", b"400"),
+            (
+                b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                b"411",
+            ),
+            (b"GET /hello HTTP/1.1\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
+        ]:
+            out = await _raw(port, request)
+            assert out.startswith(b"HTTP/1.1 " + status), (request[:40], out[:80])
+            assert b"connection: close" in out
+        # A client that disconnects mid-request does not disturb the server.
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"POST /echo HTTP/1.1\r\ncontent-length: 100\r\n\r\nabc")
+        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
+            assert (await client.get(f"{server.url}/hello")).status_code == 200
+
+
+async def test_http_transport_survives_a_server_restart() -> None:
+    router = _router()
+    async with HTTPServer(router) as first:
+        port = first.port
+        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
+            assert (await client.get(f"{first.url}/hello")).status_code == 200
+            await first.aclose()  # the pooled connection is now closed by the server
+            async with HTTPServer(router, port=port) as second:
+                assert (await client.get(f"{second.url}/hello")).status_code == 200
+
+
+def test_http_config_errors() -> None:
+    router = Router()
+    with pytest.raises(ConfigError, match="port must be in"):
+        HTTPServer(router, port=70000)
+    with pytest.raises(ConfigError, match="max_body_bytes must be at least 1"):
+        HTTPServer(router, max_body_bytes=0)
+
+    async def h(request: Request) -> Response:
+        return Response()
+
+    router.add("GET", "/x", h)
+    with pytest.raises(ConfigError, match="already registered"):
+        router.add("GET", "/x", h)
+    with pytest.raises(ConfigError, match="must start with '/'"):
+        router.add("GET", "x", h)
