@@ -219,62 +219,87 @@ class Buffer:
     def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
         if not samples:
             raise SampleError("put_group needs at least one sample")
-        group_id = None
+        first = samples[0]
+        group_id = first.group_id if isinstance(first, Sample) else None
+        # One pass over the group: it runs for every put, so it stays cheap.
+        ids: list[str] = []
+        episodes: set[int] = set()
+        has_roles = has_failed = missing_ids = False
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
             if s.group_id is None:
                 raise SampleError(f"sample {i} has no group_id; the Buffer groups by it")
-            if group_id is None:
-                group_id = s.group_id
-            elif s.group_id != group_id:
+            if s.group_id != group_id:
                 raise SampleError(
                     f"one put_group call takes one group, got group ids {group_id!r} and "
                     f"{s.group_id!r}"
                 )
+            if s.id is None:
+                missing_ids = True
+                ids.append(f"{group_id}/{i}")
+            else:
+                ids.append(s.id)
+            episodes.add(s.episode if s.episode is not None else -1 - i)
+            has_roles = has_roles or s.role is not None
+            has_failed = has_failed or s.status is Status.FAILED
         assert group_id is not None
-        ids = [s.id or f"{group_id}/{i}" for i, s in enumerate(samples)]
         if len(set(ids)) != len(ids):
             raise SampleError(f"group {group_id!r} repeats a sample id")
-        episodes = {s.episode if s.episode is not None else -1 - i for i, s in enumerate(samples)}
         n = self.config.n_samples_per_prompt
         if len(episodes) > n:
             raise SampleError(
                 f"group {group_id!r} has {len(episodes)} episodes but n_samples_per_prompt "
                 f"is {n}; a group holds at most n_samples_per_prompt episodes"
             )
-        samples = [
-            s if s.id is not None else dataclasses.replace(s, id=ids[i])
-            for i, s in enumerate(samples)
+        members = list(samples)
+        if missing_ids:
+            members = [
+                s if s.id is not None else dataclasses.replace(s, id=ids[i])
+                for i, s in enumerate(members)
+            ]
+        if not has_roles:
+            return [self._decide(group_id, None, members, len(episodes) if not has_failed else 0)]
+        # Multi-agent episodes: one group per (task, role). A sample without a role (a
+        # failed episode's) is stored once, with the first role.
+        roles = sorted({s.role for s in members if s.role is not None})
+        return [
+            self._decide(
+                group_id,
+                role,
+                [s for s in members if s.role == role or (k == 0 and s.role is None)],
+                0,
+            )
+            for k, role in enumerate(roles)
         ]
-        # Multi-agent episodes: one group per (task, role); a failed episode's sample
-        # (role unknown) is missing from every role's group.
-        # A sample without a role (a failed episode's) is stored once, with the first role.
-        roles = sorted({s.role for s in samples if s.role is not None})
-        if not roles:
-            return [self._decide(group_id, None, samples, n)]
-        records = []
-        for k, role in enumerate(roles):
-            members = [s for s in samples if s.role == role or (k == 0 and s.role is None)]
-            records.append(self._decide(group_id, role, members, n))
-        return records
 
     def _decide(
-        self, group_id: str, role: str | None, samples: list[Sample], n: int
+        self, group_id: str, role: str | None, samples: list[Sample], episodes_known: int
     ) -> GroupRecord:
-        task_id = next((s.task_id for s in samples if s.task_id is not None), None)
-        failed = [s for s in samples if s.status is Status.FAILED]
-        alive = [s for s in samples if s.status is not Status.FAILED]
-        record = GroupRecord(group_id, role, task_id, list(samples), "ready")
-        if failed:
-            if self.config.on_failed == "drop_group":
-                record.state, record.reason = "dropped", "failed_sample"
-                return record
-            self._stats.failed_samples_dropped += len(failed)
-            # Failed samples are stored for inspection, never handed to the trainer.
-            record.samples = [*alive, *failed]
-        episodes = {s.episode if s.episode is not None else id(s) for s in alive}
-        if len(episodes) < self.config.min_group_size:
+        """Apply the failed-sample policy, the group-size floor and staleness on arrival.
+
+        ``episodes_known``: the number of episodes when the caller counted them and no
+        sample failed (0: count here).
+        """
+        task_id = samples[0].task_id
+        record = GroupRecord(group_id, role, task_id, samples, "ready")
+        alive = samples
+        if episodes_known:
+            episodes = episodes_known
+        else:
+            failed = [s for s in samples if s.status is Status.FAILED]
+            alive = [s for s in samples if s.status is not Status.FAILED]
+            if failed:
+                if self.config.on_failed == "drop_group":
+                    record.state, record.reason = "dropped", "failed_sample"
+                    return record
+                self._stats.failed_samples_dropped += len(failed)
+                # Failed samples are stored for inspection, never handed to the trainer.
+                record.samples = [*alive, *failed]
+            episodes = len({s.episode if s.episode is not None else id(s) for s in alive})
+        if task_id is None:
+            task_id = record.task_id = next((s.task_id for s in samples if s.task_id), None)
+        if episodes < self.config.min_group_size:
             record.state, record.reason = "dropped", "too_small"
         elif self.config.max_staleness is not None:
             record.version = _versions(alive)
