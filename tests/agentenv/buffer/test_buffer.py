@@ -373,3 +373,27 @@ async def test_release_batch_puts_groups_back_in_order() -> None:
         assert (await b.position()) == 7
         with pytest.raises(ConfigError, match="durable"):
             await b.rewind(3)
+
+
+async def test_cancelling_the_committing_put_does_not_fail_the_others(tmp_path: Path) -> None:
+    async with Buffer(BufferConfig(n_samples_per_prompt=1), path=tmp_path / "buf") as b:
+        done: list[str] = []
+        scope = anyio.CancelScope()
+
+        async def put_a() -> None:
+            with scope:
+                await b.put_group(group("a", [1]))  # becomes the committer
+
+        async def put_b() -> None:
+            await b.put_group(group("b", [1]))  # waits for a's commit round
+            done.append("b")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(put_a)
+            await anyio.sleep(0)
+            tg.start_soon(put_b)
+            await anyio.sleep(0)
+            scope.cancel()
+        assert done == ["b"]
+        # The commit had begun when a was cancelled: it completed, for both groups.
+        assert (await b.statistics()).ready == 2
