@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agentenv import ConfigError, Sample, SampleError, Status
@@ -390,9 +391,9 @@ async def test_cancelling_the_committing_put_does_not_fail_the_others(tmp_path: 
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(put_a)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             tg.start_soon(put_b)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             scope.cancel()
         assert done == ["b"]
         # The commit had begun when a was cancelled: it completed, for both groups.
