@@ -20,51 +20,9 @@ from agentenv.buffer import (
     RewardStdFilter,
     UnknownBatchError,
 )
+from tests.agentenv.buffer._groups import group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-def group(
-    gid: str,
-    rewards: Sequence[float],
-    *,
-    failed: Sequence[int] = (),
-    role: str | None = None,
-    version: int = 0,
-    tokens: int = 4,
-) -> list[Sample]:
-    out = []
-    for i, r in enumerate(rewards):
-        if i in failed:
-            out.append(
-                Sample(
-                    prompt_ids=[1],
-                    completion_ids=[],
-                    reward=0.0,
-                    group_id=gid,
-                    episode=i,
-                    id=f"{gid}/{i}/{role}",
-                    task_id=gid.split("@")[0],
-                    status=Status.FAILED,
-                    reason="boom",
-                    error_type="ValueError",
-                )
-            )
-        else:
-            out.append(
-                Sample(
-                    prompt_ids=[1, 2],
-                    completion_ids=list(range(3, 3 + tokens)),
-                    reward=r,
-                    group_id=gid,
-                    episode=i,
-                    id=f"{gid}/{i}/{role}",
-                    role=role,
-                    task_id=gid.split("@")[0],
-                    weight_versions=[str(version)],
-                )
-            )
-    return out
 
 
 async def test_put_get_ack_and_statistics() -> None:

@@ -8,7 +8,7 @@ import json
 import math
 import socket
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -16,7 +16,7 @@ import httpx
 import pytest
 from anyio.abc import SocketAttribute
 
-from agentenv import ClosedResourceError, ConfigError, Sample, SampleError, Status
+from agentenv import ClosedResourceError, ConfigError, Sample, SampleError
 from agentenv._http import (
     HTTPError,
     HTTPServer,
@@ -36,57 +36,11 @@ from agentenv.buffer import (
 )
 from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample, encode_samples
 from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
+from tests.agentenv.buffer._groups import group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 TOKEN = "s3cret-token"
-
-
-def group(
-    gid: str,
-    rewards: Sequence[float],
-    *,
-    tokens: int = 6,
-    version: int = 0,
-    failed: Sequence[int] = (),
-    role: str | None = None,
-) -> list[Sample]:
-    out = []
-    for i, r in enumerate(rewards):
-        if i in failed:
-            out.append(
-                Sample(
-                    prompt_ids=[1],
-                    completion_ids=[],
-                    reward=0.0,
-                    group_id=gid,
-                    episode=i,
-                    id=f"{gid}/{i}/{role}",
-                    task_id=gid.split("@")[0],
-                    status=Status.FAILED,
-                    reason="boom",
-                    error_type="ValueError",
-                )
-            )
-            continue
-        out.append(
-            Sample(
-                prompt_ids=[7, 8, 9],
-                completion_ids=[100 + k for k in range(tokens)],
-                reward=r,
-                loss_mask=[1, 0] * (tokens // 2) + [1] * (tokens % 2),
-                # Values with no short decimal form: the wire must keep every bit.
-                rollout_logprobs=[-(k + 1) / 3 if k % 2 == 0 else 0.0 for k in range(tokens)],
-                group_id=gid,
-                episode=i,
-                id=f"{gid}/{i}/{role}",
-                role=role,
-                task_id=gid.split("@")[0],
-                weight_versions=[str(version)],
-                metadata={"turns": i, "note": "é"},
-            )
-        )
-    return out
 
 
 @pytest.fixture(params=["memory", "durable"])
