@@ -92,7 +92,6 @@ class MemoryStore:
         self._ids: set[str] = set()
         self._seq = 0
         self._last_step: int | None = None
-        self._consumed: dict[int, tuple[int | None, GroupRecord]] = {}
 
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
         out = []
