@@ -3,7 +3,9 @@
 Measures, in one process pinned to one core: the in-memory Buffer, the durable Buffer
 (SQLite, fsync per group commit), and -- as a baseline -- a plain ``asyncio.Queue`` moving
 the same sample objects. A producer task puts groups while a consumer task takes batches,
-so the numbers include the hand-off between them. ::
+so the numbers include the hand-off between them. The service is measured twice: client
+and server in one process on one core (``service``), and as deployed, the server in a
+process of its own on another core (``service_split``: one core each). ::
 
     python -m agentenv.bench._buffer --mode memory --groups 20000
 """
@@ -12,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
+import os
 import random
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -120,7 +125,12 @@ async def run(
         with tempfile.TemporaryDirectory(prefix="agentenv-bench-") as tmp:
             async with Buffer(config, path=tmp) as buffer:
                 wall = await _through_buffer(buffer, groups, producers)
-                size = (await anyio.Path(tmp, "buffer.sqlite").stat()).st_size
+                size = sum(
+                    [
+                        (await anyio.Path(tmp, name).stat()).st_size
+                        for name in ("buffer.sqlite", "samples.log")
+                    ]
+                )
     elif mode == "service":
         from agentenv.buffer._service import BufferClient, BufferServer
 
@@ -130,8 +140,15 @@ async def run(
             BufferClient(server.url, token="bench") as client,
         ):
             wall = await _through_buffer(client, groups, producers)
+    elif mode == "service_split":
+        from agentenv.buffer._service import BufferClient
+
+        async with _server_process() as url, BufferClient(url, token="bench") as client:
+            wall = await _through_buffer(client, groups, producers)
     else:
-        raise ValueError(f"mode must be queue, memory, durable or service, got {mode!r}")
+        raise ValueError(
+            f"mode must be queue, memory, durable, service or service_split, got {mode!r}"
+        )
     out = {
         "mode": mode,
         "samples": samples,
@@ -143,17 +160,57 @@ async def run(
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
     if mode == "durable":
-        out["db_bytes_per_sample"] = round(size / samples, 1)
+        out["disk_bytes_per_sample"] = round(size / samples, 1)
     return out
+
+
+@contextlib.asynccontextmanager
+async def _server_process() -> AsyncIterator[str]:
+    """A Buffer service in a child process pinned to another core; yields its URL."""
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "agentenv.bench._buffer", "--serve"], stderr=None
+    )
+    try:
+        assert proc.stdout is not None
+        url = (await proc.stdout.receive()).decode().strip()
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def _serve() -> None:
+    from agentenv.buffer._service import BufferServer
+
+    config = BufferConfig(n_samples_per_prompt=GROUP, capacity=4096)
+    async with Buffer(config) as buffer, BufferServer(buffer, token="bench") as server:
+        print(server.url, flush=True)
+        await anyio.sleep_forever()
+
+
+def _other_core() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:  # the client takes the last core (pin_to_one_core)
+        os.sched_setaffinity(0, {cpus[-2]})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mode", required=True, choices=["queue", "memory", "durable", "service"])
-    parser.add_argument("--groups", type=int, required=True)
+    parser.add_argument(
+        "--mode", choices=["queue", "memory", "durable", "service", "service_split"]
+    )
+    parser.add_argument("--groups", type=int)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--producers", type=int, default=8, help="concurrent put_group callers")
     parser.add_argument("--durability", choices=["power", "process"], default="power")
     args = parser.parse_args(argv)
+    if args.serve:  # the server half of service_split
+        _other_core()
+        with contextlib.suppress(KeyboardInterrupt):
+            anyio.run(_serve)
+        return
+    if args.mode is None or args.groups is None:
+        parser.error("--mode and --groups are required")
     cpu = pin_to_one_core()
     result = anyio.run(
         functools.partial(run, producers=args.producers, durability=args.durability),

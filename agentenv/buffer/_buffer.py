@@ -54,6 +54,9 @@ class Group:
     samples: tuple[Sample, ...]
     version: int | None
     seq: int
+    # The samples already encoded (from the wire or the store), aligned with ``samples``;
+    # the service sends these instead of encoding again.
+    encoded: tuple[bytes, ...] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def rewards(self) -> list[float]:
@@ -187,8 +190,21 @@ class Buffer:
         Buffer holds ``capacity`` ready groups. A group whose sample ids are all stored
         already is a no-op (counted in ``duplicate_groups``).
         """
+        await self._put_encoded(samples, None)
+
+    async def _put_encoded(
+        self, samples: Sequence[Sample], encoded: Sequence[bytes] | None
+    ) -> None:
+        """:meth:`put_group`, given the samples' encodings too (a transport that received
+        them encoded): they are stored and sent on as they are instead of encoded again."""
         self._check_open()
         records = self._assemble(samples)
+        if encoded is not None:
+            # By object identity: _assemble keeps the objects (or replaces one whose id it
+            # fills in, whose old encoding no longer matches).
+            known = {id(s): blob for s, blob in zip(samples, encoded, strict=True)}
+            for record in records:
+                record.blobs = [known.get(id(s)) or encode_sample(s) for s in record.samples]
         while self._stats.ready >= self.config.capacity:
             changed = self._changed
             await changed.wait()
@@ -323,10 +339,11 @@ class Buffer:
     async def _commit(self, records: list[GroupRecord]) -> list[bool]:
         if not self._durable:  # nothing to wait for: a few dict operations
             return self._store.put(records)
-        # Encode here, on the event loop's thread: the store's thread then only runs
-        # SQLite, which releases the GIL; encoding there made the two threads fight for it.
+        # Encode here, on the event loop's thread: the store's thread then only does I/O,
+        # which releases the GIL; encoding there made the two threads fight for it.
         for record in records:
-            record.blobs = [encode_sample(s) for s in record.samples]
+            if record.blobs is None:
+                record.blobs = [encode_sample(s) for s in record.samples]
         # Group commit: whoever finds no commit running becomes the committer and writes
         # every pending put in one transaction; the others wait for its result.
         slot: list[Any] = []
@@ -356,7 +373,13 @@ class Buffer:
             try:
                 async with self._lock:
                     self._check_open()
-                    flags = await self._call(self._store.put, flat)
+                    # Writing is CPU work, done here; only the wait for the disk (fsync)
+                    # runs in a thread, so the loop goes on encoding the next puts.
+                    flags = self._store.prepare(flat)
+                    if self._store.blocks:
+                        await anyio.to_thread.run_sync(self._store.finish)
+                    else:
+                        self._store.finish()
             except Exception as e:
                 for _, out in batch:
                     out.append(e)
@@ -374,13 +397,16 @@ class Buffer:
         return fn(*args)
 
     def _group(self, record: GroupRecord) -> Group:
+        alive = [k for k, s in enumerate(record.samples) if s.status is not Status.FAILED]
+        blobs = record.blobs
         return Group(
             group_id=record.group_id,
             role=record.role,
             task_id=record.task_id,
-            samples=tuple(s for s in record.samples if s.status is not Status.FAILED),
+            samples=tuple(record.samples[k] for k in alive),
             version=record.version,
             seq=record.seq,
+            encoded=None if blobs is None else tuple(blobs[k] for k in alive),
         )
 
     # -- staleness and admission ---------------------------------------------------------

@@ -1,9 +1,10 @@
 """A compact, exact binary encoding of samples, for the durable store and the service.
 
-Layout: ``u32 header length | header JSON | ids (u32 each) | loss mask (u8 each) |
-log-probs (f64 each, when present)``. The header holds the scalar fields; the token
-arrays are raw machine arrays (little-endian), so encoding a 1,000-token sample is a few
-memory copies and decoding gives back the exact ids and float64 log-probs.
+Layout: ``u32 header length | header JSON | ids (u32 each) | loss mask (u8 each, absent
+when it is all ones) | log-probs (f64 each, when present)``. The header holds the scalar
+fields; the token arrays are raw machine arrays (little-endian), so encoding a 1,000-token
+sample is a few C-level conversions and decoding gives back the exact ids and float64
+log-probs.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from collections.abc import Sequence
 from agentenv._errors import SampleError
 from agentenv._sample import Sample
 
-__all__ = ["decode_sample", "decode_samples", "encode_sample", "encode_samples"]
+__all__ = [
+    "decode_sample",
+    "decode_samples",
+    "decode_samples_keeping",
+    "encode_sample",
+    "encode_samples",
+]
 
 _HEADER = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
+# One encoder for every header: json.dumps with options builds a new encoder per call.
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -44,7 +53,9 @@ def _floats(values: Sequence[float]) -> bytes:
 
 def encode_sample(s: Sample) -> bytes:
     """``s`` as bytes; ``decode_sample(encode_sample(s)) == s``."""
-    header = json.dumps(
+    mask = s.loss_mask or ()
+    all_ones = mask.count(1) == len(mask)  # the common case: store no mask at all
+    header = _dumps(
         [
             s.reward,
             s.group_id,
@@ -60,16 +71,15 @@ def encode_sample(s: Sample) -> bytes:
             len(s.prompt_ids),
             len(s.completion_ids),
             s.rollout_logprobs is not None,
-        ],
-        separators=(",", ":"),
-        allow_nan=False,
+            all_ones,
+        ]
     ).encode()
     parts = [
         _HEADER.pack(len(header)),
         header,
         _ints(s.prompt_ids),
         _ints(s.completion_ids),
-        bytes(s.loss_mask or ()),
+        b"" if all_ones else bytes(mask),
     ]
     if s.rollout_logprobs is not None:
         parts.append(_floats(s.rollout_logprobs))
@@ -94,8 +104,8 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     try:
         (n,) = _HEADER.unpack_from(view, 0)
         header = json.loads(bytes(view[4 : 4 + n]))
-        if type(header) is not list or len(header) != 14:
-            raise ValueError("the header is not a list of 14 fields")
+        if type(header) is not list or len(header) != 15:
+            raise ValueError("the header is not a list of 15 fields")
         (
             reward,
             group_id,
@@ -111,21 +121,28 @@ def decode_sample(data: bytes | memoryview) -> Sample:
             n_prompt,
             n_completion,
             has_lp,
+            all_ones,
         ) = header
-        if not (type(n_prompt) is int and type(n_completion) is int and type(has_lp) is bool):
+        if not (
+            type(n_prompt) is int
+            and type(n_completion) is int
+            and type(has_lp) is bool
+            and type(all_ones) is bool
+        ):
             raise ValueError("bad token counts in the header")
         if n_prompt < 0 or n_completion < 0:
             raise ValueError("negative token counts in the header")
         pos = 4 + n
         n_ids = n_prompt + n_completion
-        size = pos + 4 * n_ids + n_completion + (8 * n_completion if has_lp else 0)
+        n_mask = 0 if all_ones else n_completion
+        size = pos + 4 * n_ids + n_mask + (8 * n_completion if has_lp else 0)
         if size != len(view):
             raise ValueError(f"{len(view)} bytes where the header implies {size}")
         ids = array.array("I")
         ids.frombytes(view[pos : pos + 4 * n_ids])
         pos += 4 * n_ids
-        mask = bytes(view[pos : pos + n_completion])
-        pos += n_completion
+        mask = bytes(view[pos : pos + n_mask])
+        pos += n_mask
         lp = None
         if has_lp:
             lp = array.array("d")
@@ -174,7 +191,7 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     id_list = ids.tolist()
     sample.prompt_ids = id_list[:n_prompt]
     sample.completion_ids = id_list[n_prompt:]
-    sample.loss_mask = list(mask)
+    sample.loss_mask = [1] * n_completion if all_ones else list(mask)
     sample.rollout_logprobs = logprobs
     return sample
 
@@ -191,8 +208,14 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
 
 def decode_samples(data: bytes | memoryview) -> list[Sample]:
     """Inverse of :func:`encode_samples`."""
+    return decode_samples_keeping(data)[0]
+
+
+def decode_samples_keeping(data: bytes | memoryview) -> tuple[list[Sample], list[bytes]]:
+    """:func:`decode_samples`, and each sample's encoding (to store or send on as is)."""
     view = memoryview(data)
     out = []
+    blobs = []
     pos = 0
     while pos < len(view):
         if pos + 4 > len(view):
@@ -201,6 +224,8 @@ def decode_samples(data: bytes | memoryview) -> list[Sample]:
         pos += 4
         if pos + n > len(view):
             raise SampleError("malformed sample stream: truncated sample")
-        out.append(decode_sample(view[pos : pos + n]))
+        blob = bytes(view[pos : pos + n])
+        out.append(decode_sample(blob))
+        blobs.append(blob)
         pos += n
-    return out
+    return out, blobs

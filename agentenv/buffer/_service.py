@@ -24,6 +24,8 @@ HTTP status; the client raises the exception class named by ``type``.
 Wire protocol (version 1, under ``/v1``)::
 
     POST /v1/put_group          body: encoded samples            -> 204
+    POST /v1/put_groups         body: (u32 length | encoded samples) per group
+                                -> {"errors": [null | {"type", "message"}]}, one per group
     POST /v1/get_batch          {groups, policy_version, timeout} -> batch frame (long poll)
     POST /v1/ack                {batch, step}                    -> 204
     POST /v1/release_batch      {batch}                          -> 204
@@ -38,6 +40,11 @@ Wire protocol (version 1, under ``/v1``)::
 
 A batch frame is ``u32 length | JSON {id, policy_version, groups: [{group_id, role,
 task_id, version, seq, n}]} | the batch's samples, encoded``.
+
+The client sends concurrent ``put_group`` calls together: while one request is in flight,
+the groups put meanwhile queue up and go as one ``put_groups`` request (as the durable
+Buffer commits concurrent puts in one transaction), so many producers cost few requests.
+Each call still returns when its own group is stored, and raises its own group's error.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
+import anyio
 import httpx
 import pydantic
 
@@ -66,7 +74,12 @@ from agentenv._http import (
 )
 from agentenv._sample import Sample
 from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
-from agentenv.buffer._codec import decode_samples, encode_samples
+from agentenv.buffer._codec import (
+    decode_samples,
+    decode_samples_keeping,
+    encode_sample,
+    encode_samples,
+)
 from agentenv.buffer._store import BufferStoreError
 
 __all__ = ["BufferClient", "BufferServer", "BufferServiceError"]
@@ -75,6 +88,7 @@ SAMPLES_TYPE = "application/x-agentenv-samples"
 BATCH_TYPE = "application/x-agentenv-batch"
 PREFIX = "/v1"
 _U32 = struct.Struct("<I")
+_PUT_BYTES = 64 * 1024 * 1024  # the most one put_groups request carries
 
 
 class BufferServiceError(AgentEnvError):
@@ -174,7 +188,13 @@ def encode_batch(batch: Batch) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
-    return b"".join((_U32.pack(len(meta)), meta, encode_samples(batch.samples)))
+    parts = [_U32.pack(len(meta)), meta]
+    for g in batch.groups:
+        blobs = g.encoded if g.encoded is not None else [encode_sample(s) for s in g.samples]
+        for blob in blobs:
+            parts.append(_U32.pack(len(blob)))
+            parts.append(blob)
+    return b"".join(parts)
 
 
 def decode_batch(data: bytes) -> Batch:
@@ -246,6 +266,7 @@ class BufferServer:
         router = Router()
         for method, name, handler, long_poll in (
             ("POST", "put_group", self._put_group, False),
+            ("POST", "put_groups", self._put_groups, False),
             ("POST", "get_batch", self._get_batch, True),
             ("POST", "ack", self._ack, False),
             ("POST", "release_batch", self._release_batch, False),
@@ -314,9 +335,37 @@ class BufferServer:
         return handle
 
     async def _put_group(self, request: Request) -> Response:
-        samples = decode_samples(request.body)
-        await self.buffer.put_group(samples)
+        samples, blobs = decode_samples_keeping(request.body)
+        await self.buffer._put_encoded(samples, blobs)
         return Response.empty()
+
+    async def _put_groups(self, request: Request) -> Response:
+        view = memoryview(request.body)
+        groups = []
+        pos = 0
+        while pos < len(view):
+            if pos + 4 > len(view):
+                raise SampleError("malformed put_groups body: truncated length prefix")
+            (n,) = _U32.unpack_from(view, pos)
+            if pos + 4 + n > len(view):
+                raise SampleError("malformed put_groups body: truncated group")
+            groups.append(decode_samples_keeping(view[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        errors: list[dict[str, str] | None] = [None] * len(groups)
+        known = tuple(cls for cls, _ in _ERRORS)
+
+        async def put(k: int, samples: list[Sample], blobs: list[bytes]) -> None:
+            try:
+                await self.buffer._put_encoded(samples, blobs)
+            except known as e:
+                name = next(cls.__name__ for cls, _ in _ERRORS if isinstance(e, cls))
+                errors[k] = {"type": name, "message": _message(e)}
+
+        # Concurrently: a durable Buffer commits them in one transaction.
+        async with anyio.create_task_group() as tg:
+            for k, (samples, blobs) in enumerate(groups):
+                tg.start_soon(put, k, samples, blobs)
+        return Response.json({"errors": errors})
 
     async def _get_batch(self, request: Request) -> Response:
         args = _parse(_GetBatch, request)
@@ -445,6 +494,11 @@ class BufferClient:
             trust_env=False,
         )
         self._closed = False
+        self._puts: collections.deque[tuple[bytes, list[BaseException | None]]] = (
+            collections.deque()
+        )
+        self._putting = False
+        self._put_sent = anyio.Event()
 
     async def __aenter__(self) -> BufferClient:
         return self
@@ -505,7 +559,64 @@ class BufferClient:
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
-        await self._call("POST", "put_group", content=encode_samples(samples), wait=self._wait)
+        blob = encode_samples(samples)
+        slot: list[BaseException | None] = []
+        entry = (blob, slot)
+        self._puts.append(entry)
+        try:
+            while not slot:
+                if self._putting:
+                    event = self._put_sent
+                    await event.wait()
+                else:
+                    await self._send_puts()
+        except BaseException:
+            if entry in self._puts:  # not sent yet: cancelling withdraws it
+                self._puts.remove(entry)
+            raise
+        if slot[0] is not None:
+            raise slot[0]
+
+    async def _send_puts(self) -> None:
+        # Whoever finds no request in flight sends every queued group (up to a size) in one
+        # request, shielded: the request serves other callers, whose groups must not be
+        # abandoned halfway because this caller was cancelled.
+        self._putting = True
+        try:
+            with anyio.CancelScope(shield=True):
+                taken: list[tuple[bytes, list[BaseException | None]]] = []
+                size = 0
+                while self._puts and (not taken or size + len(self._puts[0][0]) <= _PUT_BYTES):
+                    entry = self._puts.popleft()
+                    taken.append(entry)
+                    size += len(entry[0]) + 4
+                results: list[BaseException | None]
+                try:
+                    results = await self._put_groups([blob for blob, _ in taken])
+                except Exception as e:  # the whole request failed: every caller learns why
+                    results = [e] * len(taken)
+                for (_, slot), result in zip(taken, results, strict=True):
+                    slot.append(result)
+        finally:
+            self._putting = False
+            self._put_sent.set()
+            self._put_sent = anyio.Event()
+
+    async def _put_groups(self, blobs: list[bytes]) -> list[BaseException | None]:
+        if len(blobs) == 1:
+            try:
+                await self._call("POST", "put_group", content=blobs[0], wait=self._wait)
+            except Exception as e:
+                return [e]
+            return [None]
+        body = b"".join(part for blob in blobs for part in (_U32.pack(len(blob)), blob))
+        response = await self._call("POST", "put_groups", content=body, wait=self._wait)
+        errors = response.json()["errors"]
+        if len(errors) != len(blobs):
+            raise BufferServiceError(
+                f"the Buffer service answered {len(errors)} results for {len(blobs)} groups"
+            )
+        return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
 
     async def reserve(self, prompts: int = 1) -> None:
         """:meth:`Buffer.reserve <agentenv.buffer.Buffer.reserve>`: wait for admission."""
@@ -574,6 +685,11 @@ class BufferClient:
     async def statistics(self) -> BufferStats:
         """:meth:`Buffer.statistics <agentenv.buffer.Buffer.statistics>`."""
         return _stats_from_json((await self._call("GET", "statistics")).json())
+
+
+def _exception(kind: str, message: str) -> BaseException:
+    cls = _RAISE.get(kind)
+    return cls(message) if cls is not None else BufferServiceError(message, type=kind)
 
 
 def _raise(response: httpx.Response, url: str, name: str) -> NoReturn:

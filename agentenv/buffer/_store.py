@@ -1,17 +1,25 @@
-"""Where the Buffer keeps its groups: in memory, or in a crash-safe SQLite file.
+"""Where the Buffer keeps its groups: in memory, or crash-safe on disk.
 
 The store records what must survive a crash -- every group put (kept or dropped, with
 its samples), and which groups a trainer step consumed -- and nothing about in-flight
 state: a batch handed out but not acknowledged is simply still ``ready`` on disk, so it
 is handed out again after a restart.
 
-SQLite in WAL mode. With ``durability="power"`` (``synchronous=FULL``) a transaction is
-on disk when ``commit`` returns, surviving power loss; with ``"process"``
-(``synchronous=NORMAL``) it is in the OS page cache, which survives a killed process
-(``kill -9``) but not a kernel crash or power cut. Either way a process killed at any
-instant leaves the last committed state. One
-transaction per group commit (several puts at once), so durability costs one fsync per
-batch of puts, not per sample.
+On disk, a directory holds two files. ``samples.log`` is an append-only file of encoded
+samples; ``buffer.sqlite`` (SQLite in WAL mode) indexes them -- each sample's id, group
+and place in the log -- and holds the groups' states. A put appends its samples to the
+log first, then commits their index rows: a sample is stored exactly when its row is
+committed, and bytes appended by a put that never committed (a crash in between) lie past
+the last indexed byte and are cut off at the next open. Keeping the ~10 KB sample bodies
+out of SQLite halves the bytes written per sample (SQLite writes each page twice: to its
+write-ahead log, then back into the database file).
+
+With ``durability="power"`` the log is fsynced before the commit and SQLite runs with
+``synchronous=FULL``: a put is on disk when it returns, surviving power loss. With
+``"process"`` both stay in the OS page cache, which survives a killed process (``kill
+-9``) but not a kernel crash or power cut. Either way a process killed at any instant
+leaves the last committed state. One transaction per group commit (several puts at once),
+so durability costs one or two fsyncs per batch of puts, not per sample.
 """
 
 from __future__ import annotations
@@ -22,16 +30,25 @@ import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from agentenv._errors import AgentEnvError, ConfigError
 from agentenv._sample import Sample
 from agentenv.buffer._codec import decode_sample, encode_sample
 
-__all__ = ["BufferStoreError", "GroupRecord", "MemoryStore", "SqliteStore", "Store"]
+__all__ = [
+    "BufferStoreError",
+    "GroupRecord",
+    "MemoryStore",
+    "SampleLog",
+    "SqliteStore",
+    "Store",
+    "StoreReader",
+    "open_readonly",
+]
 
 FORMAT = "agentenv-buffer"
-VERSION = "1"
+VERSION = "2"
 FILENAME = "buffer.sqlite"
 
 
@@ -60,6 +77,23 @@ class Store(Protocol):
 
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
         """Store records in one transaction; per record, True if it was new (else a duplicate)."""
+        ...
+
+    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
+        """The CPU part of :meth:`put`: write everything, commit nothing yet.
+
+        Must be followed by :meth:`finish` (which waits for the disk) before any other
+        call; ``put`` is ``prepare`` then ``finish``.
+        """
+        ...
+
+    def finish(self) -> None:
+        """Make the prepared put durable (fsync, commit); undo it all on failure."""
+        ...
+
+    @property
+    def blocks(self) -> bool:
+        """Whether :meth:`finish` waits for the disk (then run it off the event loop)."""
         ...
 
     def consume(self, seqs: Sequence[int], step: int | None) -> None:
@@ -93,7 +127,15 @@ class MemoryStore:
         self._seq = 0
         self._last_step: int | None = None
 
+    blocks = False
+
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
+        return self.prepare(records)
+
+    def finish(self) -> None:
+        return None
+
+    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
         out = []
         for r in records:
             ids = [s.id for s in r.samples if s.id is not None]
@@ -143,14 +185,89 @@ CREATE TABLE IF NOT EXISTS samples (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
     pos INTEGER NOT NULL,
-    data BLOB NOT NULL
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_seq ON samples (seq, pos);
 """
 
+LOG_FILENAME = "samples.log"
+LOG_MAGIC = b"agentenv samples log 1\n"
+
+
+class SampleLog:
+    """``samples.log``: encoded samples appended back to back after a magic line."""
+
+    def __init__(self, path: Path, *, writable: bool) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            if os.pread(self._fd, len(LOG_MAGIC), 0) != LOG_MAGIC:
+                raise ConfigError(
+                    f"{str(path)!r} is not an agentenv samples log; refusing to touch it"
+                )
+            self.size = os.fstat(self._fd).st_size
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    @classmethod
+    def create(cls, path: Path) -> SampleLog:
+        """A new, empty log; refuses to replace an existing file."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, LOG_MAGIC)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return cls(path, writable=True)
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._fd, length, offset)
+        if len(data) != length:
+            raise BufferStoreError(
+                f"{str(self.path)!r} ends at byte {self.size}, before the sample indexed at "
+                f"{offset}+{length}: the log was truncated or replaced"
+            )
+        return data
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def append(self, blobs: Sequence[bytes]) -> int:
+        """Write ``blobs`` at the end (not synced); returns where they start.
+
+        Cut back on any error."""
+        start = self.size
+        data = memoryview(b"".join(blobs))
+        done = 0
+        try:
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], start + done)
+        except OSError as e:
+            self.truncate(start)
+            raise BufferStoreError(f"buffer put failed: writing {LOG_FILENAME}: {e}") from None
+        self.size = start + len(data)
+        return start
+
+    def truncate(self, end: int) -> None:
+        """Drop every byte past ``end`` (what an uncommitted put appended)."""
+        with contextlib.suppress(OSError):  # best effort: bytes past the index are ignored
+            os.ftruncate(self._fd, end)
+            self.size = end
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def indexed_end(db: sqlite3.Connection) -> int:
+    """The end of the last sample the index knows (the log's committed length)."""
+    (end,) = db.execute("SELECT MAX(offset + length) FROM samples").fetchone()
+    return int(end) if end is not None else len(LOG_MAGIC)
+
 
 class SqliteStore:
-    """A crash-safe store in ``DIR/buffer.sqlite``."""
+    """A crash-safe store in ``DIR/buffer.sqlite`` and ``DIR/samples.log``."""
 
     def __init__(self, directory: str | os.PathLike[str], *, durability: str = "power") -> None:
         root = Path(directory)
@@ -158,7 +275,10 @@ class SqliteStore:
             raise ConfigError(f"buffer path {str(root)!r} exists and is not a directory")
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / FILENAME
+        self._sync = durability == "power"
+        self._put_start = 0
         existed = self.path.exists() and self.path.stat().st_size > 0
+        log_path = root / LOG_FILENAME
         if existed:
             with self.path.open("rb") as f:
                 magic = f.read(16)
@@ -167,6 +287,11 @@ class SqliteStore:
                     f"{str(self.path)!r} is not an agentenv buffer (not a SQLite file); "
                     "refusing to touch it: choose another --path"
                 )
+        elif log_path.exists():
+            raise ConfigError(
+                f"{str(log_path)!r} exists without its index {FILENAME}; refusing to touch "
+                "it: choose another --path"
+            )
         try:
             if existed:  # read-only first: a foreign file must not be changed at all
                 probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
@@ -176,11 +301,8 @@ class SqliteStore:
                     probe.close()
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            if not existed:
-                # Samples are ~8 KB blobs: big pages avoid chains of overflow pages.
-                self._db.execute("PRAGMA page_size=65536")
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'power' else 'NORMAL'}")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if self._sync else 'NORMAL'}")
             if not existed:
                 self._db.executescript(_SCHEMA)
                 self._db.executemany(
@@ -192,6 +314,26 @@ class SqliteStore:
                 f"{str(self.path)!r} cannot be opened as an agentenv buffer: {e}; "
                 "refusing to touch it: choose another --path"
             ) from None
+        try:
+            if not existed:
+                self._log = SampleLog.create(log_path)
+            elif not log_path.exists():
+                raise ConfigError(
+                    f"{str(log_path)!r} is missing: the buffer's samples are gone; "
+                    "restore the directory as a whole"
+                )
+            else:
+                self._log = SampleLog(log_path, writable=True)
+                end = indexed_end(self._db)
+                if self._log.size < end:
+                    raise ConfigError(
+                        f"{str(log_path)!r} has {self._log.size} bytes but the index expects "
+                        f"{end}: the log was truncated or replaced"
+                    )
+                self._log.truncate(end)  # a put that crashed before its commit
+        except BaseException:
+            self._db.close()
+            raise
 
     def _check_format(self, db: sqlite3.Connection) -> None:
         try:
@@ -212,64 +354,104 @@ class SqliteStore:
     def _transaction(self, work: str) -> _Tx:
         return _Tx(self._db, work)
 
+    @property
+    def blocks(self) -> bool:
+        return self._sync
+
     def put(self, records: Sequence[GroupRecord]) -> list[bool]:
+        out = self.prepare(records)
+        self.finish()
+        return out
+
+    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
         blobs = [r.blobs or [encode_sample(s) for s in r.samples] for r in records]
         all_ids = [s.id for r in records for s in r.samples]
-        with self._transaction("put"):
-            db = self._db
-            # Three statements per commit, whatever its size: one lookup of every id,
-            # then one insert of all groups and one of all samples.
-            known: set[str] = set()
-            for i in range(0, len(all_ids), 900):  # SQLite's bound-parameter limit
-                chunk = all_ids[i : i + 900]
-                marks = ",".join("?" * len(chunk))
-                known.update(
-                    row[0]
-                    for row in db.execute(f"SELECT id FROM samples WHERE id IN ({marks})", chunk)
-                )
-            (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
-            out: list[bool] = []
-            group_rows: list[tuple[object, ...]] = []
-            sample_rows: list[tuple[str | None, int, int, bytes]] = []
-            for r, encoded in zip(records, blobs, strict=True):
-                ids = [s.id for s in r.samples]
-                hits = sum(1 for i in ids if i in known)
-                if ids and hits == len(ids):
-                    out.append(False)
-                    continue
-                if hits:
-                    raise ConfigError(
-                        f"group {r.group_id!r}: {hits} of its {len(ids)} sample ids are "
-                        "already stored under another group; sample ids must be unique"
-                    )
-                known.update(i for i in ids if i is not None)
-                last += 1
-                r.seq = last
-                group_rows.append(
-                    (
-                        last,
-                        r.group_id,
-                        r.role or "",
-                        r.task_id,
-                        r.state,
-                        r.reason,
-                        r.version,
-                        len(r.samples),
-                    )
-                )
-                sample_rows.extend(
-                    (sid, last, pos, blob)
-                    for pos, (sid, blob) in enumerate(zip(ids, encoded, strict=True))
-                )
-                out.append(True)
-            db.executemany(
-                "INSERT INTO groups (seq, group_id, role, task_id, state, reason, version, "
-                "n_samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                group_rows,
+        self._put_start = self._log.size
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            return self._put(records, blobs, all_ids)
+        except BaseException as e:
+            self._abort_put()
+            if isinstance(e, sqlite3.Error):
+                raise BufferStoreError(f"buffer put failed: {e}") from None
+            raise
+
+    def finish(self) -> None:
+        # The log reaches the disk before the index rows that point into it commit.
+        try:
+            if self._sync:
+                os.fdatasync(self._log.fileno())
+            self._db.execute("COMMIT")
+        except (OSError, sqlite3.Error) as e:
+            self._abort_put()
+            raise BufferStoreError(f"buffer put failed: {e}") from None
+
+    def _abort_put(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
+            self._db.execute("ROLLBACK")
+        self._log.truncate(self._put_start)
+
+    def _put(
+        self, records: Sequence[GroupRecord], blobs: list[list[bytes]], all_ids: list[str | None]
+    ) -> list[bool]:
+        db = self._db
+        # Three statements per commit, whatever its size: one lookup of every id, then one
+        # insert of all groups and one of all samples.
+        known: set[str] = set()
+        for i in range(0, len(all_ids), 900):  # SQLite's bound-parameter limit
+            chunk = all_ids[i : i + 900]
+            marks = ",".join("?" * len(chunk))
+            known.update(
+                row[0] for row in db.execute(f"SELECT id FROM samples WHERE id IN ({marks})", chunk)
             )
-            db.executemany(
-                "INSERT INTO samples (id, seq, pos, data) VALUES (?, ?, ?, ?)", sample_rows
+        (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
+        out: list[bool] = []
+        group_rows: list[tuple[object, ...]] = []
+        sample_rows: list[list[Any]] = []
+        payload: list[bytes] = []
+        for r, encoded in zip(records, blobs, strict=True):
+            ids = [s.id for s in r.samples]
+            hits = sum(1 for i in ids if i in known)
+            if ids and hits == len(ids):
+                out.append(False)
+                continue
+            if hits:
+                raise ConfigError(
+                    f"group {r.group_id!r}: {hits} of its {len(ids)} sample ids are "
+                    "already stored under another group; sample ids must be unique"
+                )
+            known.update(i for i in ids if i is not None)
+            last += 1
+            r.seq = last
+            group_rows.append(
+                (
+                    last,
+                    r.group_id,
+                    r.role or "",
+                    r.task_id,
+                    r.state,
+                    r.reason,
+                    r.version,
+                    len(r.samples),
+                )
             )
+            for pos, (sid, blob) in enumerate(zip(ids, encoded, strict=True)):
+                sample_rows.append([sid, last, pos, len(blob), len(blob)])
+                payload.append(blob)
+            out.append(True)
+        offset = self._log.append(payload)
+        for row in sample_rows:
+            row[3] = offset
+            offset += row[4]
+        db.executemany(
+            "INSERT INTO groups (seq, group_id, role, task_id, state, reason, version, "
+            "n_samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            group_rows,
+        )
+        db.executemany(
+            "INSERT INTO samples (id, seq, pos, offset, length) VALUES (?, ?, ?, ?, ?)",
+            sample_rows,
+        )
         return out
 
     def consume(self, seqs: Sequence[int], step: int | None) -> None:
@@ -316,10 +498,10 @@ class SqliteStore:
                 "WHERE seq = ?",
                 (seq,),
             ).fetchone()
-            samples = [
-                decode_sample(data)
-                for (data,) in self._db.execute(
-                    "SELECT data FROM samples WHERE seq = ? ORDER BY pos", (seq,)
+            blobs = [
+                self._log.read(offset, length)
+                for offset, length in self._db.execute(
+                    "SELECT offset, length FROM samples WHERE seq = ? ORDER BY pos", (seq,)
                 )
             ]
             out.append(
@@ -327,12 +509,13 @@ class SqliteStore:
                     group_id=row[0],
                     role=row[1] or None,
                     task_id=row[2],
-                    samples=samples,
+                    samples=[decode_sample(b) for b in blobs],
                     state=row[3],
                     reason=row[4],
                     version=row[5],
                     seq=seq,
                     step=row[6],
+                    blobs=blobs,
                 )
             )
         return out
@@ -343,6 +526,69 @@ class SqliteStore:
 
     def close(self) -> None:
         self._db.close()
+        self._log.close()
+
+
+@dataclasses.dataclass(slots=True)
+class StoreReader:
+    """A Buffer on disk opened read-only: its index in one snapshot, and its samples."""
+
+    db: sqlite3.Connection
+    log: SampleLog
+
+    def blob(self, offset: int, length: int) -> bytes:
+        """The encoded sample the index places at ``offset``."""
+        return self.log.read(offset, length)
+
+    def close(self) -> None:
+        self.db.close()
+        self.log.close()
+
+
+def open_readonly(path: Path) -> StoreReader:
+    """The Buffer at ``path`` (its directory or its SQLite file), opened read-only.
+
+    Raises :class:`ConfigError` naming the path when there is no agentenv Buffer there.
+    """
+    file = path / FILENAME if path.is_dir() else path
+    if not file.exists():
+        where = (
+            f"{str(path)!r} has no {FILENAME}" if path.is_dir() else f"{str(path)!r} does not exist"
+        )
+        raise ConfigError(
+            f"no Buffer found: {where}; pass the directory given to Buffer(path=...) or "
+            "`agentenv buffer serve --path`"
+        )
+    with file.open("rb") as f:
+        magic = f.read(16)
+    if magic != b"SQLite format 3\x00":
+        raise ConfigError(f"{str(file)!r} is not an agentenv buffer (not a SQLite file)")
+    # A Buffer that is open has its write-ahead log beside the file: read alongside it. A
+    # closed one is read as immutable, so that not even SQLite's side files are created.
+    live = file.with_name(file.name + "-wal").exists()
+    mode = "mode=ro" if live else "mode=ro&immutable=1"
+    try:
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?{mode}", uri=True, isolation_level=None)
+        rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.Error as e:
+        raise ConfigError(f"{str(file)!r} cannot be read as an agentenv buffer: {e}") from None
+    if rows.get("format") != FORMAT:
+        db.close()
+        raise ConfigError(f"{str(file)!r} is a SQLite file but not an agentenv buffer")
+    if rows.get("version") != VERSION:
+        db.close()
+        raise ConfigError(
+            f"{str(file)!r} is buffer format version {rows.get('version')}; this agentenv "
+            f"reads version {VERSION}"
+        )
+    db.execute("BEGIN")  # one snapshot for every query, even while the Buffer is served
+    try:
+        # Opened after the snapshot: every sample it indexes is in the file already.
+        log = SampleLog(file.with_name(LOG_FILENAME), writable=False)
+    except (OSError, ConfigError) as e:
+        db.close()
+        raise ConfigError(f"the Buffer's samples at {str(path)!r} cannot be read: {e}") from None
+    return StoreReader(db, log)
 
 
 class _Tx:

@@ -170,9 +170,10 @@ def run_buffer(args: argparse.Namespace) -> int:
     ]
     if not args.no_service:
         runs.append(("service", ["--mode", "service", "--producers", "16"]))
+        runs.append(("service_split", ["--mode", "service_split", "--producers", "16"]))
     results: dict[str, Any] = {"bench": "buffer", "quick": bool(args.quick), "runs": {}}
     for name, extra in runs:
-        n = groups // 4 if name == "service" else groups
+        n = groups // 4 if name.startswith("service") else groups
         r = _child("agentenv.bench._buffer", [*extra, "--groups", str(n)])
         results["runs"][name] = r
         results[f"{name}_samples_per_s"] = r["samples_per_s"]

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import signal
-import sqlite3
 import stat
 import struct
 import sys
@@ -40,7 +39,7 @@ from agentenv.buffer._buffer import Buffer
 from agentenv.buffer._codec import decode_sample
 from agentenv.buffer._config import BufferConfig, RewardStdFilter
 from agentenv.buffer._service import BufferServer
-from agentenv.buffer._store import FILENAME, FORMAT, VERSION
+from agentenv.buffer._store import StoreReader, open_readonly
 from agentenv.cli._config import add_model_arguments, build_config
 
 __all__ = ["add_parser"]
@@ -203,46 +202,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 # -- reading a Buffer on disk -----------------------------------------------------------------
-def open_readonly(path: Path) -> sqlite3.Connection:
-    """The Buffer at ``path`` (its directory or its SQLite file), opened read-only.
-
-    Raises :class:`ConfigError` naming the path when there is no agentenv Buffer there.
-    """
-    file = path / FILENAME if path.is_dir() else path
-    if not file.exists():
-        where = (
-            f"{str(path)!r} has no {FILENAME}" if path.is_dir() else f"{str(path)!r} does not exist"
-        )
-        raise ConfigError(
-            f"no Buffer found: {where}; pass the directory given to Buffer(path=...) or "
-            "`agentenv buffer serve --path`"
-        )
-    with file.open("rb") as f:
-        magic = f.read(16)
-    if magic != b"SQLite format 3\x00":
-        raise ConfigError(f"{str(file)!r} is not an agentenv buffer (not a SQLite file)")
-    # A Buffer that is open has its write-ahead log beside the file: read alongside it. A
-    # closed one is read as immutable, so that not even SQLite's side files are created.
-    live = file.with_name(file.name + "-wal").exists()
-    mode = "mode=ro" if live else "mode=ro&immutable=1"
-    try:
-        db = sqlite3.connect(f"{file.resolve().as_uri()}?{mode}", uri=True, isolation_level=None)
-        rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.Error as e:
-        raise ConfigError(f"{str(file)!r} cannot be read as an agentenv buffer: {e}") from None
-    if rows.get("format") != FORMAT:
-        db.close()
-        raise ConfigError(f"{str(file)!r} is a SQLite file but not an agentenv buffer")
-    if rows.get("version") != VERSION:
-        db.close()
-        raise ConfigError(
-            f"{str(file)!r} is buffer format version {rows.get('version')}; this agentenv "
-            f"reads version {VERSION}"
-        )
-    db.execute("BEGIN")  # one snapshot for every query, even while the Buffer is served
-    return db
-
-
 def _header(blob: bytes) -> list[Any]:
     (n,) = _HEADER.unpack_from(blob, 0)
     header: list[Any] = json.loads(blob[4 : 4 + n])
@@ -263,8 +222,9 @@ def _histogram(values: list[float], bins: int = HISTOGRAM_BINS) -> dict[str, Any
     return {"bins": edges, "counts": counts}
 
 
-def summarise(db: sqlite3.Connection) -> dict[str, Any]:
-    """Counts, staleness and the reward histogram of the Buffer in ``db``."""
+def summarise(store: StoreReader) -> dict[str, Any]:
+    """Counts, staleness and the reward histogram of the Buffer ``store``."""
+    db = store.db
     groups = dict.fromkeys(STATES, 0)
     for state, n in db.execute("SELECT state, COUNT(*) FROM groups GROUP BY state"):
         groups[state] = n
@@ -283,8 +243,8 @@ def summarise(db: sqlite3.Connection) -> dict[str, Any]:
     oldest: dict[int, int] = {}  # group seq -> oldest integer weight version
     versions: collections.Counter[str] = collections.Counter()
     non_integer = 0
-    for seq, blob in db.execute("SELECT seq, data FROM samples"):
-        h = _header(blob)
+    for seq, offset, length in db.execute("SELECT seq, offset, length FROM samples"):
+        h = _header(store.blob(offset, length))
         reward, weight_versions, sample_status = h[0], h[6], h[7]
         status[sample_status] += 1
         prompt_tokens += h[11]
@@ -398,11 +358,11 @@ def render(path: Path, summary: dict[str, Any]) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    db = open_readonly(args.path)
+    store = open_readonly(args.path)
     try:
-        summary = summarise(db)
+        summary = summarise(store)
     finally:
-        db.close()
+        store.close()
     print(render(args.path, summary))
     if args.json:
         print(json.dumps(summary, separators=(",", ":")))
@@ -410,20 +370,20 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 # -- export -----------------------------------------------------------------------------------
-def rows(db: sqlite3.Connection, state: str) -> Iterator[dict[str, Any]]:
+def rows(store: StoreReader, state: str) -> Iterator[dict[str, Any]]:
     """One dict per sample, in put order: ``Sample.to_dict()`` plus its group's fields."""
     query = (
-        "SELECT g.seq, g.state, g.step, g.reason, s.data FROM groups g "
+        "SELECT g.seq, g.state, g.step, g.reason, s.offset, s.length FROM groups g "
         "JOIN samples s ON s.seq = g.seq"
     )
     params: tuple[str, ...] = ()
     if state != "all":
         query += " WHERE g.state = ?"
         params = (state,)
-    for seq, group_state, step, reason, blob in db.execute(
+    for seq, group_state, step, reason, offset, length in store.db.execute(
         query + " ORDER BY g.seq, s.pos", params
     ):
-        row = decode_sample(blob).to_dict()
+        row = decode_sample(store.blob(offset, length)).to_dict()
         row["group_seq"] = seq
         row["group_state"] = group_state
         row["group_step"] = step
@@ -431,9 +391,9 @@ def rows(db: sqlite3.Connection, state: str) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def export_jsonl(db: sqlite3.Connection, state: str, out: IO[str]) -> int:
+def export_jsonl(store: StoreReader, state: str, out: IO[str]) -> int:
     n = 0
-    for row in rows(db, state):
+    for row in rows(store, state):
         out.write(json.dumps(row, separators=(",", ":"), allow_nan=False))
         out.write("\n")
         n += 1
@@ -468,7 +428,7 @@ def _parquet_schema() -> Any:
     )
 
 
-def export_parquet(db: sqlite3.Connection, state: str, out: Path, chunk: int = 4096) -> int:
+def export_parquet(store: StoreReader, state: str, out: Path, chunk: int = 4096) -> int:
     try:
         import pyarrow as pa  # type: ignore[import-untyped, import-not-found, unused-ignore]
         import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -482,7 +442,7 @@ def export_parquet(db: sqlite3.Connection, state: str, out: Path, chunk: int = 4
     try:
         with pq.ParquetWriter(tmp, schema) as writer:
             batch: list[dict[str, Any]] = []
-            for row in rows(db, state):
+            for row in rows(store, state):
                 row["metadata"] = json.dumps(row["metadata"], separators=(",", ":"))
                 batch.append(row)
                 if len(batch) == chunk:
@@ -502,22 +462,22 @@ def export_parquet(db: sqlite3.Connection, state: str, out: Path, chunk: int = 4
 def run_export(args: argparse.Namespace) -> int:
     if args.format == "parquet" and args.out is None:
         raise ConfigError("--format parquet writes a binary file: give it --out FILE")
-    db = open_readonly(args.path)
+    store = open_readonly(args.path)
     try:
         if args.format == "parquet":
-            n = export_parquet(db, args.state, args.out)
+            n = export_parquet(store, args.state, args.out)
         elif args.out is None:
             try:
-                n = export_jsonl(db, args.state, sys.stdout)
+                n = export_jsonl(store, args.state, sys.stdout)
                 sys.stdout.flush()
             except BrokenPipeError:  # `... | head`: the reader has all it wants
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return 1
         else:
             with args.out.open("w", encoding="utf-8") as f:
-                n = export_jsonl(db, args.state, f)
+                n = export_jsonl(store, args.state, f)
     finally:
-        db.close()
+        store.close()
     if args.out is not None:
         print(f"agentenv buffer: exported {n} samples ({args.state}) to {args.out}")
     return 0

@@ -296,6 +296,71 @@ async def test_disk_full_fails_the_put_and_writes_nothing_partial(tmp_path: Path
         assert (await b.statistics()).ready == stored
 
 
+async def test_log_write_failure_fails_the_put_and_writes_nothing_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up halfway through appending a commit's samples to the log."""
+    import errno
+    import os
+
+    from agentenv.buffer import _store
+
+    path = tmp_path / "buf"
+    cfg = BufferConfig(n_samples_per_prompt=2)
+    async with Buffer(cfg, path=path) as b:
+        await b.put_group(group("kept", [1, 0], tokens=300))
+        size = (path / "samples.log").stat().st_size
+        real_pwrite = os.pwrite
+
+        def half_then_full(fd: int, data: bytes, offset: int) -> int:
+            if len(data) > 100:
+                return real_pwrite(fd, bytes(data)[: len(data) // 2], offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(_store.os, "pwrite", half_then_full)
+        with pytest.raises(BufferStoreError, match="No space left on device"):
+            await b.put_group(group("lost", [1, 0], tokens=300))
+        monkeypatch.undo()
+        assert (path / "samples.log").stat().st_size == size  # the half-written part is gone
+        await b.put_group(group("after", [0, 1], tokens=300))  # the Buffer goes on
+    async with Buffer(cfg, path=path) as b:
+        batch = await b.get_batch(2)
+        assert [g.group_id for g in batch.groups] == ["kept", "after"]
+        assert batch.samples == [
+            *group("kept", [1, 0], tokens=300),
+            *group("after", [0, 1], tokens=300),
+        ]
+
+
+async def test_log_damage_is_repaired_or_refused(tmp_path: Path) -> None:
+    path = tmp_path / "buf"
+    cfg = BufferConfig(n_samples_per_prompt=2)
+    async with Buffer(cfg, path=path) as b:
+        await b.put_group(group("a", [1, 0]))
+    log = path / "samples.log"
+    good = log.read_bytes()
+    # A put that crashed after appending, before committing: its bytes are cut off.
+    log.write_bytes(good + b"half of a sample")
+    async with Buffer(cfg, path=path) as b:
+        assert (await b.statistics()).ready == 1
+    assert log.read_bytes() == good
+    # A log shorter than its index, or none at all: refused, nothing changed.
+    log.write_bytes(good[:-10])
+    with pytest.raises(ConfigError, match="truncated or replaced"):
+        Buffer(cfg, path=path)
+    assert log.read_bytes() == good[:-10]
+    log.unlink()
+    with pytest.raises(ConfigError, match=r"samples\.log.*missing"):
+        Buffer(cfg, path=path)
+    # A log without its index is not ours to overwrite.
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "samples.log").write_bytes(b"someone else's data")
+    with pytest.raises(ConfigError, match="without its index"):
+        Buffer(cfg, path=stray)
+    assert (stray / "samples.log").read_bytes() == b"someone else's data"
+
+
 async def test_rollout_runner_writes_into_the_buffer(smollm2) -> None:  # type: ignore[no-untyped-def]
     from agentenv import RolloutConfig, ScriptedModel, run_rollouts
     from environments.arithmetic import ArithmeticEnv

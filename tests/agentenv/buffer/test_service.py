@@ -230,6 +230,63 @@ async def test_unreachable_server_names_the_url() -> None:
                 await client.statistics()
 
 
+async def test_concurrent_puts_share_requests_and_keep_their_own_errors(
+    served: tuple[Buffer, BufferServer, BufferClient],
+) -> None:
+    _, _, client = served
+    requests: list[int] = []
+    send = client._put_groups
+
+    async def counting(blobs: list[bytes]) -> list[BaseException | None]:
+        requests.append(len(blobs))
+        return await send(blobs)
+
+    client._put_groups = counting  # type: ignore[method-assign]
+    await client.put_group(group("dup", [1, 0]))
+    outcome: dict[str, str] = {}
+
+    async def put(name: str, samples: list[Sample]) -> None:
+        try:
+            await client.put_group(samples)
+            outcome[name] = "ok"
+        except SampleError as e:
+            outcome[name] = f"SampleError: {e}"
+
+    async with anyio.create_task_group() as tg:
+        for i in range(30):
+            tg.start_soon(put, f"g{i}", group(f"g{i}", [1, 0]))
+        tg.start_soon(put, "too-big", group("too-big", [1, 0, 1]))  # 3 episodes, n is 2
+        tg.start_soon(put, "dup", group("dup", [1, 0]))  # a retry: a no-op, no error
+    assert outcome.pop("too-big").startswith("SampleError: group 'too-big' has 3 episodes")
+    assert outcome == {**{f"g{i}": "ok" for i in range(30)}, "dup": "ok"}
+    assert sum(requests) == 33 and len(requests) < 10  # many groups per request
+    stats = await client.statistics()
+    assert stats.groups_put == 31 and stats.duplicate_groups == 1 and stats.ready == 31
+
+
+async def test_a_cancelled_put_that_was_not_sent_is_withdrawn(
+    served: tuple[Buffer, BufferServer, BufferClient],
+) -> None:
+    _, _, client = served
+    release = anyio.Event()
+    send = client._put_groups
+
+    async def slow(blobs: list[bytes]) -> list[BaseException | None]:
+        await release.wait()
+        return await send(blobs)
+
+    client._put_groups = slow  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.put_group, group("first", [1, 0]))  # in flight, held
+        await anyio.wait_all_tasks_blocked()
+        with anyio.move_on_after(0.05):
+            await client.put_group(group("withdrawn", [1, 0]))  # queued behind it
+        release.set()
+    batch = await client.get_batch(1, timeout=5)
+    assert [g.group_id for g in batch.groups] == ["first"]
+    assert (await client.statistics()).groups_put == 1
+
+
 async def test_concurrent_producers_and_a_consumer() -> None:
     n_producers, per_producer, batch_groups = 8, 12, 4
     cfg = BufferConfig(n_samples_per_prompt=4, capacity=8)  # small: producers must wait
