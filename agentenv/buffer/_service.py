@@ -89,6 +89,9 @@ BATCH_TYPE = "application/x-agentenv-batch"
 PREFIX = "/v1"
 _U32 = struct.Struct("<I")
 _PUT_BYTES = 64 * 1024 * 1024  # the most one put_groups request carries
+# Requests in flight at once: one keeps the server busy while the next is sent and the
+# answer to the previous is read; more only split the queued groups into smaller requests.
+_PUTS_IN_FLIGHT = 2
 
 
 class BufferServiceError(AgentEnvError):
@@ -497,7 +500,7 @@ class BufferClient:
         self._puts: collections.deque[tuple[bytes, list[BaseException | None]]] = (
             collections.deque()
         )
-        self._putting = False
+        self._putting = 0  # put requests in flight
         self._put_sent = anyio.Event()
 
     async def __aenter__(self) -> BufferClient:
@@ -565,7 +568,7 @@ class BufferClient:
         self._puts.append(entry)
         try:
             while not slot:
-                if self._putting:
+                if self._putting >= _PUTS_IN_FLIGHT:
                     event = self._put_sent
                     await event.wait()
                 else:
@@ -578,10 +581,10 @@ class BufferClient:
             raise slot[0]
 
     async def _send_puts(self) -> None:
-        # Whoever finds no request in flight sends every queued group (up to a size) in one
+        # Whoever finds a request slot free sends every queued group (up to a size) in one
         # request, shielded: the request serves other callers, whose groups must not be
         # abandoned halfway because this caller was cancelled.
-        self._putting = True
+        self._putting += 1
         try:
             with anyio.CancelScope(shield=True):
                 taken: list[tuple[bytes, list[BaseException | None]]] = []
@@ -598,7 +601,7 @@ class BufferClient:
                 for (_, slot), result in zip(taken, results, strict=True):
                     slot.append(result)
         finally:
-            self._putting = False
+            self._putting -= 1
             self._put_sent.set()
             self._put_sent = anyio.Event()
 
