@@ -497,9 +497,7 @@ class BufferClient:
             trust_env=False,
         )
         self._closed = False
-        self._puts: collections.deque[tuple[bytes, list[BaseException | None]]] = (
-            collections.deque()
-        )
+        self._puts: collections.deque[_QueuedPut] = collections.deque()
         self._putting = 0  # put requests in flight
         self._put_sent = anyio.Event()
 
@@ -562,23 +560,21 @@ class BufferClient:
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
-        blob = encode_samples(samples)
-        slot: list[BaseException | None] = []
-        entry = (blob, slot)
-        self._puts.append(entry)
+        put = _QueuedPut(encode_samples(samples))
+        self._puts.append(put)
         try:
-            while not slot:
-                if self._putting >= _PUTS_IN_FLIGHT:
+            while not put.done:
+                if put.sent or self._putting >= _PUTS_IN_FLIGHT:
                     event = self._put_sent
                     await event.wait()
                 else:
                     await self._send_puts()
         except BaseException:
-            if entry in self._puts:  # not sent yet: cancelling withdraws it
-                self._puts.remove(entry)
+            if not put.sent:  # cancelling a put that has not left withdraws it
+                self._puts.remove(put)
             raise
-        if slot[0] is not None:
-            raise slot[0]
+        if put.error is not None:
+            raise put.error
 
     async def _send_puts(self) -> None:
         # Whoever finds a request slot free sends every queued group (up to a size) in one
@@ -587,19 +583,20 @@ class BufferClient:
         self._putting += 1
         try:
             with anyio.CancelScope(shield=True):
-                taken: list[tuple[bytes, list[BaseException | None]]] = []
+                taken: list[_QueuedPut] = []
                 size = 0
-                while self._puts and (not taken or size + len(self._puts[0][0]) <= _PUT_BYTES):
-                    entry = self._puts.popleft()
-                    taken.append(entry)
-                    size += len(entry[0]) + 4
+                while self._puts and (not taken or size + len(self._puts[0].blob) <= _PUT_BYTES):
+                    put = self._puts.popleft()
+                    put.sent = True
+                    taken.append(put)
+                    size += len(put.blob) + 4
                 results: list[BaseException | None]
                 try:
-                    results = await self._put_groups([blob for blob, _ in taken])
+                    results = await self._put_groups([put.blob for put in taken])
                 except Exception as e:  # the whole request failed: every caller learns why
                     results = [e] * len(taken)
-                for (_, slot), result in zip(taken, results, strict=True):
-                    slot.append(result)
+                for put, result in zip(taken, results, strict=True):
+                    put.error, put.done = result, True
         finally:
             self._putting -= 1
             self._put_sent.set()
@@ -688,6 +685,16 @@ class BufferClient:
     async def statistics(self) -> BufferStats:
         """:meth:`Buffer.statistics <agentenv.buffer.Buffer.statistics>`."""
         return _stats_from_json((await self._call("GET", "statistics")).json())
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _QueuedPut:
+    """One ``put_group`` call waiting for a request to carry its group."""
+
+    blob: bytes
+    sent: bool = False
+    done: bool = False
+    error: BaseException | None = None
 
 
 def _exception(kind: str, message: str) -> BaseException:

@@ -1,13 +1,10 @@
 """The Buffer as a service: every method through BufferServer + BufferClient, auth, errors,
-concurrency, malformed requests; and the HTTP layer underneath (agentenv._http)."""
+concurrency, malformed requests."""
 
 from __future__ import annotations
 
 import collections
-import json
-import math
 import socket
-import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,16 +14,6 @@ import pytest
 from anyio.abc import SocketAttribute
 
 from agentenv import ClosedResourceError, ConfigError, Sample, SampleError
-from agentenv._http import (
-    HTTPError,
-    HTTPServer,
-    HTTPTransport,
-    Request,
-    Response,
-    Router,
-    StreamingResponse,
-    sse,
-)
 from agentenv.buffer import (
     Buffer,
     BufferConfig,
@@ -34,7 +21,7 @@ from agentenv.buffer import (
     RewardStdFilter,
     UnknownBatchError,
 )
-from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample, encode_samples
+from agentenv.buffer._codec import encode_samples
 from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
 from tests.agentenv.buffer._groups import group
 
@@ -267,6 +254,8 @@ async def test_concurrent_puts_share_requests_and_keep_their_own_errors(
 async def test_a_cancelled_put_that_was_not_sent_is_withdrawn(
     served: tuple[Buffer, BufferServer, BufferClient],
 ) -> None:
+    from agentenv.buffer._service import _PUTS_IN_FLIGHT
+
     _, _, client = served
     release = anyio.Event()
     send = client._put_groups
@@ -276,15 +265,17 @@ async def test_a_cancelled_put_that_was_not_sent_is_withdrawn(
         return await send(blobs)
 
     client._put_groups = slow  # type: ignore[method-assign]
+    sent = [f"sent{i}" for i in range(_PUTS_IN_FLIGHT)]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(client.put_group, group("first", [1, 0]))  # in flight, held
+        for name in sent:  # every request slot in flight, held
+            tg.start_soon(client.put_group, group(name, [1, 0]))
         await anyio.wait_all_tasks_blocked()
         with anyio.move_on_after(0.05):
-            await client.put_group(group("withdrawn", [1, 0]))  # queued behind it
+            await client.put_group(group("withdrawn", [1, 0]))  # queued behind them
         release.set()
-    batch = await client.get_batch(1, timeout=5)
-    assert [g.group_id for g in batch.groups] == ["first"]
-    assert (await client.statistics()).groups_put == 1
+    batch = await client.get_batch(_PUTS_IN_FLIGHT, timeout=5)
+    assert sorted(g.group_id for g in batch.groups) == sent
+    assert (await client.statistics()).groups_put == _PUTS_IN_FLIGHT
 
 
 async def test_concurrent_producers_and_a_consumer() -> None:
@@ -425,216 +416,3 @@ async def test_shutdown_answers_waiting_requests() -> None:
                 await server.aclose()
             assert len(errors) == 1 and "shutting down" in str(errors[0])
             assert (await buffer.statistics()).handed == 0
-
-
-# -- the wire encoding of samples -------------------------------------------------------------
-def test_codec_round_trip_is_bit_exact() -> None:
-    tiny = 5e-324  # a denormal: survives only a bit-exact encoding
-    samples = [
-        Sample(
-            prompt_ids=[0, 2**32 - 1],
-            completion_ids=[5, 6, 7],
-            reward=-0.0,
-            loss_mask=[1, 0, 1],
-            rollout_logprobs=[-tiny, 0.0, -math.pi],
-            metadata={"nested": {"a": [1, 2.5, None]}, "s": "\u2603"},
-            weight_versions=["3", "4"],
-            role="red",
-            episode=0,
-        ),
-        Sample(prompt_ids=[1], completion_ids=[], reward=2, group_id="g"),
-        group("f", [1, 0], failed=[1])[1],
-    ]
-    for sample in samples:
-        back = decode_sample(encode_sample(sample))
-        assert back == sample
-        assert struct.pack(
-            f"{len(back.rollout_logprobs or [])}d", *(back.rollout_logprobs or [])
-        ) == (
-            struct.pack(f"{len(sample.rollout_logprobs or [])}d", *(sample.rollout_logprobs or []))
-        )
-        assert type(back.reward) is float and math.copysign(1, back.reward) == math.copysign(
-            1, float(sample.reward)
-        )
-    assert decode_samples(encode_samples(samples)) == samples
-    with pytest.raises(SampleError, match="below 2\\*\\*32"):
-        encode_sample(Sample(prompt_ids=[2**32], completion_ids=[], reward=0.0))
-
-
-def test_codec_validates_like_the_constructor() -> None:
-    good = encode_sample(group("a", [1.0])[0])
-    (n,) = struct.unpack_from("<I", good)
-    header = json.loads(good[4 : 4 + n])
-
-    def with_header(**changes: object) -> bytes:
-        fields = ["reward", "group_id", "role", "id", "task_id", "episode", "weight_versions"]
-        fields += ["status", "reason", "error_type", "metadata"]
-        h = list(header)
-        for key, value in changes.items():
-            h[fields.index(key)] = value
-        text = json.dumps(h).encode()
-        return struct.pack("<I", len(text)) + text + good[4 + n :]
-
-    for changes, message in [
-        ({"group_id": 5}, "group_id must be a string"),
-        ({"weight_versions": "3"}, "weight_versions must be a list of strings"),
-        ({"metadata": [1]}, "metadata must be a JSON object"),
-        ({"reward": True}, "reward must be a float"),
-        ({"reward": "1"}, "reward must be a float"),
-        ({"status": "done"}, "status must be one of"),
-        ({"status": "truncated"}, "needs a reason"),
-        ({"episode": -1}, "episode must be a non-negative int"),
-    ]:
-        with pytest.raises(SampleError, match=message):
-            decode_sample(with_header(**changes))
-    nan = bytearray(good)
-    nan[-8:] = struct.pack("<d", float("nan"))
-    with pytest.raises(SampleError, match="finite"):
-        decode_sample(bytes(nan))
-    for broken in (good[:3], good[:-1], good + b"\0", b"\x02\0\0\0[]", b"\x04\0\0\0{}{}"):
-        with pytest.raises(SampleError, match="malformed"):
-            decode_sample(broken)
-
-
-# -- the HTTP layer ---------------------------------------------------------------------------
-def _router() -> Router:
-    router = Router()
-
-    @router.route("GET", "/hello")
-    async def hello(request: Request) -> Response:
-        return Response.json({"hello": request.query.get("name", "world")})
-
-    @router.route("POST", "/echo")
-    async def echo(request: Request) -> Response:
-        return Response(request.body, content_type="application/octet-stream")
-
-    @router.route("GET", "/fail")
-    async def fail(request: Request) -> Response:
-        raise RuntimeError("handler bug")
-
-    @router.route("GET", "/teapot")
-    async def teapot(request: Request) -> Response:
-        raise HTTPError(418, "short and stout", type="Teapot")
-
-    @router.route("GET", "/events")
-    async def events(request: Request) -> StreamingResponse:
-        async def gen() -> AsyncIterator[bytes]:
-            for i in range(3):
-                yield sse(f"tick {i}\nline two", event="tick", id=str(i))
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(gen())
-
-    return router
-
-
-async def _raw(port: int, data: bytes) -> bytes:
-    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        await stream.send(data)
-        out = b""
-        with anyio.move_on_after(5):
-            while True:
-                try:
-                    out += await stream.receive()
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    break
-        return out
-
-
-@pytest.mark.parametrize("transport", ["agentenv", "httpx"])
-async def test_http_server_basics(transport: str) -> None:
-    async with HTTPServer(_router(), max_body_bytes=1 << 20) as server:
-        kwargs: dict[str, object] = {"base_url": server.url, "trust_env": False}
-        if transport == "agentenv":
-            kwargs["transport"] = HTTPTransport(max_connections=4)
-        async with httpx.AsyncClient(**kwargs) as client:  # type: ignore[arg-type]
-            r = await client.get("/hello", params={"name": "a b"})
-            assert r.json() == {"hello": "a b"} and r.headers["content-type"] == "application/json"
-            payload = bytes(range(256)) * 1000
-            for _ in range(3):  # keep-alive: one connection serves them all
-                r = await client.post("/echo", content=payload)
-                assert r.content == payload
-            r = await client.get("/fail")
-            assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
-            r = await client.get("/teapot")
-            assert r.status_code == 418 and r.json()["error"] == {
-                "type": "Teapot",
-                "message": "short and stout",
-            }
-            r = await client.head("/hello")
-            assert r.status_code == 200 and r.content == b""
-            r = await client.post("/echo", content=b"x" * ((1 << 20) + 1))
-            assert r.status_code == 413
-            async with client.stream("GET", "/events") as stream:
-                assert stream.headers["transfer-encoding"] == "chunked"
-                text = "".join([piece async for piece in stream.aiter_text()])
-            assert text.count("event: tick") == 3
-            assert "data: tick 2\ndata: line two\n\n" in text and text.endswith("[DONE]\n\n")
-            r = await client.get("/hello")  # the connection is still good after a stream
-            assert r.status_code == 200
-
-
-async def test_http_server_protocol_edges() -> None:
-    async with HTTPServer(_router(), max_header_bytes=1024) as server:
-        port = server.port
-        # Pipelined keep-alive requests on one connection, answered in order.
-        out = await _raw(
-            port,
-            b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"
-            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc"
-            b"GET /hello?name=z HTTP/1.1\r\nconnection: close\r\n\r\n",
-        )
-        assert out.count(b"HTTP/1.1 200 OK") == 3
-        assert out.index(b'"world"') < out.index(b"abc") < out.index(b'"z"')
-        # HTTP/1.0 closes unless asked to keep alive.
-        out = await _raw(port, b"GET /hello HTTP/1.0\r\n\r\n")
-        assert out.startswith(b"HTTP/1.1 200") and b"connection: close" in out
-        for request, status in [
-            (b"garbage\r\n\r\n", b"400"),
-            (b"GET /hello HTTP/2.0\r\n\r\n", b"505"),
-            (b"GET hello HTTP/1.1\r\n\r\n", b"400"),
-            (b"GET /hello HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
-            (b"POST /echo HTTP/1.1\r\ncontent-length: x\r\n\r\n", b"400"),
-            (b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", b"400"),
-            (
-                b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-                b"411",
-            ),
-            (b"GET /hello HTTP/1.1\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
-        ]:
-            out = await _raw(port, request)
-            assert out.startswith(b"HTTP/1.1 " + status), (request[:40], out[:80])
-            assert b"connection: close" in out
-        # A client that disconnects mid-request does not disturb the server.
-        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            await stream.send(b"POST /echo HTTP/1.1\r\ncontent-length: 100\r\n\r\nabc")
-        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
-            assert (await client.get(f"{server.url}/hello")).status_code == 200
-
-
-async def test_http_transport_survives_a_server_restart() -> None:
-    router = _router()
-    async with HTTPServer(router) as first:
-        port = first.port
-        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
-            assert (await client.get(f"{first.url}/hello")).status_code == 200
-            await first.aclose()  # the pooled connection is now closed by the server
-            async with HTTPServer(router, port=port) as second:
-                assert (await client.get(f"{second.url}/hello")).status_code == 200
-
-
-def test_http_config_errors() -> None:
-    router = Router()
-    with pytest.raises(ConfigError, match="port must be in"):
-        HTTPServer(router, port=70000)
-    with pytest.raises(ConfigError, match="max_body_bytes must be at least 1"):
-        HTTPServer(router, max_body_bytes=0)
-
-    async def h(request: Request) -> Response:
-        return Response()
-
-    router.add("GET", "/x", h)
-    with pytest.raises(ConfigError, match="already registered"):
-        router.add("GET", "/x", h)
-    with pytest.raises(ConfigError, match="must start with '/'"):
-        router.add("GET", "x", h)

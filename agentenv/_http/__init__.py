@@ -1,0 +1,64 @@
+"""Small, fast HTTP/1.1 for agentenv's own services: a server on anyio TCP listeners, and
+an httpx transport for their clients.
+
+The Buffer service (``agentenv buffer serve``) and the embedded engine's SGLang-compatible
+server speak HTTP through this module. It needs only the standard library, anyio and (for
+:class:`HTTPTransport`) httpx, and implements what those services need, no more. The
+server (:class:`HTTPServer`) has:
+
+- keep-alive connections (HTTP/1.1, and HTTP/1.0 with ``Connection: keep-alive``);
+- request bodies with ``Content-Length`` only: a chunked (or any ``Transfer-Encoding``)
+  request body is refused with 411, a malformed request with 400, an oversized head with
+  431 and an oversized body with 413 -- the connection is then closed, the server is not;
+- JSON and binary responses (:class:`Response`) and streamed ones
+  (:class:`StreamingResponse`: chunked transfer, e.g. server-sent events via :func:`sse`);
+- a :class:`Router` from ``(method, path)`` to ``async def handler(request) -> response``;
+  handlers raise :class:`HTTPError` for an error status with a JSON body
+  ``{"error": {"type": ..., "message": ...}}``;
+- long-poll routes (``long_poll=True``): the handler is cancelled when the client
+  disconnects or the server shuts down, so a waiting handler never hands its result to
+  nobody (see :attr:`Response.on_undelivered`);
+- a ``guard`` that sees each request's head before its body is read (authentication);
+- graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
+  connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
+
+It binds to 127.0.0.1 unless told otherwise. Clients use
+``httpx.AsyncClient(transport=HTTPTransport())``: httpx's API over a lean keep-alive
+connection pool (a fraction of httpx's default per-request cost). ::
+
+    router = Router()
+
+    @router.route("GET", "/health")
+    async def health(request: Request) -> Response:
+        return Response.json({"ok": True})
+
+    async with HTTPServer(router) as server:
+        print(server.url)
+        await anyio.sleep_forever()
+"""
+
+from agentenv._http._client import HTTPTransport
+from agentenv._http._server import (
+    Guard,
+    Handler,
+    HTTPError,
+    HTTPServer,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    sse,
+)
+
+__all__ = [
+    "Guard",
+    "HTTPError",
+    "HTTPServer",
+    "HTTPTransport",
+    "Handler",
+    "Request",
+    "Response",
+    "Router",
+    "StreamingResponse",
+    "sse",
+]

@@ -1,0 +1,81 @@
+"""The binary encoding of samples: bit-exact, and validated like the constructor."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import pytest
+
+from agentenv import Sample, SampleError
+from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample, encode_samples
+from tests.agentenv.buffer._groups import group
+
+
+def test_codec_round_trip_is_bit_exact() -> None:
+    tiny = 5e-324  # a denormal: survives only a bit-exact encoding
+    samples = [
+        Sample(
+            prompt_ids=[0, 2**32 - 1],
+            completion_ids=[5, 6, 7],
+            reward=-0.0,
+            loss_mask=[1, 0, 1],
+            rollout_logprobs=[-tiny, 0.0, -math.pi],
+            metadata={"nested": {"a": [1, 2.5, None]}, "s": "\u2603"},
+            weight_versions=["3", "4"],
+            role="red",
+            episode=0,
+        ),
+        Sample(prompt_ids=[1], completion_ids=[], reward=2, group_id="g"),
+        group("f", [1, 0], failed=[1])[1],
+    ]
+    for sample in samples:
+        back = decode_sample(encode_sample(sample))
+        assert back == sample
+        assert struct.pack(
+            f"{len(back.rollout_logprobs or [])}d", *(back.rollout_logprobs or [])
+        ) == (
+            struct.pack(f"{len(sample.rollout_logprobs or [])}d", *(sample.rollout_logprobs or []))
+        )
+        assert type(back.reward) is float and math.copysign(1, back.reward) == math.copysign(
+            1, float(sample.reward)
+        )
+    assert decode_samples(encode_samples(samples)) == samples
+    with pytest.raises(SampleError, match="below 2\\*\\*32"):
+        encode_sample(Sample(prompt_ids=[2**32], completion_ids=[], reward=0.0))
+
+
+def test_codec_validates_like_the_constructor() -> None:
+    good = encode_sample(group("a", [1.0])[0])
+    (n,) = struct.unpack_from("<I", good)
+    header = json.loads(good[4 : 4 + n])
+
+    def with_header(**changes: object) -> bytes:
+        fields = ["reward", "group_id", "role", "id", "task_id", "episode", "weight_versions"]
+        fields += ["status", "reason", "error_type", "metadata"]
+        h = list(header)
+        for key, value in changes.items():
+            h[fields.index(key)] = value
+        text = json.dumps(h).encode()
+        return struct.pack("<I", len(text)) + text + good[4 + n :]
+
+    for changes, message in [
+        ({"group_id": 5}, "group_id must be a string"),
+        ({"weight_versions": "3"}, "weight_versions must be a list of strings"),
+        ({"metadata": [1]}, "metadata must be a JSON object"),
+        ({"reward": True}, "reward must be a float"),
+        ({"reward": "1"}, "reward must be a float"),
+        ({"status": "done"}, "status must be one of"),
+        ({"status": "truncated"}, "needs a reason"),
+        ({"episode": -1}, "episode must be a non-negative int"),
+    ]:
+        with pytest.raises(SampleError, match=message):
+            decode_sample(with_header(**changes))
+    nan = bytearray(good)
+    nan[-8:] = struct.pack("<d", float("nan"))
+    with pytest.raises(SampleError, match="finite"):
+        decode_sample(bytes(nan))
+    for broken in (good[:3], good[:-1], good + b"\0", b"\x02\0\0\0[]", b"\x04\0\0\0{}{}"):
+        with pytest.raises(SampleError, match="malformed"):
+            decode_sample(broken)

@@ -1,0 +1,166 @@
+"""agentenv's HTTP/1.1 server and client transport, under the Buffer service and the engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+import pytest
+
+from agentenv import ConfigError
+from agentenv._http import (
+    HTTPError,
+    HTTPServer,
+    HTTPTransport,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    sse,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def _router() -> Router:
+    router = Router()
+
+    @router.route("GET", "/hello")
+    async def hello(request: Request) -> Response:
+        return Response.json({"hello": request.query.get("name", "world")})
+
+    @router.route("POST", "/echo")
+    async def echo(request: Request) -> Response:
+        return Response(request.body, content_type="application/octet-stream")
+
+    @router.route("GET", "/fail")
+    async def fail(request: Request) -> Response:
+        raise RuntimeError("handler bug")
+
+    @router.route("GET", "/teapot")
+    async def teapot(request: Request) -> Response:
+        raise HTTPError(418, "short and stout", type="Teapot")
+
+    @router.route("GET", "/events")
+    async def events(request: Request) -> StreamingResponse:
+        async def gen() -> AsyncIterator[bytes]:
+            for i in range(3):
+                yield sse(f"tick {i}\nline two", event="tick", id=str(i))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(gen())
+
+    return router
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(data)
+        out = b""
+        with anyio.move_on_after(5):
+            while True:
+                try:
+                    out += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+        return out
+
+
+@pytest.mark.parametrize("transport", ["agentenv", "httpx"])
+async def test_http_server_basics(transport: str) -> None:
+    async with HTTPServer(_router(), max_body_bytes=1 << 20) as server:
+        kwargs: dict[str, object] = {"base_url": server.url, "trust_env": False}
+        if transport == "agentenv":
+            kwargs["transport"] = HTTPTransport(max_connections=4)
+        async with httpx.AsyncClient(**kwargs) as client:  # type: ignore[arg-type]
+            r = await client.get("/hello", params={"name": "a b"})
+            assert r.json() == {"hello": "a b"} and r.headers["content-type"] == "application/json"
+            payload = bytes(range(256)) * 1000
+            for _ in range(3):  # keep-alive: one connection serves them all
+                r = await client.post("/echo", content=payload)
+                assert r.content == payload
+            r = await client.get("/fail")
+            assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
+            r = await client.get("/teapot")
+            assert r.status_code == 418 and r.json()["error"] == {
+                "type": "Teapot",
+                "message": "short and stout",
+            }
+            r = await client.head("/hello")
+            assert r.status_code == 200 and r.content == b""
+            r = await client.post("/echo", content=b"x" * ((1 << 20) + 1))
+            assert r.status_code == 413
+            async with client.stream("GET", "/events") as stream:
+                assert stream.headers["transfer-encoding"] == "chunked"
+                text = "".join([piece async for piece in stream.aiter_text()])
+            assert text.count("event: tick") == 3
+            assert "data: tick 2\ndata: line two\n\n" in text and text.endswith("[DONE]\n\n")
+            r = await client.get("/hello")  # the connection is still good after a stream
+            assert r.status_code == 200
+
+
+async def test_http_server_protocol_edges() -> None:
+    async with HTTPServer(_router(), max_header_bytes=1024) as server:
+        port = server.port
+        # Pipelined keep-alive requests on one connection, answered in order.
+        out = await _raw(
+            port,
+            b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc"
+            b"GET /hello?name=z HTTP/1.1\r\nconnection: close\r\n\r\n",
+        )
+        assert out.count(b"HTTP/1.1 200 OK") == 3
+        assert out.index(b'"world"') < out.index(b"abc") < out.index(b'"z"')
+        # HTTP/1.0 closes unless asked to keep alive.
+        out = await _raw(port, b"GET /hello HTTP/1.0\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200") and b"connection: close" in out
+        for request, status in [
+            (b"garbage\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/2.0\r\n\r\n", b"505"),
+            (b"GET hello HTTP/1.1\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
+            (b"POST /echo HTTP/1.1\r\ncontent-length: x\r\n\r\n", b"400"),
+            (b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", b"400"),
+            (
+                b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                b"411",
+            ),
+            (b"GET /hello HTTP/1.1\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
+        ]:
+            out = await _raw(port, request)
+            assert out.startswith(b"HTTP/1.1 " + status), (request[:40], out[:80])
+            assert b"connection: close" in out
+        # A client that disconnects mid-request does not disturb the server.
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"POST /echo HTTP/1.1\r\ncontent-length: 100\r\n\r\nabc")
+        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
+            assert (await client.get(f"{server.url}/hello")).status_code == 200
+
+
+async def test_http_transport_survives_a_server_restart() -> None:
+    router = _router()
+    async with HTTPServer(router) as first:
+        port = first.port
+        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
+            assert (await client.get(f"{first.url}/hello")).status_code == 200
+            await first.aclose()  # the pooled connection is now closed by the server
+            async with HTTPServer(router, port=port) as second:
+                assert (await client.get(f"{second.url}/hello")).status_code == 200
+
+
+def test_http_config_errors() -> None:
+    router = Router()
+    with pytest.raises(ConfigError, match="port must be in"):
+        HTTPServer(router, port=70000)
+    with pytest.raises(ConfigError, match="max_body_bytes must be at least 1"):
+        HTTPServer(router, max_body_bytes=0)
+
+    async def h(request: Request) -> Response:
+        return Response()
+
+    router.add("GET", "/x", h)
+    with pytest.raises(ConfigError, match="already registered"):
+        router.add("GET", "/x", h)
+    with pytest.raises(ConfigError, match="must start with '/'"):
+        router.add("GET", "x", h)
