@@ -167,6 +167,10 @@ class Completion:
 
     ``output_ids`` are exactly the ids the engine produced (the matched stop token
     included); ``logprobs`` are aligned with them, or ``None`` when not requested.
+    ``weight_version`` is the server's version when the generation ended;
+    ``version_spans``, when known, says which version produced which tokens:
+    ``(("3", 40), ("4", 12))`` -- the first 40 by version 3, the next 12 by version 4
+    (a weight update happened in between). Empty means all by ``weight_version``.
     """
 
     output_ids: list[int]
@@ -175,6 +179,7 @@ class Completion:
     weight_version: str = "default"
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    version_spans: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.output_ids):
@@ -182,6 +187,22 @@ class Completion:
                 f"a completion has {len(self.output_ids)} output_ids but "
                 f"{len(self.logprobs)} logprobs; they must be aligned"
             )
+        if self.version_spans and sum(n for _, n in self.version_spans) != len(self.output_ids):
+            raise ConfigError(
+                f"version_spans cover {sum(n for _, n in self.version_spans)} tokens but "
+                f"the completion has {len(self.output_ids)}"
+            )
+
+    @property
+    def versions(self) -> list[str]:
+        """Every weight version that produced a token of this completion, in order."""
+        if not self.version_spans:
+            return [self.weight_version]
+        out: list[str] = []
+        for version, _ in self.version_spans:
+            if version not in out:
+                out.append(version)
+        return out
 
 
 @runtime_checkable

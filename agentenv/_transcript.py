@@ -201,8 +201,9 @@ class Transcript:
             seg.logprobs.extend([0.0] * len(ids))
         else:
             seg.logprobs.extend(completion.logprobs)
-        if completion.weight_version not in seg.weight_versions:
-            seg.weight_versions.append(completion.weight_version)
+        for version in completion.versions:
+            if version not in seg.weight_versions:
+                seg.weight_versions.append(version)
         seg.turns += 1
         self.last_finish = completion.finish_reason
         piece = self.tokenizer.decode(ids)

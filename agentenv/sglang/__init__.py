@@ -1,0 +1,8 @@
+"""SGLang: the client for its native HTTP API, and the launcher of its server and router.
+
+The same client talks to ``agentenv serve`` (the embedded engine behind SGLang's API).
+"""
+
+from agentenv.sglang._client import SGLangClient, SGLangError, StreamChunk
+
+__all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
