@@ -454,8 +454,14 @@ class SGLangClient:
         return data
 
     async def weight_version(self) -> str:
-        """The server's current weight version."""
-        data = await self._json("GET", "/get_weight_version")
+        """The server's current weight version (``/get_weight_version``, or the model info
+        on servers that retired that route)."""
+        try:
+            data = await self._json("GET", "/get_weight_version")
+        except SGLangError as e:
+            if e.status != 404:
+                raise
+            data = await self.model_info()
         if not isinstance(data, dict) or "weight_version" not in data:
             raise SGLangError(f"{self.url}/get_weight_version answered {data!r}", url=self.url)
         return str(data["weight_version"])
