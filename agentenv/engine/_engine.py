@@ -1,0 +1,442 @@
+"""The embedded engine: continuous batching over :class:`~agentenv.engine._model.LlamaModel`.
+
+:class:`Engine` is a :class:`~agentenv.Generator` (token ids in, ids, log-probs, finish
+reason and weight version out, with SGLang's semantics) that runs in-process on CPU or
+CUDA. Requests join the running batch between decode steps: each step first prefills the
+requests that arrived (one token each), then advances every running request by one token
+in a single batched forward pass; a finished request leaves at once and its cache slot is
+reused. Steps run in a worker thread, so the event loop stays free for the HTTP server
+and the environments. ::
+
+    async with Engine.load("smollm2-135m") as engine:
+        completion = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=64))
+
+It also does what an RL loop needs from an inference server: abort by request id,
+pause/continue, weight updates in-process (:meth:`Engine.update_weights`) or from a
+directory (:meth:`Engine.update_weights_from_disk`), and a weight version stamped on every
+token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import random
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import torch
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError
+from agentenv._generator import Completion, FinishReason, SamplingParams
+from agentenv.engine._model import KVCache, LlamaModel
+from agentenv.engine._models import resolve_model
+from agentenv.engine._sampler import sample
+
+__all__ = ["Engine", "EngineChunk"]
+
+
+@dataclasses.dataclass(slots=True)
+class EngineChunk:
+    """Tokens one step added to a request (the last chunk has ``finish_reason``)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | None
+    weight_version: str
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    stops: frozenset[int]
+    generator: torch.Generator
+    out: MemoryObjectSendStream[EngineChunk]
+    output: list[int] = dataclasses.field(default_factory=list)
+    finish: FinishReason | None = None
+    aborted: str | None = None
+    # Tokens produced in the current step, not yet delivered.
+    new_ids: list[int] = dataclasses.field(default_factory=list)
+    new_lps: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class Engine:
+    """A continuous-batching engine for one Llama-family model.
+
+    Args:
+        model: a model name (``smollm2-135m``) or a local Hugging Face model directory.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: weights and activations; default float32 on CPU, bfloat16 on CUDA.
+        max_running: requests in the batch at once; more wait for a free place.
+        context_length: longest prompt + completion (default: the model's).
+        weight_version: the version reported with every token until the next update.
+        tokenizer: for stop strings; default ``tokenizer.json`` beside the weights.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_running: int = 128,
+        context_length: int | None = None,
+        weight_version: str = "default",
+        tokenizer: Any = None,
+    ) -> None:
+        if max_running < 1:
+            raise ConfigError(f"max_running must be at least 1, got {max_running}")
+        self.model_path = resolve_model(str(model))
+        self.device = device
+        self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        self.model = LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
+        config = self.model.config
+        self.context_length = min(
+            context_length or config.max_position_embeddings, config.max_position_embeddings
+        )
+        self.max_running = max_running
+        self.weight_version = weight_version
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
+        self.tokenizer = tokenizer
+        self._cache = KVCache(config, max_running, 256, self.dtype, device)
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._by_rid: dict[str, _Request] = {}
+        self._wake = anyio.Event()
+        self._step_lock = anyio.Lock()  # a step, or a weight update, at a time
+        self._paused = False
+        self._resumed = anyio.Event()
+        self._closed = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.steps = 0
+
+    @classmethod
+    def load(cls, model: str | Path = "smollm2-135m", **kwargs: Any) -> Engine:
+        """:class:`Engine` (the constructor), for symmetry with other loaders."""
+        return cls(model, **kwargs)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._loop)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Abort what runs and stop; later calls raise :class:`ClosedResourceError`."""
+        if self._closed:
+            return
+        self._closed = True
+        for req in [*self._waiting, *self._running]:
+            req.aborted = req.aborted or "engine closed"
+        self._finish_aborted(self._waiting)
+        self._waiting.clear()
+        self._wake.set()
+        self._resumed.set()
+        if self._tg is not None:
+            tg, self._tg = self._tg, None
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        for req in self._running:
+            req.aborted = req.aborted or "engine closed"
+        self._finish_aborted(self._running)
+        self._running.clear()
+
+    # -- requests --------------------------------------------------------------------------
+    def _submit(
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None
+    ) -> tuple[_Request, MemoryObjectReceiveStream[EngineChunk]]:
+        if self._closed:
+            raise ClosedResourceError("the engine is closed")
+        if self._tg is None:
+            raise ConfigError("use the engine inside `async with Engine(...)`")
+        ids = list(input_ids)
+        if not ids:
+            raise ConfigError("input_ids cannot be empty.")
+        vocab = self.model.config.vocab_size
+        if not all(type(t) is int and 0 <= t < vocab for t in ids):
+            bad = next(t for t in ids if type(t) is not int or not 0 <= t < vocab)
+            raise ConfigError(f"input_ids must be token ids in [0, {vocab}), got {bad!r}")
+        params.verify()
+        if len(ids) >= self.context_length:
+            raise ContextLengthError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        if len(ids) + params.max_new_tokens > self.context_length:
+            raise ContextLengthError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens. You requested a total of "
+                f"{len(ids) + params.max_new_tokens} tokens: {len(ids)} tokens from the input "
+                f"messages and {params.max_new_tokens} tokens for the completion."
+            )
+        rid = rid or uuid.uuid4().hex
+        if rid in self._by_rid:
+            raise ConfigError(f"request id {rid!r} is already running")
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops.update(self.model.config.eos_token_ids)
+        gen = torch.Generator()
+        gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        send, receive = anyio.create_memory_object_stream[EngineChunk](math.inf)
+        req = _Request(rid, ids, params, frozenset(stops), gen, send)
+        self._by_rid[rid] = req
+        self._waiting.append(req)
+        self._wake.set()
+        return req, receive
+
+    async def stream(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """Generate, yielding the tokens of every step as they come."""
+        req, receive = self._submit(input_ids, params, rid)
+        try:
+            async with receive:
+                async for chunk in receive:
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        return
+        finally:
+            if req.finish is None:  # the caller left early: stop generating for it
+                req.aborted = "the client went away"
+                self._wake.set()
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> Completion:
+        """Generate a continuation of ``input_ids`` (the :class:`~agentenv.Generator` call)."""
+        ids: list[int] = []
+        lps: list[float] = []
+        spans: list[tuple[str, int]] = []
+        finish: FinishReason | None = None
+        version = self.weight_version
+        async for chunk in self.stream(input_ids, params, rid=rid):
+            version = chunk.weight_version
+            if chunk.output_ids:
+                ids.extend(chunk.output_ids)
+                lps.extend(chunk.logprobs)
+                if spans and spans[-1][0] == version:
+                    spans[-1] = (version, spans[-1][1] + len(chunk.output_ids))
+                else:
+                    spans.append((version, len(chunk.output_ids)))
+            finish = chunk.finish_reason
+        assert finish is not None
+        return Completion(
+            output_ids=ids,
+            logprobs=lps if return_logprob else None,
+            finish_reason=finish,
+            weight_version=version,
+            prompt_tokens=len(input_ids),
+            version_spans=tuple(spans) if len(spans) > 1 else (),
+        )
+
+    def abort(self, rid: str | None = None, *, all: bool = False) -> None:
+        """Abort ``rid`` (a no-op if unknown), or every request; each returns what it has
+        with ``finish_reason.type == "abort"``."""
+        if all:
+            targets = list(self._by_rid.values())
+        else:
+            targets = [self._by_rid[rid]] if rid is not None and rid in self._by_rid else []
+        for req in targets:
+            req.aborted = req.aborted or "Aborted"
+        waiting = [r for r in self._waiting if r.aborted]
+        if waiting:
+            self._waiting = [r for r in self._waiting if not r.aborted]
+            for r in waiting:
+                r.aborted = "Abort in waiting queue"
+            self._finish_aborted(waiting)
+        self._wake.set()
+
+    @property
+    def running(self) -> int:
+        """Requests generating or waiting to."""
+        return len(self._by_rid)
+
+    # -- pause and weights -----------------------------------------------------------------
+    async def pause(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
+        """Stop generating. ``abort`` ends every request (partial output, finish abort);
+        ``retract`` and ``in_place`` keep them, to continue after :meth:`resume` (this
+        engine keeps their cache in both modes)."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ConfigError(f"mode must be abort, retract or in_place, got {mode!r}")
+        self._paused = True
+        self._resumed = anyio.Event()
+        if mode == "abort":
+            self.abort(all=True)
+        async with self._step_lock:  # the step in progress finishes first
+            if mode == "abort":
+                self._finish_aborted(self._running)
+                self._compact()
+
+    async def resume(self) -> None:
+        """Continue after :meth:`pause`."""
+        self._paused = False
+        self._resumed.set()
+        self._wake.set()
+
+    async def update_weights(
+        self, tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
+    ) -> None:
+        """Install HF-named weights between two steps; tokens after it carry the new version."""
+        async with self._step_lock:
+            await anyio.to_thread.run_sync(self.model.set_weights, dict(tensors))
+            if weight_version is not None:
+                self.weight_version = weight_version
+
+    async def update_weights_from_disk(
+        self, path: str | Path, *, weight_version: str | None = None
+    ) -> None:
+        """Load every weight from an HF-format directory (safetensors) between two steps."""
+        directory = Path(path)
+        if not await anyio.Path(directory).is_dir():
+            raise ConfigError(f"model_path {str(path)!r} is not a directory")
+        async with self._step_lock:
+            await anyio.to_thread.run_sync(self.model.load_weights, directory)
+            if weight_version is not None:
+                self.weight_version = weight_version
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while not self._closed:
+            if self._paused:
+                await self._resumed.wait()
+                continue
+            if not self._waiting and not self._running:
+                self._wake = anyio.Event()
+                if not self._waiting and not self._running:
+                    await self._wake.wait()
+                continue
+            async with self._step_lock:
+                if self._paused:
+                    continue
+                room = self.max_running - len(self._running)
+                admitted, self._waiting = self._waiting[:room], self._waiting[room:]
+                await anyio.to_thread.run_sync(self._step, admitted)
+                self._deliver()
+            await anyio.lowlevel.checkpoint()
+
+    def _step(self, admitted: list[_Request]) -> None:
+        """One scheduler step (in a worker thread): prefill newcomers, decode everyone.
+
+        Invariant: a running request's cache holds every position but its last token's,
+        which the next decode feeds in.
+        """
+        self._finish_aborted_running()
+        model, cache = self.model, self._cache
+        for req in admitted:
+            if req.aborted:
+                req.finish = FinishReason("abort", message=req.aborted)
+                self._send(req)
+                continue
+            if req.params.max_new_tokens == 0:
+                req.finish = FinishReason("length", length=0)
+                self._send(req)
+                continue
+            slot = len(self._running)
+            self._running.append(req)
+            self._sample([req], model.prefill(req.prompt, 0, slot, cache).unsqueeze(0))
+        live = [i for i, r in enumerate(self._running) if r.finish is None]
+        if live:
+            # Every slot takes part (a finished one's row is wasted, and dropped after).
+            ids = [r.output[-1] for r in self._running]
+            positions = [r.length - 1 for r in self._running]
+            logits = model.decode(ids, positions, cache)
+            if len(live) < len(self._running):
+                logits = logits[live]
+            self._sample([self._running[i] for i in live], logits)
+        self.steps += 1
+
+    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+        params = [r.params for r in reqs]
+        banned = [sorted(r.stops) if len(r.output) < r.params.min_new_tokens else () for r in reqs]
+        ids, lps = sample(logits, params, [r.generator for r in reqs], banned)
+        for req, token, lp in zip(reqs, ids, lps, strict=True):
+            req.output.append(token)
+            req.new_ids.append(token)
+            req.new_lps.append(lp)
+            req.finish = self._finished(req, token)
+
+    def _finished(self, req: _Request, token: int) -> FinishReason | None:
+        p = req.params
+        n = len(req.output)
+        if n >= p.min_new_tokens:
+            if token in req.stops:
+                return FinishReason("stop", matched=token)
+            if p.stop:
+                longest = max(len(s) for s in p.stop)
+                # Enough tokens to cover the longest stop string (a token is >= 1 char).
+                tail = self.tokenizer.decode(
+                    req.output[-(longest + 1) :], skip_special_tokens=False
+                )
+                for s in p.stop:
+                    if s in tail:
+                        return FinishReason("stop", matched=s)
+        if n >= p.max_new_tokens or req.length >= self.context_length:
+            return FinishReason("length", length=n)
+        return None
+
+    def _finish_aborted_running(self) -> None:
+        gone = [r for r in self._running if r.aborted and r.finish is None]
+        for r in gone:
+            r.finish = FinishReason("abort", message=r.aborted)
+
+    def _finish_aborted(self, reqs: list[_Request]) -> None:
+        for r in reqs:
+            if r.finish is None:
+                r.finish = FinishReason("abort", message=r.aborted or "Aborted")
+                self._send(r)
+
+    def _deliver(self) -> None:
+        for r in self._running:
+            if r.new_ids or r.finish is not None:
+                self._send(r)
+        self._compact()
+
+    def _send(self, r: _Request) -> None:
+        chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version)
+        r.new_ids, r.new_lps = [], []
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            r.out.send_nowait(chunk)  # fails only when the caller left
+        if r.finish is not None:
+            r.out.close()
+            self._by_rid.pop(r.rid, None)
+
+    def _compact(self) -> None:
+        """Drop finished requests; the last running ones move into the freed slots."""
+        running = self._running
+        slot = 0
+        while slot < len(running):
+            if running[slot].finish is None:
+                slot += 1
+                continue
+            last = running.pop()
+            if slot == len(running):  # the finished one was the last
+                break
+            if last.finish is None:
+                self._cache.move(len(running), slot, last.length)
+                running[slot] = last
+                slot += 1
