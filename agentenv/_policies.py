@@ -1,16 +1,22 @@
 """Turning a ``--model`` string into a generator and its tokenizer.
 
-Accepted today:
+Accepted:
 
+* ``http://host:port`` -- an SGLang server or router, or ``agentenv serve``;
+* a model name (``smollm2-135m``) or a local Hugging Face model directory -- the
+  embedded engine, in this process;
 * ``scripted:<file>.json`` -- rules ``{"rules": [{"pattern", "reply"}], "default"}``;
 * ``scripted:<file>.py`` -- a module defining ``reply(ctx: ScriptContext) -> str``.
 
-The tokenizer is ``--tokenizer`` or, by default, ``smollm2-135m``.
+The tokenizer is ``--tokenizer``; by default the engine's model, the server's model when
+its directory is readable here, else ``smollm2-135m``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agentenv._errors import ConfigError
@@ -18,7 +24,7 @@ from agentenv._generator import Generator
 from agentenv._scripted import ScriptedModel
 from agentenv._tokenizer import ChatTokenizer, Tokenizer
 
-__all__ = ["DEFAULT_TOKENIZER", "load_policy"]
+__all__ = ["DEFAULT_TOKENIZER", "load_policy", "open_policy"]
 
 DEFAULT_TOKENIZER = "smollm2-135m"
 
@@ -47,6 +53,32 @@ def load_policy(spec: str, *, tokenizer: str | None = None) -> tuple[Generator, 
             return _load_script_module(path, tok), tok
         return ScriptedModel.from_file(path, tok), tok
     raise ConfigError(
-        f"--model {spec!r} is not supported yet: use scripted:<file.json|file.py>; "
-        "SGLang servers (http://...) and local models come with the inference engine"
+        f"load_policy handles scripted:<file> only, got {spec!r}; use open_policy for "
+        "servers and models"
     )
+
+
+@contextlib.asynccontextmanager
+async def open_policy(
+    spec: str, *, tokenizer: str | None = None
+) -> AsyncIterator[tuple[Generator, Tokenizer]]:
+    """The generator named by ``spec`` and its tokenizer, open for the ``async with``."""
+    if spec.startswith("scripted:"):
+        yield load_policy(spec, tokenizer=tokenizer)
+        return
+    if spec.startswith(("http://", "https://")):
+        from agentenv.sglang import SGLangClient
+
+        async with SGLangClient(spec) as client:
+            name = tokenizer
+            if name is None:
+                info = await client.model_info()
+                path = Path(str(info.get("tokenizer_path") or info.get("model_path") or ""))
+                name = str(path) if (path / "tokenizer.json").is_file() else DEFAULT_TOKENIZER
+            yield client, ChatTokenizer.load(name)
+        return
+    from agentenv.engine import Engine
+
+    engine = Engine(spec)
+    async with engine:
+        yield engine, ChatTokenizer.load(tokenizer or str(engine.model_path))

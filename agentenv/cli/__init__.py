@@ -1,4 +1,4 @@
-"""The ``agentenv`` command: ``eval``, ``bench``, ``buffer``.
+"""The ``agentenv`` command: ``eval``, ``serve``, ``bench``, ``buffer``.
 
 Every command that reports numbers prints them as one JSON object on its last line
 with ``--json``. Run ``agentenv COMMAND --help`` for the flags.
@@ -16,13 +16,14 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agentenv.cli import _bench, _buffer, _eval
+    from agentenv.cli import _bench, _buffer, _eval, _serve
 
     parser = argparse.ArgumentParser(
         prog="agentenv", description="RL of language models on agentic tasks"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _eval.add_parser(sub)
+    _serve.add_parser(sub)
     _bench.add_parser(sub)
     _buffer.add_parser(sub)
     return parser

@@ -19,7 +19,7 @@ import pydantic
 
 from agentenv._environment import Limits
 from agentenv._generator import SamplingParams
-from agentenv._policies import load_policy
+from agentenv._policies import open_policy
 from agentenv._registry import load_environment
 from agentenv._runner import JsonlSink, ListSink, RolloutConfig, SampleSink, run_rollouts
 from agentenv.cli._config import add_model_arguments, build_config
@@ -31,7 +31,10 @@ class EvalConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     env: str = pydantic.Field(description="registered environment name or module:Class")
-    model: str = pydantic.Field(description="scripted:<file.json|file.py>")
+    model: str = pydantic.Field(
+        description="http://host:port (SGLang or agentenv serve), a model name "
+        "(smollm2-135m) or HF directory (embedded engine), or scripted:<file.json|file.py>"
+    )
     tokenizer: str | None = pydantic.Field(
         None, description="tokenizer name or HF directory (default: smollm2-135m)"
     )
@@ -77,7 +80,11 @@ def add_parser(sub: Any) -> None:
 async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation ``cfg`` describes and return its summary."""
     env = load_environment(cfg.env, cfg.env_args)
-    policy, tokenizer = load_policy(cfg.model, tokenizer=cfg.tokenizer)
+    async with open_policy(cfg.model, tokenizer=cfg.tokenizer) as (policy, tokenizer):
+        return await _evaluate(cfg, env, policy, tokenizer)
+
+
+async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> dict[str, Any]:
     tasks = list(env.tasks(cfg.split))[: cfg.n]
     config = RolloutConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,

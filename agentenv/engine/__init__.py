@@ -1,1 +1,27 @@
-"""The embedded inference engine: local models, tokenizers and generation."""
+"""The embedded inference engine: local models, continuous batching, SGLang's HTTP API.
+
+``Engine`` and ``EngineServer`` import torch, so they load on first use: resolving a
+model name (``resolve_model``) stays light.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from agentenv.engine._models import SMOLLM2_NAME, cache_dir, resolve_model
+
+if TYPE_CHECKING:
+    from agentenv.engine._engine import Engine, EngineChunk
+    from agentenv.engine._server import EngineServer
+
+__all__ = ["SMOLLM2_NAME", "Engine", "EngineChunk", "EngineServer", "cache_dir", "resolve_model"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Engine", "EngineChunk"):
+        from agentenv.engine import _engine
+
+        return getattr(_engine, name)
+    if name == "EngineServer":
+        from agentenv.engine._server import EngineServer
+
+        return EngineServer
+    raise AttributeError(f"module 'agentenv.engine' has no attribute {name!r}")

@@ -115,6 +115,7 @@ class KVCache:
     def capacity(self) -> int:
         return int(self.k.shape[3])
 
+    @torch.inference_mode()
     def reserve(self, length: int) -> None:
         """Make room for sequences of ``length`` tokens (doubling, so growth is rare)."""
         if length <= self.capacity:
@@ -124,6 +125,7 @@ class KVCache:
         self.k = F.pad(self.k, (0, 0, 0, pad))
         self.v = F.pad(self.v, (0, 0, 0, pad))
 
+    @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy a sequence's first ``length`` positions from slot ``src`` to ``dst``."""
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]

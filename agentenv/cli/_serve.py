@@ -1,0 +1,82 @@
+"""``agentenv serve``: the embedded engine behind SGLang's HTTP API.
+
+    agentenv serve --model smollm2-135m [--host 127.0.0.1] [--port 30000]
+    agentenv eval --env arithmetic --model http://127.0.0.1:30000
+
+Any SGLang client works against it (``/generate``, ``/health``, ``/abort_request``,
+``/update_weights_from_disk``, ...). It binds to 127.0.0.1 unless told otherwise and runs
+until Ctrl-C (or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any, Literal
+
+import anyio
+import pydantic
+
+from agentenv.cli._config import add_model_arguments, build_config
+
+__all__ = ["add_parser"]
+
+
+class ServeConfig(pydantic.BaseModel):
+    model: str = pydantic.Field(
+        "smollm2-135m", description="a model name (smollm2-135m) or a local HF model directory"
+    )
+    host: str = pydantic.Field("127.0.0.1", description="interface to bind (loopback by default)")
+    port: int = pydantic.Field(30000, ge=0, le=65535, description="TCP port (0: any free one)")
+    device: str = pydantic.Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = pydantic.Field(
+        None, description="default: float32 on CPU, bfloat16 on CUDA"
+    )
+    max_running: int = pydantic.Field(128, ge=1, description="requests batched at once")
+    context_length: int | None = pydantic.Field(
+        None, ge=2, description="longest prompt + completion (default: the model's)"
+    )
+    weight_version: str = pydantic.Field("default", description="initial weight version")
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="serve a model over SGLang's HTTP API",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, ServeConfig)
+    parser.set_defaults(handler=run)
+
+
+async def serve(cfg: ServeConfig) -> None:
+    import torch
+
+    from agentenv.engine import Engine, EngineServer
+
+    dtype = None if cfg.dtype is None else getattr(torch, cfg.dtype)
+    engine = Engine(
+        cfg.model,
+        device=cfg.device,
+        dtype=dtype,
+        max_running=cfg.max_running,
+        context_length=cfg.context_length,
+        weight_version=cfg.weight_version,
+    )
+    async with engine, EngineServer(engine, host=cfg.host, port=cfg.port) as server:
+        print(
+            f"agentenv serve: {cfg.model} on {cfg.device} at {server.url} (Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(ServeConfig, args)
+    anyio.run(serve, cfg)
+    return 0
