@@ -1,0 +1,223 @@
+"""The embedded engine: consistency with transformers, continuous batching, sampling,
+stops, abort, pause, weight updates; and SGLangClient against `agentenv serve` over
+real loopback HTTP (conformance)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from agentenv import ConfigError, ContextLengthError, SamplingParams
+from agentenv.engine import Engine, EngineServer, resolve_model
+from agentenv.sglang import SGLangClient, SGLangError
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 2817, 5122, 30]
+
+
+async def _until_step(engine: Engine, n: int) -> None:
+    while engine.steps < n:  # noqa: ASYNC110 - polling the engine's step counter
+        await anyio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture
+async def engine(model_dir: Path) -> AsyncIterator[Engine]:
+    async with Engine(model_dir, context_length=256) as e:
+        yield e
+
+
+async def test_logprobs_match_a_plain_forward_and_greedy_matches_hf(
+    engine: Engine, model_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    c = await engine.generate(PROMPT, SamplingParams(max_new_tokens=24, temperature=0))
+    assert c.logprobs is not None and len(c.output_ids) == 24
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([PROMPT + c.output_ids])).logits[0].float()
+        greedy = hf.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False)
+    lp = torch.log_softmax(logits[len(PROMPT) - 1 : -1], dim=-1)
+    ref = lp.gather(1, torch.tensor(c.output_ids).unsqueeze(1)).squeeze(1)
+    diff = (ref - torch.tensor(c.logprobs)).abs().max().item()
+    print(f"max |logprob - HF forward| = {diff:.2e}")
+    assert diff <= 1e-4
+    assert greedy[0, len(PROMPT) :].tolist() == c.output_ids
+
+
+async def test_concurrent_requests_batch_and_equal_their_solo_runs(engine: Engine) -> None:
+    params = [
+        SamplingParams(max_new_tokens=6 + 3 * i, temperature=0.8, seed=100 + i) for i in range(6)
+    ]
+    prompts = [PROMPT[: 4 + i] for i in range(6)]
+    solo = [await engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    steps = engine.steps
+    together: list[Any] = [None] * 6
+
+    async def one(i: int) -> None:
+        await anyio.sleep(0.01 * i)  # staggered: later ones join a running batch
+        together[i] = await engine.generate(prompts[i], params[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i)
+    assert engine.steps - steps < sum(len(c.output_ids) for c in solo)  # shared steps
+    for a, b in zip(solo, together, strict=True):
+        assert a.output_ids == b.output_ids  # seeded: the batch does not change results
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.finish_reason == b.finish_reason
+
+
+async def test_stops_lengths_and_min_new_tokens(engine: Engine) -> None:
+    greedy = SamplingParams(max_new_tokens=20, temperature=0)
+    ref = await engine.generate(PROMPT, greedy)
+    target = ref.output_ids[4]
+    by_id = await engine.generate(PROMPT, greedy.replace(stop_token_ids=(target,)))
+    assert by_id.output_ids == ref.output_ids[:5]
+    assert by_id.finish_reason.type == "stop" and by_id.finish_reason.matched == target
+    text = engine.tokenizer.decode(ref.output_ids[:6], skip_special_tokens=False)
+    stop = text[-3:]
+    by_text = await engine.generate(PROMPT, greedy.replace(stop=(stop,)))
+    assert by_text.finish_reason.matched == stop
+    assert stop in engine.tokenizer.decode(by_text.output_ids, skip_special_tokens=False)
+    early = await engine.generate(PROMPT, greedy.replace(stop_token_ids=(ref.output_ids[0],)))
+    assert len(early.output_ids) == 1
+    held = await engine.generate(
+        PROMPT, greedy.replace(stop_token_ids=(ref.output_ids[0],), min_new_tokens=3)
+    )
+    assert len(held.output_ids) >= 3 and ref.output_ids[0] not in held.output_ids[:3]
+    none = await engine.generate(PROMPT, greedy.replace(max_new_tokens=0))
+    assert none.output_ids == [] and none.finish_reason.type == "length"
+
+
+async def test_top_k_one_is_greedy_and_seeds_repeat(engine: Engine) -> None:
+    ref = await engine.generate(PROMPT, SamplingParams(max_new_tokens=8, temperature=0))
+    k1 = await engine.generate(PROMPT, SamplingParams(max_new_tokens=8, top_k=1))
+    assert k1.output_ids == ref.output_ids
+    p = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, min_p=0.05, seed=7)
+    a, b = await engine.generate(PROMPT, p), await engine.generate(PROMPT, p)
+    assert a.output_ids == b.output_ids
+
+
+async def test_bad_input(engine: Engine) -> None:
+    with pytest.raises(ConfigError, match="input_ids cannot be empty"):
+        await engine.generate([], SamplingParams())
+    with pytest.raises(ConfigError, match="token ids in"):
+        await engine.generate([10**9], SamplingParams())
+    with pytest.raises(ContextLengthError, match="longer than the model's context length"):
+        await engine.generate([1] * 300, SamplingParams())
+    with pytest.raises(ContextLengthError, match="exceeds the model's maximum context length"):
+        await engine.generate([1] * 200, SamplingParams(max_new_tokens=100))
+
+
+async def test_abort_pause_and_weight_updates(engine: Engine, model_dir: Path) -> None:
+    long = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True)
+    result: dict[str, Any] = {}
+
+    async def run() -> None:
+        result["c"] = await engine.generate(PROMPT, long, rid="ep/1")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await _until_step(engine, 3)
+        engine.abort("nobody")  # unknown: a no-op
+        engine.abort("ep/1")
+    c = result["c"]
+    assert c.finish_reason.type == "abort" and 0 < len(c.output_ids) < 200
+
+    # In-place pause, new weights and version, resume: the spans say which made what.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await _until_step(engine, 3 + 8)
+        await engine.pause("in_place")
+        await engine.update_weights_from_disk(model_dir, weight_version="v2")
+        await engine.resume()
+    c = result["c"]
+    assert c.finish_reason.type == "length" and len(c.output_ids) == 200
+    assert [v for v, _ in c.version_spans] == ["default", "v2"] and c.versions == ["default", "v2"]
+    assert c.weight_version == "v2"
+    with pytest.raises(ConfigError, match="not a directory"):
+        await engine.update_weights_from_disk(model_dir / "nope")
+
+
+@pytest.fixture
+async def served(model_dir: Path) -> AsyncIterator[tuple[Engine, SGLangClient]]:
+    async with (
+        Engine(model_dir, context_length=256) as engine,
+        EngineServer(engine) as server,
+        SGLangClient(server.url, retries=0) as client,
+    ):
+        yield engine, client
+
+
+async def test_client_against_agentenv_serve(served: tuple[Engine, SGLangClient]) -> None:
+    engine, client = served
+    await client.wait_healthy(timeout=10)
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    local = await engine.generate(PROMPT, params)
+    remote = await client.generate(PROMPT, params, rid="e/0/agent/0")
+    assert remote.output_ids == local.output_ids
+    assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-6)
+    assert remote.finish_reason == local.finish_reason and remote.weight_version == "default"
+    batch = await client.generate_batch([PROMPT, PROMPT[:5]], params, rid="b")
+    assert batch[0].output_ids == local.output_ids and len(batch) == 2
+    streamed = await client.generate_streamed(PROMPT, params)
+    assert streamed.output_ids == local.output_ids
+
+    with pytest.raises(SGLangError, match=r"400: top_p must be in \(0, 1\], got 1.5") as info:
+        # Past the client's own check: what the server answers a raw request.
+        await client._request(
+            "POST", "/generate", body={"input_ids": PROMPT, "sampling_params": {"top_p": 1.5}}
+        )
+    assert info.value.status == 400
+    with pytest.raises(SGLangError, match="400: The input"):
+        await client.generate([1] * 300, params)
+    with pytest.raises(SGLangError, match="400: input_ids cannot be empty"):
+        await client._request("POST", "/generate", body={"input_ids": []})
+
+    info_ = await client.model_info()
+    assert info_["is_generation"] is True and info_["weight_version"] == "default"
+    assert (await client.server_info())["context_length"] == 256
+    await client.update_weights_from_disk(info_["model_path"], weight_version="3")
+    assert await client.weight_version() == "3"
+    await client.update_weight_version("4")
+    assert (await client.generate(PROMPT, params)).weight_version == "4"
+    with pytest.raises(SGLangError, match="Failed to update weights"):
+        await client.update_weights_from_disk("/no/such/dir")
+    await client.abort("unknown-rid")
+    await client.pause("in_place")
+    await client.resume()
+    await client.flush_cache()
+
+
+async def test_abort_over_http_returns_the_partial_output(
+    served: tuple[Engine, SGLangClient],
+) -> None:
+    engine, client = served
+    result: dict[str, Any] = {}
+
+    async def run() -> None:
+        result["c"] = await client.generate(
+            PROMPT, SamplingParams(max_new_tokens=200, ignore_eos=True), rid="slow"
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await _until_step(engine, 3)
+        with pytest.raises(SGLangError, match="400: Cache not flushed"):
+            await client.flush_cache()
+        await client.abort("slow")
+    c = result["c"]
+    assert c.finish_reason.type == "abort" and c.finish_reason.message == "Aborted"
+    assert 0 < len(c.output_ids) < 200 and c.logprobs is not None
