@@ -73,7 +73,11 @@ def test_eval_calculator_uses_tools(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--env", "nope", "--model", "scripted:x.json"], "unknown environment 'nope'"),
         (["--env", "arithmetic", "--model", "scripted:/no/such.json"], "does not exist"),
-        (["--env", "arithmetic", "--model", "http://127.0.0.1:1"], "not supported yet"),
+        (
+            ["--env", "arithmetic", "--model", "http://127.0.0.1:1"],
+            "cannot reach the SGLang server at http://127.0.0.1:1",
+        ),
+        (["--env", "arithmetic", "--model", "/no/such/model"], "/no/such/model"),
         (["--env", "arithmetic", "--model", "scripted:x", "--n", "0"], "--n: Input should be"),
         (["--env", "arithmetic", "--model", "scripted:x", "--env-args", "{bad"], "JSON"),
         (["--env", "arithmetic", "--model", "scripted:x", "--split", "dev"], "invalid choice"),
