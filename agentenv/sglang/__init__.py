@@ -4,5 +4,14 @@ The same client talks to ``agentenv serve`` (the embedded engine behind SGLang's
 """
 
 from agentenv.sglang._client import SGLangClient, SGLangError, StreamChunk
+from agentenv.sglang._launcher import Launcher, router_command, server_command, split_passthrough
 
-__all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
+__all__ = [
+    "Launcher",
+    "SGLangClient",
+    "SGLangError",
+    "StreamChunk",
+    "router_command",
+    "server_command",
+    "split_passthrough",
+]
