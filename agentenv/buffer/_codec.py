@@ -14,7 +14,7 @@ import json
 import math
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from agentenv._errors import SampleError
 from agentenv._sample import Sample
@@ -25,6 +25,8 @@ __all__ = [
     "decode_samples_keeping",
     "encode_sample",
     "encode_samples",
+    "join_frames",
+    "split_frames",
 ]
 
 _HEADER = struct.Struct("<I")
@@ -196,36 +198,42 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     return sample
 
 
+def join_frames(blobs: Iterable[bytes]) -> bytes:
+    """``blobs`` back to back, each after its u32 length."""
+    return b"".join(part for blob in blobs for part in (_HEADER.pack(len(blob)), blob))
+
+
+def split_frames(
+    data: bytes | memoryview, *, what: str = "sample stream", item: str = "sample"
+) -> list[memoryview]:
+    """Inverse of :func:`join_frames` (views, no copies); :class:`SampleError` names
+    ``what`` when the data is cut short."""
+    view = memoryview(data)
+    out = []
+    pos = 0
+    while pos < len(view):
+        if pos + 4 > len(view):
+            raise SampleError(f"malformed {what}: truncated length prefix")
+        (n,) = _HEADER.unpack_from(view, pos)
+        pos += 4
+        if pos + n > len(view):
+            raise SampleError(f"malformed {what}: truncated {item}")
+        out.append(view[pos : pos + n])
+        pos += n
+    return out
+
+
 def encode_samples(samples: Sequence[Sample]) -> bytes:
     """Several samples, each length-prefixed."""
-    out = []
-    for s in samples:
-        blob = encode_sample(s)
-        out.append(_HEADER.pack(len(blob)))
-        out.append(blob)
-    return b"".join(out)
+    return join_frames(encode_sample(s) for s in samples)
 
 
 def decode_samples(data: bytes | memoryview) -> list[Sample]:
     """Inverse of :func:`encode_samples`."""
-    return decode_samples_keeping(data)[0]
+    return [decode_sample(frame) for frame in split_frames(data)]
 
 
 def decode_samples_keeping(data: bytes | memoryview) -> tuple[list[Sample], list[bytes]]:
     """:func:`decode_samples`, and each sample's encoding (to store or send on as is)."""
-    view = memoryview(data)
-    out = []
-    blobs = []
-    pos = 0
-    while pos < len(view):
-        if pos + 4 > len(view):
-            raise SampleError("malformed sample stream: truncated length prefix")
-        (n,) = _HEADER.unpack_from(view, pos)
-        pos += 4
-        if pos + n > len(view):
-            raise SampleError("malformed sample stream: truncated sample")
-        blob = bytes(view[pos : pos + n])
-        out.append(decode_sample(blob))
-        blobs.append(blob)
-        pos += n
-    return out, blobs
+    blobs = [bytes(frame) for frame in split_frames(data)]
+    return [decode_sample(blob) for blob in blobs], blobs

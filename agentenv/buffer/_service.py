@@ -79,6 +79,8 @@ from agentenv.buffer._codec import (
     decode_samples_keeping,
     encode_sample,
     encode_samples,
+    join_frames,
+    split_frames,
 )
 from agentenv.buffer._store import BufferStoreError
 
@@ -191,13 +193,12 @@ def encode_batch(batch: Batch) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
-    parts = [_U32.pack(len(meta)), meta]
-    for g in batch.groups:
-        blobs = g.encoded if g.encoded is not None else [encode_sample(s) for s in g.samples]
-        for blob in blobs:
-            parts.append(_U32.pack(len(blob)))
-            parts.append(blob)
-    return b"".join(parts)
+    blobs = (
+        blob
+        for g in batch.groups
+        for blob in (g.encoded if g.encoded is not None else map(encode_sample, g.samples))
+    )
+    return b"".join((_U32.pack(len(meta)), meta, join_frames(blobs)))
 
 
 def decode_batch(data: bytes) -> Batch:
@@ -343,17 +344,8 @@ class BufferServer:
         return Response.empty()
 
     async def _put_groups(self, request: Request) -> Response:
-        view = memoryview(request.body)
-        groups = []
-        pos = 0
-        while pos < len(view):
-            if pos + 4 > len(view):
-                raise SampleError("malformed put_groups body: truncated length prefix")
-            (n,) = _U32.unpack_from(view, pos)
-            if pos + 4 + n > len(view):
-                raise SampleError("malformed put_groups body: truncated group")
-            groups.append(decode_samples_keeping(view[pos + 4 : pos + 4 + n]))
-            pos += 4 + n
+        frames = split_frames(request.body, what="put_groups body", item="group")
+        groups = [decode_samples_keeping(frame) for frame in frames]
         errors: list[dict[str, str] | None] = [None] * len(groups)
         known = tuple(cls for cls, _ in _ERRORS)
 
@@ -609,8 +601,9 @@ class BufferClient:
             except Exception as e:
                 return [e]
             return [None]
-        body = b"".join(part for blob in blobs for part in (_U32.pack(len(blob)), blob))
-        response = await self._call("POST", "put_groups", content=body, wait=self._wait)
+        response = await self._call(
+            "POST", "put_groups", content=join_frames(blobs), wait=self._wait
+        )
         errors = response.json()["errors"]
         if len(errors) != len(blobs):
             raise BufferServiceError(
