@@ -119,8 +119,15 @@ _ERRORS: tuple[tuple[type[BaseException], int], ...] = (
     (TimeoutError, 408),
     (BufferStoreError, 500),
 )
+_KNOWN = tuple(cls for cls, _ in _ERRORS)
 _RAISE: dict[str, type[BaseException]] = {cls.__name__: cls for cls, _ in _ERRORS}
 _RAISE["ShuttingDown"] = ClosedResourceError
+
+
+def _classify(e: BaseException) -> tuple[str, int]:
+    """The wire type and HTTP status of a Buffer exception (first match in _ERRORS)."""
+    cls, status = next((cls, code) for cls, code in _ERRORS if isinstance(e, cls))
+    return cls.__name__, status
 
 
 def _message(e: BaseException) -> str:
@@ -330,9 +337,8 @@ class BufferServer:
                 response = await handler(request)
             except HTTPError:
                 raise
-            except tuple(cls for cls, _ in _ERRORS) as e:
-                status = next(code for cls, code in _ERRORS if isinstance(e, cls))
-                name = next(cls.__name__ for cls, _ in _ERRORS if isinstance(e, cls))
+            except _KNOWN as e:
+                name, status = _classify(e)
                 raise HTTPError(status, _message(e), type=name) from None
             return response
 
@@ -347,14 +353,12 @@ class BufferServer:
         frames = split_frames(request.body, what="put_groups body", item="group")
         groups = [decode_samples_keeping(frame) for frame in frames]
         errors: list[dict[str, str] | None] = [None] * len(groups)
-        known = tuple(cls for cls, _ in _ERRORS)
 
         async def put(k: int, samples: list[Sample], blobs: list[bytes]) -> None:
             try:
                 await self.buffer._put_encoded(samples, blobs)
-            except known as e:
-                name = next(cls.__name__ for cls, _ in _ERRORS if isinstance(e, cls))
-                errors[k] = {"type": name, "message": _message(e)}
+            except _KNOWN as e:
+                errors[k] = {"type": _classify(e)[0], "message": _message(e)}
 
         # Concurrently: a durable Buffer commits them in one transaction.
         async with anyio.create_task_group() as tg:
@@ -702,9 +706,8 @@ def _raise(response: httpx.Response, url: str, name: str) -> NoReturn:
         kind, message = str(error["type"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         kind, message = "", response.text[:500]
-    cls = _RAISE.get(kind)
-    if cls is not None:
-        raise cls(message)
+    if kind in _RAISE:
+        raise _exception(kind, message)
     raise BufferServiceError(
         f"the Buffer service at {url} refused {name} with {status} {kind}: {message}",
         status=status,
