@@ -37,7 +37,7 @@ connection pool (a fraction of httpx's default per-request cost). ::
         await anyio.sleep_forever()
 """
 
-from agentenv._http._client import HTTPTransport
+from agentenv._http._client import HTTPTransport, async_client
 from agentenv._http._server import (
     Guard,
     Handler,
@@ -60,5 +60,6 @@ __all__ = [
     "Response",
     "Router",
     "StreamingResponse",
+    "async_client",
     "sse",
 ]

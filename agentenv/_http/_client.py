@@ -15,7 +15,32 @@ from anyio.abc import SocketAttribute
 from agentenv._errors import ConfigError
 from agentenv._http._common import CONNECTION_ERRORS, RECV_BYTES
 
-__all__ = ["HTTPTransport"]
+__all__ = ["HTTPTransport", "async_client"]
+
+
+def async_client(
+    base_url: str,
+    *,
+    timeout: httpx.Timeout,
+    max_connections: int,
+    headers: dict[str, str] | None = None,
+) -> httpx.AsyncClient:
+    """An httpx client for one service: plain ``http://`` goes through
+    :class:`HTTPTransport` (a fraction of httpx's default per-request cost), ``https://``
+    keeps httpx's own transport. One pool of ``max_connections``; no proxies from the
+    environment."""
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers or {},
+        timeout=timeout,
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        ),
+        transport=HTTPTransport(max_connections=max_connections)
+        if base_url.startswith("http://")
+        else None,
+        trust_env=False,
+    )
 
 
 class HTTPTransport(httpx.AsyncBaseTransport):

@@ -67,10 +67,10 @@ from agentenv._http import (
     Handler,
     HTTPError,
     HTTPServer,
-    HTTPTransport,
     Request,
     Response,
     Router,
+    async_client,
 )
 from agentenv._sample import Sample
 from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
@@ -478,19 +478,11 @@ class BufferClient:
         self.url = url.rstrip("/")
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self._wait = httpx.Timeout(timeout, connect=min(timeout, 10.0), read=None)
-        self._http = httpx.AsyncClient(
-            base_url=self.url + PREFIX,
+        self._http = async_client(
+            self.url + PREFIX,
             headers={"authorization": f"Bearer {token}"},
             timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            # Plain HTTP goes through agentenv's lean transport (a fraction of httpx's
-            # default per-request cost); https:// keeps httpx's own.
-            transport=HTTPTransport(max_connections=max_connections)
-            if self.url.startswith("http://")
-            else None,
-            trust_env=False,
+            max_connections=max_connections,
         )
         self._closed = False
         self._puts: collections.deque[_QueuedPut] = collections.deque()

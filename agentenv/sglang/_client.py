@@ -26,7 +26,7 @@ import httpx
 
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
 from agentenv._generator import Completion, FinishReason, SamplingParams
-from agentenv._http import HTTPTransport
+from agentenv._http import async_client
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 
@@ -138,17 +138,11 @@ class SGLangClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.sticky_routing = sticky_routing
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
+        self._http = async_client(
+            self.url,
             headers=dict(headers or {}),
             timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            transport=HTTPTransport(max_connections=max_connections)
-            if self.url.startswith("http://")
-            else None,
-            trust_env=False,
+            max_connections=max_connections,
         )
         self._closed = False
 
