@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentenv._errors import ConfigError
 
-__all__ = ["Completion", "FinishReason", "Generator", "SamplingParams"]
+__all__ = ["Completion", "CompletionBuilder", "FinishReason", "Generator", "SamplingParams"]
 
 _GREEDY_EPS = 1e-6
 
@@ -203,6 +203,44 @@ class Completion:
             if version not in out:
                 out.append(version)
         return out
+
+
+class CompletionBuilder:
+    """A completion that arrives in pieces (stream events, engine steps), assembled with
+    the weight version of every piece recorded in ``version_spans``."""
+
+    __slots__ = ("ids", "logprobs", "spans", "version")
+
+    def __init__(self, version: str = "default") -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.spans: list[tuple[str, int]] = []
+        self.version = version
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None, version: str) -> None:
+        """Tokens produced under weight ``version``."""
+        self.version = version
+        if not ids:
+            return
+        self.ids.extend(ids)
+        self.logprobs.extend(logprobs or ())
+        if self.spans and self.spans[-1][0] == version:
+            self.spans[-1] = (version, self.spans[-1][1] + len(ids))
+        else:
+            self.spans.append((version, len(ids)))
+
+    def build(
+        self, finish: FinishReason, *, prompt_tokens: int = 0, logprobs: bool = True
+    ) -> Completion:
+        """The completion; spans only when more than one version made it."""
+        return Completion(
+            output_ids=self.ids,
+            logprobs=self.logprobs if logprobs else None,
+            finish_reason=finish,
+            weight_version=self.version,
+            prompt_tokens=prompt_tokens,
+            version_spans=tuple(self.spans) if len(self.spans) > 1 else (),
+        )
 
 
 @runtime_checkable

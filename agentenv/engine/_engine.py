@@ -35,7 +35,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError
-from agentenv._generator import Completion, FinishReason, SamplingParams
+from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv.engine._model import KVCache, LlamaModel
 from agentenv.engine._models import resolve_model
 from agentenv.engine._sampler import sample
@@ -229,30 +229,13 @@ class Engine:
         return_logprob: bool = True,
     ) -> Completion:
         """Generate a continuation of ``input_ids`` (the :class:`~agentenv.Generator` call)."""
-        ids: list[int] = []
-        lps: list[float] = []
-        spans: list[tuple[str, int]] = []
+        parts = CompletionBuilder(self.weight_version)
         finish: FinishReason | None = None
-        version = self.weight_version
         async for chunk in self.stream(input_ids, params, rid=rid):
-            version = chunk.weight_version
-            if chunk.output_ids:
-                ids.extend(chunk.output_ids)
-                lps.extend(chunk.logprobs)
-                if spans and spans[-1][0] == version:
-                    spans[-1] = (version, spans[-1][1] + len(chunk.output_ids))
-                else:
-                    spans.append((version, len(chunk.output_ids)))
+            parts.add(chunk.output_ids, chunk.logprobs, chunk.weight_version)
             finish = chunk.finish_reason
         assert finish is not None
-        return Completion(
-            output_ids=ids,
-            logprobs=lps if return_logprob else None,
-            finish_reason=finish,
-            weight_version=version,
-            prompt_tokens=len(input_ids),
-            version_spans=tuple(spans) if len(spans) > 1 else (),
-        )
+        return parts.build(finish, prompt_tokens=len(input_ids), logprobs=return_logprob)
 
     def abort(self, rid: str | None = None, *, all: bool = False) -> None:
         """Abort ``rid`` (a no-op if unknown), or every request; each returns what it has

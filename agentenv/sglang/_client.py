@@ -25,7 +25,7 @@ import anyio
 import httpx
 
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
-from agentenv._generator import Completion, FinishReason, SamplingParams
+from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv._http import async_client
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
@@ -352,31 +352,15 @@ class SGLangClient:
     ) -> Completion:
         """:meth:`generate` over a stream: the completion records which weight version
         produced which tokens (``version_spans``), even across an in-place weight update."""
-        out: list[int] = []
-        logprobs: list[float] = []
-        spans: list[tuple[str, int]] = []
+        parts = CompletionBuilder()
         finish: FinishReason | None = None
-        version = "default"
         async for chunk in self.stream(input_ids, params, rid=rid, routing_key=routing_key):
-            version = chunk.weight_version
-            if chunk.output_ids:
-                out.extend(chunk.output_ids)
-                logprobs.extend(chunk.logprobs or [])
-                if spans and spans[-1][0] == version:
-                    spans[-1] = (version, spans[-1][1] + len(chunk.output_ids))
-                else:
-                    spans.append((version, len(chunk.output_ids)))
+            parts.add(chunk.output_ids, chunk.logprobs, chunk.weight_version)
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
         if finish is None:
             raise SGLangError(f"the stream from {self.url}/generate ended without a finish reason")
-        return Completion(
-            output_ids=out,
-            logprobs=logprobs,
-            finish_reason=finish,
-            weight_version=version,
-            version_spans=tuple(spans),
-        )
+        return parts.build(finish)
 
     # -- control ---------------------------------------------------------------------------
     async def abort(self, rid: str) -> None:
