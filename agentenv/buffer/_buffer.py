@@ -338,7 +338,9 @@ class Buffer:
 
     async def _commit(self, records: list[GroupRecord]) -> list[bool]:
         if not self._durable:  # nothing to wait for: a few dict operations
-            return self._store.put(records)
+            flags = self._store.prepare(records)
+            self._store.finish()
+            return flags
         # Encode here, on the event loop's thread: the store's thread then only does I/O,
         # which releases the GIL; encoding there made the two threads fight for it.
         for record in records:

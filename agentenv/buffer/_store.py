@@ -75,15 +75,12 @@ class GroupRecord:
 class Store(Protocol):
     """What the Buffer needs from a store. Methods are synchronous (run off the loop)."""
 
-    def put(self, records: Sequence[GroupRecord]) -> list[bool]:
-        """Store records in one transaction; per record, True if it was new (else a duplicate)."""
-        ...
-
     def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
-        """The CPU part of :meth:`put`: write everything, commit nothing yet.
+        """Write records as one transaction, not committed yet; per record, True if it was
+        new (else a duplicate).
 
-        Must be followed by :meth:`finish` (which waits for the disk) before any other
-        call; ``put`` is ``prepare`` then ``finish``.
+        The CPU part of storing: it must be followed by :meth:`finish` (which waits for
+        the disk) before any other call.
         """
         ...
 
@@ -128,9 +125,6 @@ class MemoryStore:
         self._last_step: int | None = None
 
     blocks = False
-
-    def put(self, records: Sequence[GroupRecord]) -> list[bool]:
-        return self.prepare(records)
 
     def finish(self) -> None:
         return None
@@ -357,11 +351,6 @@ class SqliteStore:
     @property
     def blocks(self) -> bool:
         return self._sync
-
-    def put(self, records: Sequence[GroupRecord]) -> list[bool]:
-        out = self.prepare(records)
-        self.finish()
-        return out
 
     def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
         blobs = [r.blobs or [encode_sample(s) for s in r.samples] for r in records]
