@@ -8,7 +8,7 @@ in a single batched forward pass; a finished request leaves at once and its cach
 reused. Steps run in a worker thread, so the event loop stays free for the HTTP server
 and the environments. ::
 
-    async with Engine.load("smollm2-135m") as engine:
+    async with Engine("smollm2-135m") as engine:
         completion = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=64))
 
 It also does what an RL loop needs from an inference server: abort by request id,
@@ -125,11 +125,6 @@ class Engine:
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
         self.steps = 0
-
-    @classmethod
-    def load(cls, model: str | Path = "smollm2-135m", **kwargs: Any) -> Engine:
-        """:class:`Engine` (the constructor), for symmetry with other loaders."""
-        return cls(model, **kwargs)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
