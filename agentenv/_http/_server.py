@@ -6,6 +6,7 @@ import dataclasses
 import http
 import json
 import logging
+import socket
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -352,11 +353,38 @@ class HTTPServer:
                 self._conns = conns
                 task_status.started()
                 with self._accepting:
-                    await self._listener.serve(self._connection, conns)
+                    listeners = getattr(self._listener, "listeners", [self._listener])
+                    async with anyio.create_task_group() as accepting:
+                        for listener in listeners:
+                            sock = listener.extra(SocketAttribute.raw_socket)
+                            accepting.start_soon(self._accept, sock, conns)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._listener.aclose()
             self._done.set()
+
+    async def _accept(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
+        # Waits for readability, then accepts in this task. (Cancelling an accept that the
+        # event loop has already completed leaks the accepted socket, which leaves its
+        # client waiting forever: the listener's own accept loop cannot be stopped safely.)
+        while True:
+            await anyio.wait_readable(sock)
+            try:
+                client, _ = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue
+            except OSError as e:  # out of file descriptors and the like: back off
+                log.warning("accepting a connection failed: %s", e)
+                await anyio.sleep(0.1)
+                continue
+            try:
+                client.setblocking(False)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                stream = await anyio.abc.SocketStream.from_socket(client)
+            except BaseException:
+                client.close()
+                raise
+            conns.start_soon(self._connection, stream)
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         try:

@@ -164,3 +164,31 @@ def test_http_config_errors() -> None:
         router.add("GET", "/x", h)
     with pytest.raises(ConfigError, match="must start with '/'"):
         router.add("GET", "x", h)
+
+
+async def test_closing_while_clients_connect_never_strands_a_client() -> None:
+    # Stopping the server at any moment of a client's connect-and-send must leave the
+    # client with an answer or a closed connection, never a socket nobody reads.
+    for i in range(150):
+        server = HTTPServer(_router(), keepalive_timeout=30)
+        async with server:
+            answers: list[bytes] = []
+
+            async def client(port: int, answers: list[bytes]) -> None:
+                out = b""
+                try:
+                    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                        await stream.send(b"GET /hello HTTP/1.1\r\n\r\n")
+                        while True:  # no deadline of its own: a stranded client hangs
+                            out += await stream.receive()
+                except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+                answers.append(out)
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client, server.port, answers)
+                    await anyio.sleep((i % 50) * 0.0001)
+                    await server.aclose()
+            assert len(answers) == 1
+            assert answers[0] in (b"",) or answers[0].startswith(b"HTTP/1.1 ")

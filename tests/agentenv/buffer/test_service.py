@@ -412,7 +412,9 @@ async def test_shutdown_answers_waiting_requests() -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_batch)
-                await anyio.sleep(0.1)
+                with anyio.fail_after(10):  # until the request is waiting in the server
+                    while not server._http._polls:  # noqa: ASYNC110 - polls a private set
+                        await anyio.sleep(0.005)
                 await server.aclose()
             assert len(errors) == 1 and "shutting down" in str(errors[0])
             assert (await buffer.statistics()).handed == 0
