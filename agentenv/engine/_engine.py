@@ -24,9 +24,9 @@ import dataclasses
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.abc
@@ -38,9 +38,12 @@ from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthErro
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv.engine._model import KVCache, LlamaModel
 from agentenv.engine._models import resolve_model
-from agentenv.engine._sampler import sample
+from agentenv.engine._sampler import SampleRow, sample
+from agentenv.engine._thread import ModelThread
 
 __all__ = ["Engine", "EngineChunk"]
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,7 +62,7 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     stops: frozenset[int]
-    generator: torch.Generator
+    seed: int
     out: MemoryObjectSendStream[EngineChunk]
     output: list[int] = dataclasses.field(default_factory=list)
     finish: FinishReason | None = None
@@ -84,6 +87,9 @@ class Engine:
         context_length: longest prompt + completion (default: the model's).
         weight_version: the version reported with every token until the next update.
         tokenizer: for stop strings; default ``tokenizer.json`` beside the weights.
+        cuda_graphs: on CUDA, replay captured graphs for decode steps (SGLang's default
+            too); ``False`` runs every step eagerly.
+        prefill_tokens: padded prompt tokens per prefill forward (newcomers are batched).
     """
 
     def __init__(
@@ -96,6 +102,8 @@ class Engine:
         context_length: int | None = None,
         weight_version: str = "default",
         tokenizer: Any = None,
+        cuda_graphs: bool = True,
+        prefill_tokens: int = 8192,
     ) -> None:
         if max_running < 1:
             raise ConfigError(f"max_running must be at least 1, got {max_running}")
@@ -114,7 +122,12 @@ class Engine:
 
             tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
         self.tokenizer = tokenizer
+        self.prefill_tokens = prefill_tokens
         self._cache = KVCache(config, max_running, 256, self.dtype, device)
+        if cuda_graphs and self.model.device.type == "cuda":
+            from agentenv.engine._graphs import DecodeGraphs
+
+            self.model.graphs = DecodeGraphs(self.model, max_running)
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []
         self._by_rid: dict[str, _Request] = {}
@@ -124,10 +137,12 @@ class Engine:
         self._resumed = anyio.Event()
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self._thread: ModelThread | None = None
         self.steps = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
+        self._thread = ModelThread()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._loop)
@@ -151,6 +166,8 @@ class Engine:
             tg, self._tg = self._tg, None
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
+            if self._thread is not None:
+                self._thread.close()
         for req in self._running:
             req.aborted = req.aborted or "engine closed"
         self._finish_aborted(self._running)
@@ -190,10 +207,9 @@ class Engine:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(self.model.config.eos_token_ids)
-        gen = torch.Generator()
-        gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        seed = params.seed % (1 << 63) if params.seed is not None else random.getrandbits(63)
         send, receive = anyio.create_memory_object_stream[EngineChunk](math.inf)
-        req = _Request(rid, ids, params, frozenset(stops), gen, send)
+        req = _Request(rid, ids, params, frozenset(stops), seed, send)
         self._by_rid[rid] = req
         self._waiting.append(req)
         self._wake.set()
@@ -281,7 +297,7 @@ class Engine:
     ) -> None:
         """Install HF-named weights between two steps; tokens after it carry the new version."""
         async with self._step_lock:
-            await anyio.to_thread.run_sync(self.model.set_weights, dict(tensors))
+            await self._on_thread(self.model.set_weights, dict(tensors))
             if weight_version is not None:
                 self.weight_version = weight_version
 
@@ -293,9 +309,14 @@ class Engine:
         if not await anyio.Path(directory).is_dir():
             raise ConfigError(f"model_path {str(path)!r} is not a directory")
         async with self._step_lock:
-            await anyio.to_thread.run_sync(self.model.load_weights, directory)
+            await self._on_thread(self.model.load_weights, directory)
             if weight_version is not None:
                 self.weight_version = weight_version
+
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._thread is None:
+            raise ConfigError("use the engine inside `async with Engine(...)`")
+        return await self._thread.run(fn, *args)
 
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -313,7 +334,7 @@ class Engine:
                     continue
                 room = self.max_running - len(self._running)
                 admitted, self._waiting = self._waiting[:room], self._waiting[room:]
-                await anyio.to_thread.run_sync(self._step, admitted)
+                await self._on_thread(self._step, admitted)
                 self._deliver()
             await anyio.lowlevel.checkpoint()
 
@@ -325,18 +346,27 @@ class Engine:
         """
         self._finish_aborted_running()
         model, cache = self.model, self._cache
+        fresh = []
         for req in admitted:
             if req.aborted:
                 req.finish = FinishReason("abort", message=req.aborted)
                 self._send(req)
-                continue
-            if req.params.max_new_tokens == 0:
+            elif req.params.max_new_tokens == 0:
                 req.finish = FinishReason("length", length=0)
                 self._send(req)
-                continue
-            slot = len(self._running)
-            self._running.append(req)
-            self._sample([req], model.prefill(req.prompt, 0, slot, cache).unsqueeze(0))
+            else:
+                fresh.append(req)
+        # Newcomers are prefilled together, shortest first, in forwards of at most
+        # `prefill_tokens` padded tokens.
+        fresh.sort(key=lambda r: len(r.prompt))
+        while fresh:
+            take = 1
+            while take < len(fresh) and (take + 1) * len(fresh[take].prompt) <= self.prefill_tokens:
+                take += 1
+            chunk, fresh = fresh[:take], fresh[take:]
+            first = len(self._running)
+            self._running.extend(chunk)
+            self._sample(chunk, model.prefill([r.prompt for r in chunk], first, cache))
         live = [i for i, r in enumerate(self._running) if r.finish is None]
         if live:
             # Every slot takes part (a finished one's row is wasted, and dropped after).
@@ -349,9 +379,16 @@ class Engine:
         self.steps += 1
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
-        params = [r.params for r in reqs]
-        banned = [sorted(r.stops) if len(r.output) < r.params.min_new_tokens else () for r in reqs]
-        ids, lps = sample(logits, params, [r.generator for r in reqs], banned)
+        rows = [
+            SampleRow(
+                r.params,
+                r.seed,
+                len(r.output),
+                sorted(r.stops) if len(r.output) < r.params.min_new_tokens else (),
+            )
+            for r in reqs
+        ]
+        ids, lps = sample(logits, rows)
         for req, token, lp in zip(reqs, ids, lps, strict=True):
             req.output.append(token)
             req.new_ids.append(token)

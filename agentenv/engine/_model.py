@@ -20,12 +20,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from agentenv._errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentenv.engine._graphs import DecodeGraphs
 
 __all__ = ["KVCache", "LlamaModel", "ModelConfig"]
 
@@ -162,6 +165,7 @@ class LlamaModel:
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
         self._rope_table(1024)
+        self.graphs: DecodeGraphs | None = None
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
@@ -188,8 +192,12 @@ class LlamaModel:
                     tensors[name] = f.get_tensor(name)
         self.set_weights(tensors)
 
+    @torch.inference_mode()
     def set_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Install HF-named weights (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+        """Install HF-named weights (``model.layers.0.self_attn.q_proj.weight``, ...).
+
+        Once loaded, weights are copied into the existing tensors (same shapes required),
+        so captured CUDA graphs keep reading the current weights."""
         c = self.config
 
         def take(name: str) -> torch.Tensor:
@@ -199,26 +207,49 @@ class LlamaModel:
                 raise ConfigError(f"the weights have no tensor {name!r}") from None
             return t.to(device=self.device, dtype=self.dtype)
 
+        new: list[tuple[object, str, torch.Tensor]] = []
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            layer.qkv = torch.cat(
-                [take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
-            ).contiguous()
+            new.append(
+                (layer, "qkv", torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+            )
             if c.attention_bias:
-                layer.qkv_bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-            layer.o = take(p + "self_attn.o_proj.weight").contiguous()
-            layer.gate_up = torch.cat(
-                [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
-            ).contiguous()
-            layer.down = take(p + "mlp.down_proj.weight").contiguous()
-            layer.ln1 = take(p + "input_layernorm.weight")
-            layer.ln2 = take(p + "post_attention_layernorm.weight")
-        self.embed = take("model.embed_tokens.weight")
-        self.norm = take("model.norm.weight")
-        if c.tie_word_embeddings or "lm_head.weight" not in tensors:
+                new.append(
+                    (
+                        layer,
+                        "qkv_bias",
+                        torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]),
+                    )
+                )
+            new.append((layer, "o", take(p + "self_attn.o_proj.weight")))
+            new.append(
+                (
+                    layer,
+                    "gate_up",
+                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                )
+            )
+            new.append((layer, "down", take(p + "mlp.down_proj.weight")))
+            new.append((layer, "ln1", take(p + "input_layernorm.weight")))
+            new.append((layer, "ln2", take(p + "post_attention_layernorm.weight")))
+        new.append((self, "embed", take("model.embed_tokens.weight")))
+        new.append((self, "norm", take("model.norm.weight")))
+        tied = c.tie_word_embeddings or "lm_head.weight" not in tensors
+        if not tied:
+            new.append((self, "lm_head", take("lm_head.weight")))
+        for owner, name, value in new:
+            old = getattr(owner, name, None)
+            if isinstance(old, torch.Tensor) and old.shape == value.shape:
+                old.copy_(value)
+            else:
+                if old is not None:
+                    raise ConfigError(
+                        f"weight {name} has shape {tuple(value.shape)}, the model's is "
+                        f"{tuple(old.shape)}: an update must keep the architecture"
+                    )
+                setattr(owner, name, value.contiguous())
+        if tied:
             self.lm_head = self.embed
-        else:
-            self.lm_head = take("lm_head.weight")
 
     # -- pieces ----------------------------------------------------------------------------
     def _rope_table(self, length: int) -> None:
@@ -233,99 +264,114 @@ class LlamaModel:
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # In float32, as HF does, then back to the model's dtype.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        x32 = F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps)
         return w * x32.to(x.dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
 
     def _qkv(
         self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``h`` [B, T, hidden] -> q [B, H, T, D], k and v [B, KV, T, D] (RoPE applied)."""
+        """``h`` [B, T, hidden] -> q [B, H, T, D], k and v [B, KV, T, D] (RoPE applied).
+        ``cos``/``sin`` broadcast against [B, T, 1, D]."""
         c = self.config
         b, t, _ = h.shape
         qkv = F.linear(self._rms(h, layer.ln1), layer.qkv, layer.qkv_bias)
-        nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[..., :nq].view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-        k = qkv[..., nq : nq + nkv].view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = qkv[..., nq + nkv :].view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        heads = c.num_heads + c.num_kv_heads
+        qk = qkv[..., : heads * c.head_dim].view(b, t, heads, c.head_dim)
+        half = c.head_dim // 2
+        # RoPE on queries and keys at once: x * cos + rotate_half(x) * sin.
+        qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin
+        q = qk[:, :, : c.num_heads].transpose(1, 2)
+        k = qk[:, :, c.num_heads :].transpose(1, 2)
+        v = qkv[..., heads * c.head_dim :].view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return q, k, v
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         gate_up = F.linear(self._rms(h, layer.ln2), layer.gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.down)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
-        # enable_gqa: each group of query heads reads its key/value head in place, instead
-        # of copying the cache once per query head.
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # enable_gqa: each group of query heads reads its key/value head in place.
         gqa = self.config.num_heads != self.config.num_kv_heads
-        if isinstance(mask, bool):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=mask, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+    def _attend_one(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
+        """Decode attention: q [B, H, 1, D] against keys/values [B, KV, L, D], where
+        ``visible`` [B, L] marks each row's positions; returns [B, H * D]. Query heads are
+        grouped onto their key/value head with a view (no copy of the cache)."""
+        c = self.config
+        b = q.shape[0]
+        group = c.num_heads // c.num_kv_heads
+        q = q.reshape(b, c.num_kv_heads, group, c.head_dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * (c.head_dim**-0.5)
+        scores = scores.float().masked_fill(~visible[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(values.dtype)
+        return torch.matmul(weights, values).reshape(b, c.num_heads * c.head_dim)
 
     # -- forward passes --------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, ids: list[int], start: int, slot: int, cache: KVCache) -> torch.Tensor:
-        """Run ``ids`` (positions ``start ..``) into ``slot``; return the last logits [V]
-        in float32. Positions before ``start`` must be in the slot already."""
+    def prefill(self, prompts: list[list[int]], first_slot: int, cache: KVCache) -> torch.Tensor:
+        """Run whole prompts into slots ``first_slot ..`` (one each, one batched forward,
+        right-padded); return each prompt's last logits [n, V] in float32."""
         c = self.config
-        n = len(ids)
-        end = start + n
-        cache.reserve(end)
-        self._rope_table(end)
-        cos = self._cos[start:end]
-        sin = self._sin[start:end]
-        h = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)
-        if start:
-            # Each new token sees the cached prefix and the new tokens before it.
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        n = len(prompts)
+        lengths = [len(p) for p in prompts]
+        t = max(lengths)
+        cache.reserve(t + 1)
+        self._rope_table(t)
+        cos = self._cos[:t].view(1, t, 1, -1)
+        sin = self._sin[:t].view(1, t, 1, -1)
+        ids = torch.tensor([p + [0] * (t - len(p)) for p in prompts], device=self.device)
+        h = self.embed[ids]
+        slots = slice(first_slot, first_slot + n)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            cache.k[li, slot, :, start:end] = k[0]
-            cache.v[li, slot, :, start:end] = v[0]
-            if start:
-                keys = cache.k[li, slot : slot + 1, :, :end]
-                values = cache.v[li, slot : slot + 1, :, :end]
-                out = self._attend(q, keys, values, mask)
-            else:
-                out = self._attend(q, k, v, True)
-            h = h + F.linear(out.transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim), layer.o)
+            # Padding rows write past their prompt's end: positions nobody reads before
+            # overwriting them.
+            cache.k[li, slots, :, :t] = k
+            cache.v[li, slots, :, :t] = v
+            out = self._causal(q, k, v)
+            h = h + F.linear(out.transpose(1, 2).reshape(n, t, c.num_heads * c.head_dim), layer.o)
             h = h + self._mlp(layer, h)
-        last = self._rms(h[:, -1], self.norm)
-        return F.linear(last, self.lm_head)[0].float()
+        last = h[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
+        return F.linear(self._rms(last, self.norm), self.lm_head).float()
+
+    def _decode(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, length: int
+    ) -> torch.Tensor:
+        """The decode forward on tensors (also what a CUDA graph captures): one token per
+        slot ``0 .. B-1``, attending to the first ``length`` cache positions."""
+        b = ids.shape[0]
+        cos = self._cos[positions].view(b, 1, 1, -1)
+        sin = self._sin[positions].view(b, 1, 1, -1)
+        h = self.embed[ids].unsqueeze(1)  # [B, 1, hidden]
+        visible = torch.arange(length, device=self.device).unsqueeze(0) <= positions.unsqueeze(1)
+        rows = torch.arange(b, device=self.device)
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)
+            cache.k[li, rows, :, positions] = k[:, :, 0]
+            cache.v[li, rows, :, positions] = v[:, :, 0]
+            out = self._attend_one(
+                q, cache.k[li, :b, :, :length], cache.v[li, :b, :, :length], visible
+            )
+            h = h + F.linear(out, layer.o).unsqueeze(1)
+            h = h + self._mlp(layer, h)
+        return F.linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
 
     @torch.inference_mode()
     def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor:
         """One token per sequence in slots ``0 .. len(ids)-1``, at ``positions``; returns
-        logits [B, V] in float32."""
-        c = self.config
-        b = len(ids)
+        logits [B, V] in float32 (through a captured CUDA graph when one is enabled)."""
         longest = max(positions) + 1
-        cache.reserve(longest)
-        self._rope_table(longest)
+        cache.reserve(longest + 1)
+        self._rope_table(longest + 1)
+        if self.graphs is not None:
+            return self.graphs.decode(ids, positions, cache)
         pos = torch.tensor(positions, device=self.device)
-        cos = self._cos[pos].unsqueeze(1).unsqueeze(1)  # [B, 1, 1, D]
-        sin = self._sin[pos].unsqueeze(1).unsqueeze(1)
-        h = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(1)  # [B, 1, hidden]
-        # Sequence i sees its own positions 0 .. positions[i].
-        mask = (torch.arange(longest, device=self.device).unsqueeze(0) <= pos.unsqueeze(1)).view(
-            b, 1, 1, longest
-        )
-        rows = torch.arange(b, device=self.device)
-        for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
-            cache.k[li, rows, :, pos] = k[:, :, 0]
-            cache.v[li, rows, :, pos] = v[:, :, 0]
-            out = self._attend(q, cache.k[li, :b, :, :longest], cache.v[li, :b, :, :longest], mask)
-            h = h + F.linear(out.transpose(1, 2).reshape(b, 1, c.num_heads * c.head_dim), layer.o)
-            h = h + self._mlp(layer, h)
-        return F.linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
+        tokens = torch.tensor(ids, device=self.device)
+        return self._decode(tokens, pos, cache, longest)
 
     @torch.inference_mode()
     def logprobs_of(self, ids: list[int]) -> list[float]:
@@ -334,9 +380,11 @@ class LlamaModel:
         n = len(ids)
         self._rope_table(n)
         h = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)
+        cos = self._cos[:n].view(1, n, 1, -1)
+        sin = self._sin[:n].view(1, n, 1, -1)
         for layer in self.layers:
-            q, k, v = self._qkv(layer, h, self._cos[:n], self._sin[:n])
-            out = self._attend(q, k, v, True)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            out = self._causal(q, k, v)
             h = h + F.linear(out.transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim), layer.o)
             h = h + self._mlp(layer, h)
         logits = F.linear(self._rms(h[0], self.norm), self.lm_head).float()

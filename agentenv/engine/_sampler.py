@@ -3,72 +3,120 @@
 The log-probability reported for a token is ``log_softmax(logits / temperature)`` after
 penalties (``min_new_tokens`` forbidding the stop tokens) and *before* top-k, top-p and
 min-p filtering. A temperature below 1e-6 means greedy: temperature 1 and top-k 1.
+
+Sampling is one vectorized pass for the whole batch (inverse CDF: the first token whose
+cumulative probability exceeds a uniform draw). The draw comes from a counter-based hash of
+``(seed, index of the token in the completion)``, so a seeded request draws the same tokens
+whatever else is in the batch, on any device, with no per-request random-generator state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from agentenv._generator import SamplingParams
 
-__all__ = ["sample"]
+__all__ = ["SampleRow", "sample", "uniform"]
+
+_M32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B  # < 2**27: a product with a 32-bit value stays well inside int64
 
 
-def sample(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
-    banned: Sequence[Sequence[int]],
-) -> tuple[list[int], list[float]]:
-    """Pick one token per row of ``logits`` [B, V] (float32); return ids and logprobs.
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (full avalanche) on int64 tensors holding values < 2**32."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL) & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MUL) & _M32
+    return x ^ (x >> 16)
 
-    ``banned[i]``: token ids row ``i`` may not produce yet (``min_new_tokens``).
-    """
-    b = logits.shape[0]
-    temps = torch.tensor(
-        [1.0 if p.greedy else p.temperature for p in params], device=logits.device
-    ).unsqueeze(1)
-    scaled = logits / temps
-    for i, ids in enumerate(banned):
-        if ids:
-            scaled[i, list(ids)] = float("-inf")
-    logprobs = torch.log_softmax(scaled, dim=-1)
+
+def uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One float64 in [0, 1) per row (48 random bits), a pure function of each row's
+    ``seed`` and ``counter`` (int64 [B])."""
+    key = _mix(_mix((seeds & _M32) ^ _mix((seeds >> 32) & _M32)) ^ (counters & _M32))
+    high = _mix(key ^ 0x9E3779B9) >> 8  # 24 bits each
+    low = _mix(key ^ 0x7F4A7C15) >> 8
+    return (high * (1 << 24) + low).to(torch.float64) * (1.0 / (1 << 48))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SampleRow:
+    """What sampling needs to know of one request."""
+
+    params: SamplingParams
+    seed: int  # 0 <= seed < 2**63
+    counter: int  # the index of the token being drawn in the completion
+    banned: Sequence[int] = ()  # ids this row may not produce yet (min_new_tokens)
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], list[float]]:
+    """Pick one token per row of ``logits`` [B, V] (float32); return ids and logprobs."""
+    b, vocab = logits.shape
+    device = logits.device
+    params = [r.params for r in rows]
     greedy = [p.greedy or p.top_k == 1 for p in params]
-    filtered = logprobs
-    if any(p.top_k > 1 for p in params):
-        filtered = filtered.clone()
-        for i, p in enumerate(params):
-            if p.top_k > 1 and p.top_k < filtered.shape[1]:
-                kth = torch.topk(filtered[i], p.top_k).values[-1]
-                filtered[i][filtered[i] < kth] = float("-inf")
-    if any(p.top_p < 1.0 for p in params):
-        if filtered is logprobs:
-            filtered = filtered.clone()
-        rows = [i for i, p in enumerate(params) if p.top_p < 1.0 and not greedy[i]]
-        if rows:
-            sub = filtered[rows]
-            sorted_lp, order = torch.sort(sub, dim=-1, descending=True)
-            cum = torch.cumsum(sorted_lp.exp(), dim=-1)
-            top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
-            # Drop a token when the tokens before it already reach top_p (keep >= 1).
-            drop = (cum - sorted_lp.exp()) >= top_p.unsqueeze(1)
-            sorted_lp[drop] = float("-inf")
-            filtered[rows] = torch.empty_like(sub).scatter_(1, order, sorted_lp)
-    if any(p.min_p > 0.0 for p in params):
-        if filtered is logprobs:
-            filtered = filtered.clone()
-        for i, p in enumerate(params):
-            if p.min_p > 0.0 and not greedy[i]:
-                row = filtered[i]
-                row[row < row.max() + torch.log(torch.tensor(p.min_p))] = float("-inf")
-    chosen: list[int] = []
-    for i in range(b):
-        if greedy[i]:
-            chosen.append(int(torch.argmax(filtered[i])))
+    if all(p.temperature == 1.0 or p.greedy for p in params):
+        scaled = logits
+    else:
+        temps = [1.0 if p.greedy else p.temperature for p in params]
+        scaled = logits / torch.tensor(temps, device=device).unsqueeze(1)
+    if any(r.banned for r in rows):
+        if scaled is logits:
+            scaled = logits.clone()
+        for i, r in enumerate(rows):
+            if r.banned:
+                scaled[i, list(r.banned)] = float("-inf")
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    chosen = torch.argmax(scaled, dim=-1)
+    sampled = [i for i in range(b) if not greedy[i]]
+    if sampled:
+        whole = len(sampled) == b
+        probs = torch.exp(scaled - lse) if whole else torch.exp(scaled[sampled] - lse[sampled])
+        filtering = [
+            i
+            for i, k in enumerate(sampled)
+            if 1 < params[k].top_k < vocab or params[k].top_p < 1.0 or params[k].min_p > 0.0
+        ]
+        if filtering:
+            probs = _filtered(probs, [params[sampled[i]] for i in filtering], filtering)
+        cdf = torch.cumsum(probs, dim=-1)
+        seeds = torch.tensor([rows[i].seed for i in sampled], dtype=torch.int64, device=device)
+        counters = torch.tensor(
+            [rows[i].counter for i in sampled], dtype=torch.int64, device=device
+        )
+        draw = (uniform(seeds, counters) * cdf[:, -1].double()).to(cdf.dtype)
+        # The first token whose cumulative probability exceeds the draw (so never one of
+        # probability zero); the clamp guards the draw's rounding at the very top.
+        picks = torch.searchsorted(cdf, draw.unsqueeze(1), right=True).squeeze(1)
+        picks = picks.clamp_(max=vocab - 1)
+        if whole:
+            chosen = picks
         else:
-            probs = torch.softmax(filtered[i], dim=-1)
-            chosen.append(int(torch.multinomial(probs, 1, generator=generators[i])))
-    picked = logprobs[torch.arange(b), torch.tensor(chosen)].tolist()
-    return chosen, picked
+            chosen[sampled] = picks
+    picked = (scaled.gather(1, chosen.unsqueeze(1)) - lse).squeeze(1)
+    return chosen.tolist(), picked.tolist()
+
+
+def _filtered(probs: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:
+    """``probs`` with the tokens that top-k, top-p and min-p exclude set to 0 (for
+    ``rows`` only, whose parameters are ``params``)."""
+    device = probs.device
+    sub = probs[rows]
+    sorted_p, order = torch.sort(sub, dim=-1, descending=True)
+    vocab = sub.shape[1]
+    rank = torch.arange(vocab, device=device).unsqueeze(0)
+    k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    drop = rank >= k.unsqueeze(1)
+    top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
+    # Drop a token when the tokens before it already reach top_p (the first always stays).
+    drop |= (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= top_p
+    min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+    drop |= sorted_p < sorted_p[:, :1] * min_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    out = probs.clone()
+    out[rows] = torch.empty_like(sub).scatter_(1, order, sorted_p)
+    return out

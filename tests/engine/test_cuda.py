@@ -1,0 +1,133 @@
+"""The embedded engine on CUDA: captured decode graphs compute what eager steps compute,
+logprobs match a plain forward, greedy output matches HF ``generate``, and an in-place
+weight update reaches the graphs. A small random Llama keeps it quick; skipped without
+a GPU (CI has none: results are recorded in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from agentenv import SamplingParams
+from agentenv.engine import Engine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.anyio,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEVICE = "cuda"
+PROMPTS = [[1 + (i * 7 + j) % 500 for j in range(5 + 9 * i)] for i in range(11)]
+
+
+class _Tokenizer:  # stop strings are not used here
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(map(str, ids))
+
+
+def _tiny(path: Path, seed: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger weights than the default init: peaked distributions
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return _tiny(root / "a", 0), _tiny(root / "b", 1)
+
+
+async def _run(engine: Engine, params: SamplingParams) -> list[Any]:
+    results: list[Any] = [None] * len(PROMPTS)
+
+    async def one(i: int) -> None:
+        results[i] = await engine.generate(PROMPTS[i], dataclasses.replace(params, seed=i))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(PROMPTS)):
+            tg.start_soon(one, i)
+    return results
+
+
+def _engine(path: Path, graphs: bool) -> Engine:
+    return Engine(
+        path,
+        device=DEVICE,
+        dtype=torch.float32,
+        max_running=16,
+        context_length=1024,
+        tokenizer=_Tokenizer(),
+        cuda_graphs=graphs,
+    )
+
+
+async def test_graphs_match_eager_steps_and_a_plain_forward(tiny: tuple[Path, Path]) -> None:
+    params = SamplingParams(temperature=1.0, max_new_tokens=300, ignore_eos=True)
+    async with _engine(tiny[0], True) as graphed:
+        with_graphs = await _run(graphed, params)
+        assert graphed.model.graphs is not None and graphed.model.graphs.captures > 0
+        # The cache grew past its first capacity (256) mid-run: graphs were re-captured.
+        assert graphed._cache.capacity > 256
+        worst = 0.0
+        for prompt, c in zip(PROMPTS, with_graphs, strict=True):
+            plain = graphed.model.logprobs_of(prompt + c.output_ids)[len(prompt) - 1 :]
+            worst = max(worst, max(abs(a - b) for a, b in zip(plain, c.logprobs, strict=True)))
+        assert worst < 1e-3, worst
+    async with _engine(tiny[0], False) as eager:
+        without = await _run(eager, params)
+    for a, b in zip(with_graphs, without, strict=True):
+        assert a.output_ids == b.output_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+async def test_greedy_matches_hf_generate(tiny: tuple[Path, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype=torch.float32)
+    hf = hf.to(DEVICE).eval()
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    async with _engine(tiny[0], True) as engine:
+        ours = await _run(engine, params)
+    for prompt, c in zip(PROMPTS, ours, strict=True):
+        ids = torch.tensor([prompt], device=DEVICE)
+        ref = hf.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0)
+        expected = ref[0, len(prompt) :].tolist()  # up to EOS, which HF stops at
+        assert c.output_ids[: len(expected)] == expected
+
+
+async def test_weight_update_reaches_the_graphs(tiny: tuple[Path, Path]) -> None:
+    from safetensors.torch import load_file
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True)
+    async with _engine(tiny[0], True) as engine:
+        before = await _run(engine, params)
+        await engine.update_weights(load_file(str(tiny[1] / "model.safetensors")))
+        after = await _run(engine, params)
+    async with _engine(tiny[1], False) as reference:
+        expected = await _run(reference, params)
+    assert [c.output_ids for c in after] == [c.output_ids for c in expected]
+    assert [c.output_ids for c in after] != [c.output_ids for c in before]
