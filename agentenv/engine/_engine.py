@@ -70,6 +70,10 @@ class _Request:
     # Tokens produced in the current step, not yet delivered.
     new_ids: list[int] = dataclasses.field(default_factory=list)
     new_lps: list[float] = dataclasses.field(default_factory=list)
+    # False: the caller wants the whole completion only; chunks are held until it ends
+    # (one per weight version), sparing a wake-up per token.
+    streaming: bool = True
+    held: list[EngineChunk] = dataclasses.field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -175,7 +179,7 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
     def _submit(
-        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, streaming: bool
     ) -> tuple[_Request, MemoryObjectReceiveStream[EngineChunk]]:
         if self._closed:
             raise ClosedResourceError("the engine is closed")
@@ -209,7 +213,7 @@ class Engine:
             stops.update(self.model.config.eos_token_ids)
         seed = params.seed % (1 << 63) if params.seed is not None else random.getrandbits(63)
         send, receive = anyio.create_memory_object_stream[EngineChunk](math.inf)
-        req = _Request(rid, ids, params, frozenset(stops), seed, send)
+        req = _Request(rid, ids, params, frozenset(stops), seed, send, streaming=streaming)
         self._by_rid[rid] = req
         self._waiting.append(req)
         self._wake.set()
@@ -219,7 +223,13 @@ class Engine:
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
     ) -> AsyncIterator[EngineChunk]:
         """Generate, yielding the tokens of every step as they come."""
-        req, receive = self._submit(input_ids, params, rid)
+        async for chunk in self._chunks(input_ids, params, rid, streaming=True):
+            yield chunk
+
+    async def _chunks(
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, streaming: bool
+    ) -> AsyncIterator[EngineChunk]:
+        req, receive = self._submit(input_ids, params, rid, streaming)
         try:
             async with receive:
                 async for chunk in receive:
@@ -242,7 +252,7 @@ class Engine:
         """Generate a continuation of ``input_ids`` (the :class:`~agentenv.Generator` call)."""
         parts = CompletionBuilder(self.weight_version)
         finish: FinishReason | None = None
-        async for chunk in self.stream(input_ids, params, rid=rid):
+        async for chunk in self._chunks(input_ids, params, rid, streaming=False):
             parts.add(chunk.output_ids, chunk.logprobs, chunk.weight_version)
             finish = chunk.finish_reason
         assert finish is not None
@@ -434,8 +444,18 @@ class Engine:
     def _send(self, r: _Request) -> None:
         chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version)
         r.new_ids, r.new_lps = [], []
+        if not r.streaming and r.finish is None:
+            last = r.held[-1] if r.held else None
+            if last is not None and last.weight_version == chunk.weight_version:
+                last.output_ids += chunk.output_ids
+                last.logprobs += chunk.logprobs
+            else:
+                r.held.append(chunk)
+            return
+        chunks, r.held = [*r.held, chunk], []
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            r.out.send_nowait(chunk)  # fails only when the caller left
+            for c in chunks:
+                r.out.send_nowait(c)  # fails only when the caller left
         if r.finish is not None:
             r.out.close()
             self._by_rid.pop(r.rid, None)

@@ -54,6 +54,7 @@ class DecodeGraphs:
         key = (cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, model._cos.data_ptr())
         if key != self._key:  # reallocated: the old graphs read stale memory
             self._graphs.clear()
+            self._pool = torch.cuda.graph_pool_handle()  # the old pool goes with them
             self._key = key
         n = len(ids)
         b = self.buckets[bisect.bisect_left(self.buckets, n)]

@@ -62,5 +62,8 @@ class ModelThread:
         return value  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Let the thread end after the work queued so far."""
+        """End the thread once the work queued so far is done (waits a few seconds at
+        most: a thread still inside torch when the interpreter exits can abort it)."""
         self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
