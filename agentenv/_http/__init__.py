@@ -37,7 +37,7 @@ connection pool (a fraction of httpx's default per-request cost). ::
         await anyio.sleep_forever()
 """
 
-from agentenv._http._client import HTTPTransport, async_client
+from agentenv._http._client import HTTPTransport, RawResponse, async_client
 from agentenv._http._server import (
     Guard,
     Handler,
@@ -56,6 +56,7 @@ __all__ = [
     "HTTPServer",
     "HTTPTransport",
     "Handler",
+    "RawResponse",
     "Request",
     "Response",
     "Router",

@@ -20,13 +20,14 @@ import json
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 import anyio
 import httpx
 
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
-from agentenv._http import async_client
+from agentenv._http import HTTPTransport, RawResponse, async_client
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 
@@ -77,7 +78,7 @@ def _check_input(input_ids: Sequence[int], field: str = "input_ids") -> list[int
     return ids
 
 
-def _message(response: httpx.Response) -> str:
+def _message(response: httpx.Response | RawResponse) -> str:
     """The error text of an SGLang answer, whichever of its shapes it has."""
     try:
         data = response.json()
@@ -144,6 +145,15 @@ class SGLangClient:
             timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
             max_connections=max_connections,
         )
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._headers = dict(headers or {})
+        parsed = httpx.URL(self.url)
+        self._host, self._port = parsed.host, parsed.port or 80
+        self._base_path = parsed.raw_path.decode("ascii").rstrip("/")
+        # Plain http: JSON calls skip httpx's request/response objects (see _request).
+        transport = self._http._transport
+        self._fast = transport if isinstance(transport, HTTPTransport) else None
         self._closed = False
 
     async def __aenter__(self) -> SGLangClient:
@@ -167,20 +177,38 @@ class SGLangClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> httpx.Response | RawResponse:
         if self._closed:
             raise ClosedResourceError("the SGLangClient is closed")
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         hdrs = dict(headers or {})
         if content is not None:
             hdrs["content-type"] = "application/json"
+        if self._fast is not None:
+            target = self._base_path + path
+            if params:
+                target += "?" + urlencode(params)
+            hdrs = {**self._headers, **hdrs}
+        response: httpx.Response | RawResponse
         delay = self.backoff
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = await self._http.request(
-                    method, path, content=content, params=params, headers=hdrs
-                )
+                if self._fast is not None:
+                    response = await self._fast.fetch(
+                        method,
+                        self._host,
+                        self._port,
+                        target,
+                        hdrs,
+                        content or b"",
+                        connect_timeout=self.connect_timeout,
+                        timeout=self.timeout,
+                    )
+                else:
+                    response = await self._http.request(
+                        method, path, content=content, params=params, headers=hdrs
+                    )
             except httpx.TimeoutException as e:
                 raise SGLangError(
                     f"{method} {self.url}{path} timed out ({type(e).__name__})", url=self.url
