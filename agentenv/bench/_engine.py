@@ -77,85 +77,87 @@ async def _engine_level(engine: Any, prompts: Sequence[list[int]], new: int) -> 
     return time.perf_counter() - start
 
 
-def run_engine(
-    model_dir: Path,
-    device: str,
-    dtype: Any,
-    levels: Sequence[int],
-    new: int,
-    prompts: list[list[int]],
-    progress: Callable[[str], None],
-    cuda_graphs: bool = True,
-) -> dict[int, float]:
-    from agentenv.engine import Engine
+class HFBaseline:
+    """HF ``generate`` on a left-padded batch: the comparison."""
 
-    out: dict[int, float] = {}
+    def __init__(self, model_dir: Path, device: str, dtype: Any) -> None:
+        from transformers import AutoModelForCausalLM
 
-    async def main() -> None:
-        async with Engine(
-            model_dir, device=device, dtype=dtype, max_running=max(levels), cuda_graphs=cuda_graphs
-        ) as engine:
-            await _engine_level(engine, prompts[:2], 4)  # warm-up
-            for c in levels:
-                elapsed = await _engine_level(engine, prompts[:c], new)
-                out[c] = c * new / elapsed
-                progress(f"engine      c={c:>3}: {out[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        self.model = model.to(device).eval()
+        self.device = device
 
-    anyio.run(main)
-    return out
+    def run(self, prompts: Sequence[list[int]], new: int) -> float:
+        """Seconds to generate ``new`` tokens for each prompt, in one batch."""
+        import torch
 
-
-def run_hf(
-    model_dir: Path,
-    device: str,
-    dtype: Any,
-    levels: Sequence[int],
-    new: int,
-    prompts: list[list[int]],
-    progress: Callable[[str], None],
-) -> dict[int, float]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    model = model.to(device).eval()
-    pad = 0
-
-    def batch(ps: Sequence[list[int]]) -> tuple[Any, Any]:
-        width = max(len(p) for p in ps)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in ps], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps], device=device)
-        return ids, mask
-
-    def generate(ps: Sequence[list[int]], n: int) -> float:
-        ids, mask = batch(ps)
-        _sync(device)
+        pad = 0
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
+        )
+        _sync(self.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            result = model.generate(
+            result = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
                 top_p=1.0,
-                max_new_tokens=n,
-                min_new_tokens=n,
+                max_new_tokens=new,
+                min_new_tokens=new,
                 pad_token_id=pad,
             )
-        _sync(device)
+        _sync(self.device)
         elapsed = time.perf_counter() - start
-        if result.shape[1] - ids.shape[1] != n:
-            raise RuntimeError(f"HF generate made {result.shape[1] - ids.shape[1]} tokens, not {n}")
+        if result.shape[1] - ids.shape[1] != new:
+            raise RuntimeError(
+                f"HF generate made {result.shape[1] - ids.shape[1]} tokens, not {new}"
+            )
         return elapsed
 
-    out: dict[int, float] = {}
-    generate(prompts[:2], 4)  # warm-up
-    for c in levels:
-        elapsed = generate(prompts[:c], new)
-        out[c] = c * new / elapsed
-        progress(f"HF generate c={c:>3}: {out[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
-    return out
+
+def run_both(
+    model_dir: Path,
+    device: str,
+    dtype: Any,
+    levels: Sequence[int],
+    new: int,
+    prompts: list[list[int]],
+    progress: Callable[[str], None],
+    *,
+    hf: bool = True,
+    cuda_graphs: bool = True,
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Tokens/s of the engine and of HF ``generate`` per level. The two alternate level by
+    level, so that a slow phase of a shared machine does not fall on one of them only."""
+    from agentenv.engine import Engine
+
+    engine_rates: dict[int, float] = {}
+    hf_rates: dict[int, float] = {}
+
+    async def main() -> None:
+        async with Engine(
+            model_dir, device=device, dtype=dtype, max_running=max(levels), cuda_graphs=cuda_graphs
+        ) as engine:
+            baseline = HFBaseline(model_dir, device, dtype) if hf else None
+            await _engine_level(engine, prompts[:2], 4)  # warm-up
+            if baseline is not None:
+                baseline.run(prompts[:2], 4)
+            for c in levels:
+                elapsed = await _engine_level(engine, prompts[:c], new)
+                engine_rates[c] = c * new / elapsed
+                progress(f"engine      c={c:>3}: {engine_rates[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
+                if baseline is not None:
+                    elapsed = baseline.run(prompts[:c], new)
+                    hf_rates[c] = c * new / elapsed
+                    progress(f"HF generate c={c:>3}: {hf_rates[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
+
+    anyio.run(main)
+    return engine_rates, hf_rates
 
 
 def random_model(template: Path, dtype: Any) -> Path:
@@ -208,13 +210,16 @@ def bench(
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     prompts = make_prompts(tokenizer, max(levels))
     torch.manual_seed(0)
-    engine = run_engine(
-        model_dir, device, torch_dtype, levels, max_new_tokens, prompts, progress, cuda_graphs
-    )
-    reference = (
-        run_hf(model_dir, device, torch_dtype, levels, max_new_tokens, prompts, progress)
-        if hf
-        else {}
+    engine, reference = run_both(
+        model_dir,
+        device,
+        torch_dtype,
+        levels,
+        max_new_tokens,
+        prompts,
+        progress,
+        hf=hf,
+        cuda_graphs=cuda_graphs,
     )
     result: dict[str, Any] = {
         "bench": "engine",

@@ -1,11 +1,20 @@
 """``agentenv bench``: measured numbers for the SDK itself.
 
     agentenv bench rollout [--quick] [--json]
+    agentenv bench buffer [--quick] [--json]
+    agentenv bench engine [--quick] [--device cpu|cuda] [--json]
+    agentenv bench client [--quick] [--json]
 
 ``rollout`` measures the SDK's per-turn overhead on a 3-turn tool-use episode with an
 instant model, at concurrency 1, 64 and 1024, each level in a fresh process pinned to one
 CPU core; in the same run it plays the equivalent episode through PrimeIntellect's
 ``verifiers`` (when installed) and reports the throughput ratio.
+
+``engine`` measures generated tokens/s of the embedded engine against Hugging Face
+``generate`` on the same model, prompts, sampling and device, at 1, 8, 32 and 128
+concurrent requests. ``client`` measures the requests/s the SGLang client sustains with
+4,096 requests in flight against an instant stand-in server (client on one core, server on
+the other), and the same with plain httpx for comparison.
 """
 
 from __future__ import annotations
@@ -55,6 +64,31 @@ def add_parser(sub: Any) -> None:
     buffer.add_argument("--json", action="store_true", help="print one JSON object last")
     buffer.add_argument("--no-service", action="store_true", help="skip the HTTP service mode")
     buffer.set_defaults(handler=run_buffer)
+    engine = kinds.add_parser("engine", help="embedded engine vs HF generate, tokens/s")
+    engine.add_argument("--quick", action="store_true", help="32 new tokens, not 128")
+    engine.add_argument("--json", action="store_true", help="print one JSON object last")
+    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    engine.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    engine.add_argument(
+        "--model", default="smollm2-135m", help="model name or HF directory (smollm2-135m)"
+    )
+    engine.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="random weights of the model's shape (where the model package is missing)",
+    )
+    engine.add_argument(
+        "--levels", type=int, nargs="+", default=[1, 8, 32, 128], help="concurrency levels"
+    )
+    engine.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
+    engine.set_defaults(handler=run_engine)
+    client = kinds.add_parser("client", help="SGLang client requests/s, 4,096 in flight")
+    client.add_argument("--quick", action="store_true", help="fewer requests (< 60 s)")
+    client.add_argument("--json", action="store_true", help="print one JSON object last")
+    client.add_argument(
+        "--no-httpx", action="store_true", help="skip the plain-httpx comparison (slow)"
+    )
+    client.set_defaults(handler=run_client)
 
 
 def _child(
@@ -183,3 +217,84 @@ def run_buffer(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(results, indent=2))
     return 0
+
+
+def _emit(results: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(results, separators=(",", ":")))
+    else:
+        print(json.dumps(results, indent=2))
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from agentenv.bench._engine import bench
+
+    levels = [c for c in args.levels if c > 0]
+    if not levels:
+        raise ConfigError("--levels needs at least one positive concurrency")
+    results = bench(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        levels=levels,
+        max_new_tokens=32 if args.quick else 128,
+        random_weights=args.random_weights,
+        cuda_graphs=not args.no_cuda_graphs,
+    )
+    results["quick"] = bool(args.quick)
+    _emit(results, args.json)
+    return 0
+
+
+def run_client(args: argparse.Namespace) -> int:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.bench._client", "--serve", *_cpu_args(1)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        if not port.isdigit():
+            raise ConfigError("the stand-in server of `bench client` did not start")
+        url = f"http://127.0.0.1:{port}"
+        results: dict[str, Any] = {"bench": "client", "quick": bool(args.quick), "runs": {}}
+        # (name, client, requests, in flight). httpx's default pool scans its connections
+        # on every request, so at 4,096 in flight it manages ~15 requests/s: it is compared
+        # at 256 in flight, against agentenv at 256 too.
+        runs = [("agentenv", "agentenv", 10000 if args.quick else 40000, 4096)]
+        if not args.no_httpx:
+            runs.append(("agentenv_256", "agentenv", 4000, 256))
+            runs.append(("httpx_256", "httpx", 1000 if args.quick else 3000, 256))
+        for name, client, n, in_flight in runs:
+            extra = ["--url", url, "--client", client, "--requests", str(n)]
+            extra += ["--in-flight", str(in_flight), *_cpu_args(0)]
+            r = _child("agentenv.bench._client", extra, timeout=1200)
+            results["runs"][name] = r
+            print(
+                f"{client:>9} {in_flight:>5} in flight: {r['requests_per_s']:>9,.0f} requests/s",
+                file=sys.stderr,
+            )
+        results["requests_per_s"] = results["runs"]["agentenv"]["requests_per_s"]
+        if "httpx_256" in results["runs"]:
+            results["ratio_vs_httpx_at_256"] = round(
+                results["runs"]["agentenv_256"]["requests_per_s"]
+                / results["runs"]["httpx_256"]["requests_per_s"],
+                2,
+            )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
+    _emit(results, args.json)
+    return 0
+
+
+def _cpu_args(index: int) -> list[str]:
+    """``--cpu N`` for the index-th CPU this process may use (none on a one-CPU machine)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return []
+    return ["--cpu", str(cpus[index])] if len(cpus) > index and len(cpus) > 1 else []
