@@ -114,7 +114,17 @@ class Engine:
         self.model_path = resolve_model(str(model))
         self.device = device
         self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-        self.model = LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
+        self._thread = ModelThread()
+        try:
+            self.model = self._thread.call(
+                lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
+            )
+            self._cache = self._thread.call(
+                lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)
+            )
+        except BaseException:
+            self._thread.close()
+            raise
         config = self.model.config
         self.context_length = min(
             context_length or config.max_position_embeddings, config.max_position_embeddings
@@ -127,7 +137,6 @@ class Engine:
             tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
         self.tokenizer = tokenizer
         self.prefill_tokens = prefill_tokens
-        self._cache = KVCache(config, max_running, 256, self.dtype, device)
         if cuda_graphs and self.model.device.type == "cuda":
             from agentenv.engine._graphs import DecodeGraphs
 
@@ -141,12 +150,10 @@ class Engine:
         self._resumed = anyio.Event()
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
-        self._thread: ModelThread | None = None
         self.steps = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
-        self._thread = ModelThread()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._loop)
@@ -170,8 +177,7 @@ class Engine:
             tg, self._tg = self._tg, None
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
-            if self._thread is not None:
-                self._thread.close()
+        self._thread.close()
         for req in self._running:
             req.aborted = req.aborted or "engine closed"
         self._finish_aborted(self._running)
@@ -324,8 +330,6 @@ class Engine:
                 self.weight_version = weight_version
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._thread is None:
-            raise ConfigError("use the engine inside `async with Engine(...)`")
         return await self._thread.run(fn, *args)
 
     # -- the loop --------------------------------------------------------------------------

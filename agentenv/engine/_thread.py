@@ -2,12 +2,15 @@
 
 Steps must not hop between threads: each thread that calls into torch's CPU kernels gets a
 team of OpenMP threads of its own, and an idle team spins for a while after its work --
-on a small machine two teams fight over the cores (measured: a decode step at batch 32 took
-~1.7x as long when successive steps ran on different pool threads).
+on a small machine two teams fight over the cores. Measured on 2 cores, a decode step at
+batch 32: 132-138 ms with all torch work on one thread, 166 ms on a second thread after the
+first had used torch, and ~1.7x as long when successive steps ran on different threads.
+So the engine loads its model and runs every step on one thread of its own.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
@@ -41,6 +44,20 @@ class ModelThread:
                 done(None, e)
             else:
                 done(value, None)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the thread and wait for it, from synchronous code (loading
+        the model there keeps all of the engine's torch work on one thread)."""
+        box: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if error is not None:
+                box.set_exception(error)
+            else:
+                box.set_result(value)
+
+        self._jobs.put((lambda: fn(*args), done))
+        return box.result()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the thread. Like ``anyio.to_thread.run_sync``, cancelling
