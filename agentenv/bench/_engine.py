@@ -5,7 +5,8 @@ the same sampling (temperature 1, no top-k/top-p, EOS ignored so every request m
 exactly ``max_new_tokens`` tokens). At concurrency ``c``, the engine gets ``c`` concurrent
 ``generate`` calls (continuous batching); HF gets one ``generate`` call on the ``c``
 prompts, left-padded into one batch -- how HF is used for batched sampling. Time runs from
-submitting the prompts to the last token, prefill included. ::
+submitting the prompts to the last token, prefill included. Every measurement runs in a
+fresh process (one per side and level), the sides alternating level by level. ::
 
     python -m agentenv.bench._engine --device cpu --levels 1 8 --max-new-tokens 32
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -120,44 +122,55 @@ class HFBaseline:
         return elapsed
 
 
-def run_both(
+def measure(
+    side: str,
     model_dir: Path,
     device: str,
     dtype: Any,
-    levels: Sequence[int],
+    concurrency: int,
     new: int,
-    prompts: list[list[int]],
-    progress: Callable[[str], None],
     *,
-    hf: bool = True,
     cuda_graphs: bool = True,
-) -> tuple[dict[int, float], dict[int, float]]:
-    """Tokens/s of the engine and of HF ``generate`` per level. The two alternate level by
-    level, so that a slow phase of a shared machine does not fall on one of them only."""
+) -> float:
+    """Tokens/s of one side (``engine`` or ``hf``) at one concurrency, after a warm-up."""
+    from tokenizers import Tokenizer
+
+    prompts = make_prompts(Tokenizer.from_file(str(model_dir / "tokenizer.json")), concurrency)
+    if side == "hf":
+        baseline = HFBaseline(model_dir, device, dtype)
+        baseline.run(prompts[:2], 4)  # warm-up
+        return concurrency * new / baseline.run(prompts, new)
+
     from agentenv.engine import Engine
 
-    engine_rates: dict[int, float] = {}
-    hf_rates: dict[int, float] = {}
-
-    async def main() -> None:
+    async def main() -> float:
         async with Engine(
-            model_dir, device=device, dtype=dtype, max_running=max(levels), cuda_graphs=cuda_graphs
+            model_dir, device=device, dtype=dtype, max_running=concurrency, cuda_graphs=cuda_graphs
         ) as engine:
-            baseline = HFBaseline(model_dir, device, dtype) if hf else None
             await _engine_level(engine, prompts[:2], 4)  # warm-up
-            if baseline is not None:
-                baseline.run(prompts[:2], 4)
-            for c in levels:
-                elapsed = await _engine_level(engine, prompts[:c], new)
-                engine_rates[c] = c * new / elapsed
-                progress(f"engine      c={c:>3}: {engine_rates[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
-                if baseline is not None:
-                    elapsed = baseline.run(prompts[:c], new)
-                    hf_rates[c] = c * new / elapsed
-                    progress(f"HF generate c={c:>3}: {hf_rates[c]:>9,.1f} tok/s ({elapsed:.1f} s)")
+            return concurrency * new / await _engine_level(engine, prompts, new)
 
-    anyio.run(main)
-    return engine_rates, hf_rates
+    return anyio.run(main)
+
+
+def _measure_in_child(
+    side: str, model_dir: Path, device: str, dtype: str, c: int, new: int, cuda_graphs: bool
+) -> float:
+    # A fresh process per measurement: torch gives every thread that calls it an OpenMP
+    # team of its own, and a second team in the process (the other side's) slows the
+    # first -- each side is measured alone, as it runs in production.
+    argv = [sys.executable, "-m", "agentenv.bench._engine", "--measure", side]
+    argv += ["--model", str(model_dir), "--device", device, "--dtype", dtype]
+    argv += ["--levels", str(c), "--max-new-tokens", str(new)]
+    if not cuda_graphs:
+        argv.append("--no-cuda-graphs")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(f"measuring {side} at concurrency {c} failed: {tail}")
+    rate: float = json.loads(lines[-1])["tokens_per_s"]
+    return rate
 
 
 def random_model(template: Path, dtype: Any) -> Path:
@@ -195,7 +208,6 @@ def bench(
     """Run both and return the JSON-ready result (``levels[c]`` has ``engine_tokens_per_s``,
     ``hf_generate_tokens_per_s`` and ``speedup``)."""
     import torch
-    from tokenizers import Tokenizer
 
     from agentenv.engine import resolve_model
 
@@ -207,27 +219,64 @@ def bench(
         model_dir = random_model(template, torch_dtype)
     else:
         model_dir = Path(resolve_model(model))
+    try:
+        return _bench(
+            model,
+            model_dir,
+            device,
+            torch_dtype,
+            levels,
+            max_new_tokens,
+            hf,
+            random_weights,
+            cuda_graphs,
+            progress,
+        )
+    finally:
+        if random_weights:
+            import shutil
+
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+
+def _bench(
+    model: str,
+    model_dir: Path,
+    device: str,
+    torch_dtype: Any,
+    levels: Sequence[int],
+    max_new_tokens: int,
+    hf: bool,
+    random_weights: bool,
+    cuda_graphs: bool,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    import torch
+    from tokenizers import Tokenizer
+
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     prompts = make_prompts(tokenizer, max(levels))
-    torch.manual_seed(0)
-    engine, reference = run_both(
-        model_dir,
-        device,
-        torch_dtype,
-        levels,
-        max_new_tokens,
-        prompts,
-        progress,
-        hf=hf,
-        cuda_graphs=cuda_graphs,
-    )
+    dtype_name = str(torch_dtype).removeprefix("torch.")
+    engine: dict[int, float] = {}
+    reference: dict[int, float] = {}
+    # The two sides alternate level by level, so that a slow phase of a shared machine
+    # does not fall on one of them only.
+    for c in levels:
+        for side, rates in (("engine", engine), ("hf", reference)):
+            if side == "hf" and not hf:
+                continue
+            rates[c] = _measure_in_child(
+                side, model_dir, device, dtype_name, c, max_new_tokens, cuda_graphs
+            )
+            name = "engine     " if side == "engine" else "HF generate"
+            progress(f"{name} c={c:>3}: {rates[c]:>9,.1f} tok/s")
     result: dict[str, Any] = {
         "bench": "engine",
         "model": model,
         "random_weights": random_weights,
         "cuda_graphs": cuda_graphs and device.startswith("cuda"),
         "device": device,
-        "dtype": str(torch_dtype).removeprefix("torch."),
+        "dtype": dtype_name,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "torch_threads": torch.get_num_threads(),
         "max_new_tokens": max_new_tokens,
@@ -253,7 +302,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--measure", choices=["engine", "hf"], help="one side, one level")
     args = parser.parse_args(argv)
+    if args.measure:
+        import torch
+
+        rate = measure(
+            args.measure,
+            Path(args.model),
+            args.device,
+            getattr(torch, args.dtype),
+            args.levels[0],
+            args.max_new_tokens,
+            cuda_graphs=not args.no_cuda_graphs,
+        )
+        print(json.dumps({"tokens_per_s": rate}))
+        return 0
     result = bench(
         model=args.model,
         device=args.device,
