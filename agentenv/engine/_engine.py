@@ -3,10 +3,11 @@
 :class:`Engine` is a :class:`~agentenv.Generator` (token ids in, ids, log-probs, finish
 reason and weight version out, with SGLang's semantics) that runs in-process on CPU or
 CUDA. Requests join the running batch between decode steps: each step first prefills the
-requests that arrived (one token each), then advances every running request by one token
-in a single batched forward pass; a finished request leaves at once and its cache slot is
-reused. Steps run in a worker thread, so the event loop stays free for the HTTP server
-and the environments. ::
+requests that arrived (batched, each yielding its first token), then advances every
+running request by one token in a single batched forward pass (a replayed CUDA graph on
+CUDA); a finished request leaves at once and its cache slot is reused. All model work runs
+on one thread of the engine's own (see ``_thread.py``), so the event loop stays free for
+the HTTP server and the environments. ::
 
     async with Engine("smollm2-135m") as engine:
         completion = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=64))
@@ -353,7 +354,7 @@ class Engine:
             await anyio.lowlevel.checkpoint()
 
     def _step(self, admitted: list[_Request]) -> None:
-        """One scheduler step (in a worker thread): prefill newcomers, decode everyone.
+        """One scheduler step (on the model thread): prefill newcomers, decode everyone.
 
         Invariant: a running request's cache holds every position but its last token's,
         which the next decode feeds in.

@@ -1,0 +1,87 @@
+"""The vectorized sampler: right distribution, SGLang's filters and logprobs, and draws that
+depend only on (seed, token index) -- not on the batch around a request."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentenv import SamplingParams
+from agentenv.engine._sampler import SampleRow, sample, uniform
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+
+
+def _rows(n: int, params: SamplingParams, counter: int = 0) -> list[SampleRow]:
+    return [SampleRow(params, seed, counter) for seed in range(n)]
+
+
+def _frequencies(params: SamplingParams, n: int = 20000) -> torch.Tensor:
+    ids, _ = sample(LOGITS.expand(n, -1).clone(), _rows(n, params))
+    return torch.bincount(torch.tensor(ids), minlength=LOGITS.numel()).float() / n
+
+
+def test_draws_follow_the_softmax() -> None:
+    freq = _frequencies(SamplingParams(temperature=1.0))
+    expected = torch.softmax(LOGITS, dim=0)
+    assert torch.allclose(freq, expected, atol=0.015), (freq, expected)
+    hot = _frequencies(SamplingParams(temperature=2.0))
+    assert torch.allclose(hot, torch.softmax(LOGITS / 2, dim=0), atol=0.015)
+
+
+def test_filters_restrict_the_support_and_renormalize() -> None:
+    probs = torch.softmax(LOGITS, dim=0)
+    top_k = _frequencies(SamplingParams(temperature=1.0, top_k=2))
+    assert top_k[2:].sum() == 0
+    assert torch.allclose(top_k[:2], probs[:2] / probs[:2].sum(), atol=0.015)
+    # top_p 0.8: tokens are kept while the ones before them hold less than 0.8.
+    cum = torch.cumsum(probs, 0)
+    kept = int((cum - probs < 0.8).sum())
+    top_p = _frequencies(SamplingParams(temperature=1.0, top_p=0.8))
+    assert top_p[kept:].sum() == 0 and (top_p[:kept] > 0).all()
+    min_p = _frequencies(SamplingParams(temperature=1.0, min_p=0.3))
+    allowed = probs >= probs.max() * 0.3
+    assert min_p[~allowed].sum() == 0 and (min_p[allowed] > 0).all()
+
+
+def test_logprobs_are_before_filtering_and_greedy_is_argmax() -> None:
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5, top_k=1),
+        SamplingParams(temperature=0.5, top_k=3, top_p=0.9),
+    ]
+    logits = LOGITS.expand(3, -1).clone()
+    ids, lps = sample(logits, [SampleRow(p, 7, 0) for p in params])
+    assert ids[0] == ids[1] == 0
+    assert lps[0] == pytest.approx(float(torch.log_softmax(LOGITS, 0)[0]), abs=1e-6)
+    assert lps[1] == pytest.approx(float(torch.log_softmax(LOGITS / 0.5, 0)[0]), abs=1e-6)
+    assert ids[2] in (0, 1, 2)
+    assert lps[2] == pytest.approx(float(torch.log_softmax(LOGITS / 0.5, 0)[ids[2]]), abs=1e-6)
+
+
+def test_banned_tokens_are_never_drawn() -> None:
+    params = SamplingParams(temperature=1.0)
+    rows = [SampleRow(params, seed, 0, banned=(0, 1)) for seed in range(2000)]
+    ids, lps = sample(LOGITS.expand(2000, -1).clone(), rows)
+    assert 0 not in ids and 1 not in ids
+    assert all(math.isfinite(lp) for lp in lps)
+
+
+def test_a_draw_depends_on_seed_and_index_only() -> None:
+    params = SamplingParams(temperature=1.0)
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0))
+    alone = [sample(logits[i : i + 1], [SampleRow(params, 100 + i, 5)])[0][0] for i in range(64)]
+    batched, _ = sample(logits, [SampleRow(params, 100 + i, 5) for i in range(64)])
+    assert batched == alone
+    other_index, _ = sample(logits, [SampleRow(params, 100 + i, 6) for i in range(64)])
+    assert other_index != batched
+
+
+def test_uniform_draws_are_uniform_and_in_range() -> None:
+    u = uniform(torch.arange(50000, dtype=torch.int64), torch.zeros(50000, dtype=torch.int64))
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.01
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / 50000
+    assert torch.allclose(hist, torch.full((10,), 0.1), atol=0.01)
