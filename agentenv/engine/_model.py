@@ -237,16 +237,19 @@ class LlamaModel:
         tied = c.tie_word_embeddings or "lm_head.weight" not in tensors
         if not tied:
             new.append((self, "lm_head", take("lm_head.weight")))
+        # Check every shape before changing anything: a refused update leaves the model whole.
         for owner, name, value in new:
             old = getattr(owner, name, None)
-            if isinstance(old, torch.Tensor) and old.shape == value.shape:
+            if isinstance(old, torch.Tensor) and old.shape != value.shape:
+                raise ConfigError(
+                    f"weight {name} has shape {tuple(value.shape)}, the model's is "
+                    f"{tuple(old.shape)}: an update must keep the architecture"
+                )
+        for owner, name, value in new:
+            old = getattr(owner, name, None)
+            if isinstance(old, torch.Tensor):
                 old.copy_(value)
             else:
-                if old is not None:
-                    raise ConfigError(
-                        f"weight {name} has shape {tuple(value.shape)}, the model's is "
-                        f"{tuple(old.shape)}: an update must keep the architecture"
-                    )
                 setattr(owner, name, value.contiguous())
         if tied:
             self.lm_head = self.embed

@@ -149,6 +149,19 @@ async def test_abort_pause_and_weight_updates(engine: Engine, model_dir: Path) -
     assert c.weight_version == "v2"
     with pytest.raises(ConfigError, match="not a directory"):
         await engine.update_weights_from_disk(model_dir / "nope")
+    # A refused update (wrong shape) leaves every weight as it was.
+    before = engine.model.embed.clone()
+    bad = {"model.embed_tokens.weight": torch.zeros(3, 3)}
+    with pytest.raises(ConfigError, match="have no tensor"):
+        await engine.update_weights(bad)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["model.norm.weight"] = torch.zeros(7)
+    weights["model.embed_tokens.weight"] = torch.zeros_like(weights["model.embed_tokens.weight"])
+    with pytest.raises(ConfigError, match="keep the architecture"):
+        await engine.update_weights(weights)
+    assert torch.equal(engine.model.embed, before)
 
 
 @pytest.fixture
