@@ -230,7 +230,12 @@ class CompletionBuilder:
             self.spans.append((version, len(ids)))
 
     def build(
-        self, finish: FinishReason, *, prompt_tokens: int = 0, logprobs: bool = True
+        self,
+        finish: FinishReason,
+        *,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        logprobs: bool = True,
     ) -> Completion:
         """The completion; spans only when more than one version made it."""
         return Completion(
@@ -239,6 +244,7 @@ class CompletionBuilder:
             finish_reason=finish,
             weight_version=self.version,
             prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
             version_spans=tuple(self.spans) if len(self.spans) > 1 else (),
         )
 

@@ -55,6 +55,7 @@ class EngineChunk:
     logprobs: list[float]
     finish_reason: FinishReason | None
     weight_version: str
+    cached_tokens: int = 0  # prompt tokens whose keys and values were copied, not computed
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -75,6 +76,7 @@ class _Request:
     # (one per weight version), sparing a wake-up per token.
     streaming: bool = True
     held: list[EngineChunk] = dataclasses.field(default_factory=list)
+    cached: int = 0
 
     @property
     def length(self) -> int:
@@ -259,11 +261,14 @@ class Engine:
         """Generate a continuation of ``input_ids`` (the :class:`~agentenv.Generator` call)."""
         parts = CompletionBuilder(self.weight_version)
         finish: FinishReason | None = None
+        cached = 0
         async for chunk in self._chunks(input_ids, params, rid, streaming=False):
             parts.add(chunk.output_ids, chunk.logprobs, chunk.weight_version)
-            finish = chunk.finish_reason
+            finish, cached = chunk.finish_reason, chunk.cached_tokens
         assert finish is not None
-        return parts.build(finish, prompt_tokens=len(input_ids), logprobs=return_logprob)
+        return parts.build(
+            finish, prompt_tokens=len(input_ids), cached_tokens=cached, logprobs=return_logprob
+        )
 
     def abort(self, rid: str | None = None, *, all: bool = False) -> None:
         """Abort ``rid`` (a no-op if unknown), or every request; each returns what it has
@@ -372,16 +377,34 @@ class Engine:
             else:
                 fresh.append(req)
         # Newcomers are prefilled together, shortest first, in forwards of at most
-        # `prefill_tokens` padded tokens.
-        fresh.sort(key=lambda r: len(r.prompt))
-        while fresh:
+        # `prefill_tokens` padded tokens. A prompt that arrives several times in one step
+        # (a GRPO group) is computed once; its copies get the keys and values copied.
+        unique: dict[tuple[int, ...], list[_Request]] = {}
+        for req in fresh:
+            unique.setdefault(tuple(req.prompt), []).append(req)
+        firsts = sorted((reqs[0] for reqs in unique.values()), key=lambda r: len(r.prompt))
+        while firsts:
             take = 1
-            while take < len(fresh) and (take + 1) * len(fresh[take].prompt) <= self.prefill_tokens:
+            while (
+                take < len(firsts) and (take + 1) * len(firsts[take].prompt) <= self.prefill_tokens
+            ):
                 take += 1
-            chunk, fresh = fresh[:take], fresh[take:]
+            chunk, firsts = firsts[:take], firsts[take:]
             first = len(self._running)
             self._running.extend(chunk)
-            self._sample(chunk, model.prefill([r.prompt for r in chunk], first, cache))
+            logits = model.prefill([r.prompt for r in chunk], first, cache)
+            copies: list[_Request] = []
+            rows: list[int] = []
+            for i, req in enumerate(chunk):
+                for copy in unique[tuple(req.prompt)][1:]:
+                    cache.move(first + i, len(self._running), len(req.prompt))
+                    copy.cached = len(copy.prompt)
+                    self._running.append(copy)
+                    copies.append(copy)
+                    rows.append(i)
+            if copies:
+                logits = torch.cat([logits, logits[rows]])
+            self._sample([*chunk, *copies], logits)
         live = [i for i, r in enumerate(self._running) if r.finish is None]
         if live:
             # Every slot takes part (a finished one's row is wasted, and dropped after).
@@ -447,7 +470,7 @@ class Engine:
         self._compact()
 
     def _send(self, r: _Request) -> None:
-        chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version)
+        chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached)
         r.new_ids, r.new_lps = [], []
         if not r.streaming and r.finish is None:
             last = r.held[-1] if r.held else None

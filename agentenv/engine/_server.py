@@ -167,7 +167,14 @@ class EngineServer:
         start = time.perf_counter()
         c = await self.engine.generate(ids, params, rid=rid, return_logprob=logprob)
         return self._response(
-            rid, ids, c.output_ids, c.logprobs, c.finish_reason, c.weight_version, start
+            rid,
+            ids,
+            c.output_ids,
+            c.logprobs,
+            c.finish_reason,
+            c.weight_version,
+            start,
+            c.cached_tokens,
         )
 
     def _response(
@@ -179,13 +186,14 @@ class EngineServer:
         finish: FinishReason | None,
         version: str,
         start: float,
+        cached: int = 0,
     ) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": None if finish is None else finish.to_sglang(),
             "prompt_tokens": len(prompt),
             "completion_tokens": len(output),
-            "cached_tokens": 0,
+            "cached_tokens": cached,
             "weight_version": version,
             "e2e_latency": round(time.perf_counter() - start, 6),
         }
@@ -219,6 +227,7 @@ class EngineServer:
                     chunk.finish_reason,
                     chunk.weight_version,
                     start,
+                    chunk.cached_tokens,
                 )
                 yield sse(json.dumps(event, separators=(",", ":")))
         except AgentEnvError as e:  # after the 200 went out: an error event, as SGLang

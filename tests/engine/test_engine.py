@@ -79,6 +79,27 @@ async def test_concurrent_requests_batch_and_equal_their_solo_runs(engine: Engin
         assert a.finish_reason == b.finish_reason
 
 
+async def test_a_group_sharing_a_prompt_prefills_it_once(engine: Engine) -> None:
+    # A GRPO group: the same prompt n times, at once. One prefill; the copies report the
+    # prompt as cached, and every sample equals its solo run.
+    params = [SamplingParams(max_new_tokens=8, temperature=1.0, seed=7 + i) for i in range(4)]
+    solo = [await engine.generate(PROMPT, p) for p in params]
+    assert all(c.cached_tokens == 0 for c in solo)
+    group: list[Any] = [None] * 4
+
+    async def one(i: int) -> None:
+        group[i] = await engine.generate(PROMPT, params[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    assert sorted(c.cached_tokens for c in group) == [0, len(PROMPT), len(PROMPT), len(PROMPT)]
+    for a, b in zip(solo, group, strict=True):
+        assert a.output_ids == b.output_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert len({tuple(c.output_ids) for c in group}) > 1  # own seeds, own samples
+
+
 async def test_stops_lengths_and_min_new_tokens(engine: Engine) -> None:
     greedy = SamplingParams(max_new_tokens=20, temperature=0)
     ref = await engine.generate(PROMPT, greedy)
