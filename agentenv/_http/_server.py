@@ -381,6 +381,9 @@ class HTTPServer:
                 client.setblocking(False)
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 stream = await anyio.abc.SocketStream.from_socket(client)
+            except (OSError, ValueError):  # reset before we got to it: not our problem
+                client.close()
+                continue
             except BaseException:
                 client.close()
                 raise

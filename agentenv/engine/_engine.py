@@ -119,15 +119,39 @@ class Engine:
         self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
         self._thread = ModelThread()
         try:
-            self.model = self._thread.call(
-                lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
-            )
-            self._cache = self._thread.call(
-                lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)
-            )
+            self._setup(max_running, context_length, weight_version, tokenizer, cuda_graphs)
         except BaseException:
             self._thread.close()
             raise
+        self.prefill_tokens = prefill_tokens
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._by_rid: dict[str, _Request] = {}
+        self._wake = anyio.Event()
+        self._step_lock = anyio.Lock()  # a step, or a weight update, at a time
+        self._paused = False
+        self._resumed = anyio.Event()
+        self._closed = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.steps = 0
+
+    def _setup(
+        self,
+        max_running: int,
+        context_length: int | None,
+        weight_version: str,
+        tokenizer: Any,
+        cuda_graphs: bool,
+    ) -> None:
+        device = self.device
+        if device.startswith("cuda"):  # the model thread's current device: graphs use it
+            self._thread.call(torch.cuda.set_device, torch.device(device))
+        self.model = self._thread.call(
+            lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
+        )
+        self._cache = self._thread.call(
+            lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)
+        )
         config = self.model.config
         self.context_length = min(
             context_length or config.max_position_embeddings, config.max_position_embeddings
@@ -139,21 +163,10 @@ class Engine:
 
             tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
         self.tokenizer = tokenizer
-        self.prefill_tokens = prefill_tokens
         if cuda_graphs and self.model.device.type == "cuda":
             from agentenv.engine._graphs import DecodeGraphs
 
             self.model.graphs = DecodeGraphs(self.model, max_running)
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []
-        self._by_rid: dict[str, _Request] = {}
-        self._wake = anyio.Event()
-        self._step_lock = anyio.Lock()  # a step, or a weight update, at a time
-        self._paused = False
-        self._resumed = anyio.Event()
-        self._closed = False
-        self._tg: anyio.abc.TaskGroup | None = None
-        self.steps = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -180,7 +193,7 @@ class Engine:
             tg, self._tg = self._tg, None
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
-        self._thread.close()
+        await self._thread.aclose()
         for req in self._running:
             req.aborted = req.aborted or "engine closed"
         self._finish_aborted(self._running)
@@ -336,6 +349,8 @@ class Engine:
                 self.weight_version = weight_version
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise ClosedResourceError("the engine is closed")
         return await self._thread.run(fn, *args)
 
     # -- the loop --------------------------------------------------------------------------

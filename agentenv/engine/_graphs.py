@@ -76,13 +76,14 @@ class DecodeGraphs:
         ids, pos = self._ids[:b], self._pos[:b]
         ids.zero_()
         pos.fill_(cache.capacity - 1)  # every row writes to the spare position
-        side = torch.cuda.Stream(device=model.device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(model.device))
-        with torch.cuda.stream(side):  # warm-up: lazy initialisations happen outside capture
-            model._decode(ids, pos, cache, cache.capacity)
-        torch.cuda.current_stream(model.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = model._decode(ids, pos, cache, cache.capacity)
+        with torch.cuda.device(model.device):  # capture on the model's GPU, not cuda:0
+            side = torch.cuda.Stream(device=model.device)  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream(model.device))
+            with torch.cuda.stream(side):  # warm-up: lazy initialisations outside capture
+                model._decode(ids, pos, cache, cache.capacity)
+            torch.cuda.current_stream(model.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=side):
+                out = model._decode(ids, pos, cache, cache.capacity)
         self.captures += 1
         return graph, out

@@ -166,6 +166,7 @@ class LlamaModel:
         self._sin = torch.empty(0)
         self._rope_table(1024)
         self.graphs: DecodeGraphs | None = None
+        self._tied: bool | None = None
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
@@ -234,7 +235,11 @@ class LlamaModel:
             new.append((layer, "ln2", take(p + "post_attention_layernorm.weight")))
         new.append((self, "embed", take("model.embed_tokens.weight")))
         new.append((self, "norm", take("model.norm.weight")))
-        tied = c.tie_word_embeddings or "lm_head.weight" not in tensors
+        # Tied or not is decided by the first load; an update keeps it (a tied model's
+        # state dict may carry lm_head.weight, equal to the embeddings: it is ignored).
+        if self._tied is None:
+            self._tied = c.tie_word_embeddings or "lm_head.weight" not in tensors
+        tied = self._tied
         if not tied:
             new.append((self, "lm_head", take("lm_head.weight")))
         # Check every shape before changing anything: a refused update leaves the model whole.

@@ -83,14 +83,17 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], 
         ]
         if filtering:
             probs = _filtered(probs, [params[sampled[i]] for i in filtering], filtering)
-        cdf = torch.cumsum(probs, dim=-1)
+        # In float64: in float32 a running sum past ~0.5 would swallow tokens of
+        # probability below ~3e-8, which then could never be drawn.
+        cdf = torch.cumsum(probs.double(), dim=-1)
         seeds = torch.tensor([rows[i].seed for i in sampled], dtype=torch.int64, device=device)
         counters = torch.tensor(
             [rows[i].counter for i in sampled], dtype=torch.int64, device=device
         )
-        draw = (uniform(seeds, counters) * cdf[:, -1].double()).to(cdf.dtype)
-        # The first token whose cumulative probability exceeds the draw (so never one of
-        # probability zero); the clamp guards the draw's rounding at the very top.
+        total = cdf[:, -1]
+        draw = torch.minimum(uniform(seeds, counters) * total, torch.nextafter(total, total * 0))
+        # The first token whose cumulative probability exceeds the draw: never one of
+        # probability zero, since the draw stays below the total.
         picks = torch.searchsorted(cdf, draw.unsqueeze(1), right=True).squeeze(1)
         picks = picks.clamp_(max=vocab - 1)
         if whole:

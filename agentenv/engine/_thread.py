@@ -11,6 +11,7 @@ So the engine loads its model and runs every step on one thread of its own.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -19,6 +20,9 @@ from typing import Any, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
+
+from agentenv._errors import ClosedResourceError
 
 __all__ = ["ModelThread"]
 
@@ -32,6 +36,7 @@ class ModelThread:
         self._jobs: queue.SimpleQueue[
             tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None
         ] = queue.SimpleQueue()
+        self._closed = False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -40,14 +45,17 @@ class ModelThread:
             fn, done = job
             try:
                 value = fn()
-            except BaseException as e:  # handed to the awaiting task
-                done(None, e)
+            except BaseException as e:  # handed to the caller
+                outcome: tuple[Any, BaseException | None] = (None, e)
             else:
-                done(value, None)
+                outcome = (value, None)
+            with contextlib.suppress(Exception):  # the caller's loop is gone: nobody waits
+                done(*outcome)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the thread and wait for it, from synchronous code (loading
         the model there keeps all of the engine's torch work on one thread)."""
+        self._check_open()
         box: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def done(value: Any, error: BaseException | None) -> None:
@@ -62,6 +70,7 @@ class ModelThread:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the thread. Like ``anyio.to_thread.run_sync``, cancelling
         the caller waits for the call to end (the model must not be left mid-step)."""
+        self._check_open()
         token = anyio.lowlevel.current_token()
         finished = anyio.Event()
         result: list[Any] = []
@@ -78,9 +87,18 @@ class ModelThread:
             raise error
         return value  # type: ignore[no-any-return]
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("the engine is closed")
+
     def close(self) -> None:
-        """End the thread once the work queued so far is done (waits a few seconds at
-        most: a thread still inside torch when the interpreter exits can abort it)."""
-        self._jobs.put(None)
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        """Let the thread end once the work queued so far is done (does not wait)."""
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait (in a worker thread, a few seconds at most) for the
+        thread to end: a thread still inside torch when the interpreter exits can abort it."""
+        self.close()
+        await anyio.to_thread.run_sync(self._thread.join, 5.0)

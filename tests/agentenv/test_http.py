@@ -192,3 +192,20 @@ async def test_closing_while_clients_connect_never_strands_a_client() -> None:
                     await server.aclose()
             assert len(answers) == 1
             assert answers[0] in (b"",) or answers[0].startswith(b"HTTP/1.1 ")
+
+
+async def test_a_connection_reset_before_it_is_accepted_is_ignored() -> None:
+    import socket
+    import struct
+    import time
+
+    async with HTTPServer(_router()) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset, queued before the server's loop gets to accept it
+        time.sleep(0.2)  # noqa: ASYNC251 - keeps the loop from accepting in between
+        await anyio.sleep(0.2)
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+            with anyio.fail_after(5):
+                r = await client.get("/hello")
+        assert r.json() == {"hello": "world"}

@@ -6,6 +6,7 @@ a GPU (CI has none: results are recorded in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-DEVICE = "cuda"
+# AGENTENV_TEST_CUDA_DEVICE=cuda:1 runs these on another GPU (graphs must follow it).
+DEVICE = os.environ.get("AGENTENV_TEST_CUDA_DEVICE", "cuda")
 PROMPTS = [[1 + (i * 7 + j) % 500 for j in range(5 + 9 * i)] for i in range(11)]
 
 

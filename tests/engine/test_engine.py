@@ -12,7 +12,7 @@ import anyio
 import pytest
 import torch
 
-from agentenv import ConfigError, ContextLengthError, SamplingParams
+from agentenv import ClosedResourceError, ConfigError, ContextLengthError, SamplingParams
 from agentenv.engine import Engine, EngineServer, resolve_model
 from agentenv.sglang import SGLangClient, SGLangError
 
@@ -183,6 +183,17 @@ async def test_abort_pause_and_weight_updates(engine: Engine, model_dir: Path) -
     with pytest.raises(ConfigError, match="keep the architecture"):
         await engine.update_weights(weights)
     assert torch.equal(engine.model.embed, before)
+
+
+async def test_calls_after_close_raise_instead_of_hanging(model_dir: Path) -> None:
+    engine = Engine(model_dir, context_length=256)
+    async with engine:
+        pass
+    with anyio.fail_after(10):
+        with pytest.raises(ClosedResourceError):
+            await engine.update_weights_from_disk(model_dir)
+        with pytest.raises(ClosedResourceError):
+            await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
 
 
 @pytest.fixture

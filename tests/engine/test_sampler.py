@@ -85,3 +85,20 @@ def test_uniform_draws_are_uniform_and_in_range() -> None:
     assert abs(float(u.mean()) - 0.5) < 0.01
     hist = torch.histc(u.float(), bins=10, min=0, max=1) / 50000
     assert torch.allclose(hist, torch.full((10,), 0.1), atol=0.01)
+
+
+def test_a_draw_at_the_very_top_still_picks_a_possible_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agentenv.engine._sampler as sampler
+
+    top = 1.0 - 2.0**-48  # the largest draw uniform() can return
+    monkeypatch.setattr(
+        sampler, "uniform", lambda s, c: torch.full(s.shape, top, dtype=torch.float64)
+    )
+    logits = torch.full((1, 1000), -1e9)
+    logits[0, :10] = 0.0  # only the first 10 tokens are possible
+    ids, lps = sample(logits, [SampleRow(SamplingParams(temperature=1.0), 0, 0)])
+    assert ids[0] < 10 and math.isfinite(lps[0])
+    ids, _ = sample(logits, [SampleRow(SamplingParams(temperature=1.0, top_k=3), 0, 0)])
+    assert ids[0] < 10
