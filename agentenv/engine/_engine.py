@@ -144,7 +144,7 @@ class Engine:
         cuda_graphs: bool,
     ) -> None:
         device = self.device
-        if device.startswith("cuda"):  # the model thread's current device: graphs use it
+        if torch.device(device).index is not None:  # cuda:N: the model thread's device
             self._thread.call(torch.cuda.set_device, torch.device(device))
         self.model = self._thread.call(
             lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
