@@ -38,6 +38,9 @@ class ServeConfig(pydantic.BaseModel):
         None, ge=2, description="longest prompt + completion (default: the model's)"
     )
     weight_version: str = pydantic.Field("default", description="initial weight version")
+    cuda_graphs: bool = pydantic.Field(
+        True, description="on CUDA, replay captured graphs for decode steps"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -64,6 +67,7 @@ async def serve(cfg: ServeConfig) -> None:
         max_running=cfg.max_running,
         context_length=cfg.context_length,
         weight_version=cfg.weight_version,
+        cuda_graphs=cfg.cuda_graphs,
     )
     async with engine, EngineServer(engine, host=cfg.host, port=cfg.port) as server:
         print(
