@@ -46,8 +46,6 @@ __all__ = ["Engine", "EngineChunk"]
 
 T = TypeVar("T")
 
-_MIN_PREFIX = 16  # shorter shared starts are computed again
-
 
 @dataclasses.dataclass(slots=True)
 class EngineChunk:
@@ -99,9 +97,6 @@ class Engine:
         cuda_graphs: on CUDA, replay captured graphs for decode steps (SGLang's default
             too); ``False`` runs every step eagerly.
         prefill_tokens: padded prompt tokens per prefill forward (newcomers are batched).
-        prefix_cache_slots: finished sequences whose keys and values are kept, so that a
-            prompt starting with one of them (the next turn of a multi-turn episode)
-            computes only its new tokens; 0 turns the prefix cache off.
     """
 
     def __init__(
@@ -116,17 +111,12 @@ class Engine:
         tokenizer: Any = None,
         cuda_graphs: bool = True,
         prefill_tokens: int = 8192,
-        prefix_cache_slots: int = 16,
     ) -> None:
         if max_running < 1:
             raise ConfigError(f"max_running must be at least 1, got {max_running}")
         self.model_path = resolve_model(str(model))
         self.device = device
         self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-        if prefix_cache_slots < 0:
-            raise ConfigError(f"prefix_cache_slots must be >= 0, got {prefix_cache_slots}")
-        self.prefix_cache_slots = prefix_cache_slots
-        self._retained: list[tuple[list[int], int]] = []  # (tokens, slot), oldest first
         self._thread = ModelThread()
         try:
             self._setup(max_running, context_length, weight_version, tokenizer, cuda_graphs)
@@ -160,13 +150,7 @@ class Engine:
             lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
         )
         self._cache = self._thread.call(
-            lambda: KVCache(
-                self.model.config,
-                max_running + self.prefix_cache_slots,
-                256,
-                self.dtype,
-                device,
-            )
+            lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)
         )
         config = self.model.config
         self.context_length = min(
@@ -335,7 +319,7 @@ class Engine:
         async with self._step_lock:  # the step in progress finishes first
             if mode == "abort":
                 self._finish_aborted(self._running)
-                await self._on_thread(self._compact)
+                self._compact()
 
     async def resume(self) -> None:
         """Continue after :meth:`pause`."""
@@ -343,18 +327,12 @@ class Engine:
         self._resumed.set()
         self._wake.set()
 
-    async def flush_cache(self) -> None:
-        """Forget the retained prefixes (SGLang's ``/flush_cache``)."""
-        async with self._step_lock:
-            self._retained.clear()
-
     async def update_weights(
         self, tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
     ) -> None:
         """Install HF-named weights between two steps; tokens after it carry the new version."""
         async with self._step_lock:
             await self._on_thread(self.model.set_weights, dict(tensors))
-            self._retained.clear()  # keys and values of the old weights
             if weight_version is not None:
                 self.weight_version = weight_version
 
@@ -367,7 +345,6 @@ class Engine:
             raise ConfigError(f"model_path {str(path)!r} is not a directory")
         async with self._step_lock:
             await self._on_thread(self.model.load_weights, directory)
-            self._retained.clear()  # keys and values of the old weights
             if weight_version is not None:
                 self.weight_version = weight_version
 
@@ -390,9 +367,9 @@ class Engine:
             async with self._step_lock:
                 if self._paused:
                     continue
-                room = self.max_running - sum(r.finish is None for r in self._running)
+                room = self.max_running - len(self._running)
                 admitted, self._waiting = self._waiting[:room], self._waiting[room:]
-                await self._thread.run(self._step, admitted)
+                await self._on_thread(self._step, admitted)
                 self._deliver()
             await anyio.lowlevel.checkpoint()
 
@@ -402,9 +379,6 @@ class Engine:
         Invariant: a running request's cache holds every position but its last token's,
         which the next decode feeds in.
         """
-        # Requests that finished in the last step (their ends are delivered) leave first;
-        # here, on the model thread, since moving cache slots is torch work.
-        self._compact()
         self._finish_aborted_running()
         model, cache = self.model, self._cache
         fresh = []
@@ -423,22 +397,7 @@ class Engine:
         unique: dict[tuple[int, ...], list[_Request]] = {}
         for req in fresh:
             unique.setdefault(tuple(req.prompt), []).append(req)
-        firsts = []
-        for reqs in unique.values():
-            hit = self._prefix_hit(reqs[0].prompt)
-            if hit is None:
-                firsts.append(reqs[0])
-                continue
-            # A retained sequence starts like this prompt: copy its keys and values, and
-            # compute only the rest.
-            req, (entry_slot, length) = reqs[0], hit
-            slot = len(self._running)
-            self._running.append(req)
-            cache.move(entry_slot, slot, length)
-            req.cached = length
-            logits = model.extend(req.prompt[length:], length, slot, cache)
-            self._admit([req], logits, slot, unique)
-        firsts.sort(key=lambda r: len(r.prompt))
+        firsts = sorted((reqs[0] for reqs in unique.values()), key=lambda r: len(r.prompt))
         while firsts:
             take = 1
             while (
@@ -448,9 +407,19 @@ class Engine:
             chunk, firsts = firsts[:take], firsts[take:]
             first = len(self._running)
             self._running.extend(chunk)
-            self._admit(
-                chunk, model.prefill([r.prompt for r in chunk], first, cache), first, unique
-            )
+            logits = model.prefill([r.prompt for r in chunk], first, cache)
+            copies: list[_Request] = []
+            rows: list[int] = []
+            for i, req in enumerate(chunk):
+                for copy in unique[tuple(req.prompt)][1:]:
+                    cache.move(first + i, len(self._running), len(req.prompt))
+                    copy.cached = len(copy.prompt)
+                    self._running.append(copy)
+                    copies.append(copy)
+                    rows.append(i)
+            if copies:
+                logits = torch.cat([logits, logits[rows]])
+            self._sample([*chunk, *copies], logits)
         live = [i for i, r in enumerate(self._running) if r.finish is None]
         if live:
             # Every slot takes part (a finished one's row is wasted, and dropped after).
@@ -461,63 +430,6 @@ class Engine:
                 logits = logits[live]
             self._sample([self._running[i] for i in live], logits)
         self.steps += 1
-
-    def _admit(
-        self,
-        chunk: list[_Request],
-        logits: torch.Tensor,
-        first: int,
-        unique: dict[tuple[int, ...], list[_Request]],
-    ) -> None:
-        """After ``chunk`` was prefilled into slots ``first ..``: give each prompt's other
-        requests (same prompt, same step) a copy of its keys and values, then sample the
-        first token of all of them."""
-        cache = self._cache
-        copies: list[_Request] = []
-        rows: list[int] = []
-        for i, req in enumerate(chunk):
-            for copy in unique[tuple(req.prompt)][1:]:
-                cache.move(first + i, len(self._running), len(req.prompt))
-                copy.cached = len(copy.prompt)
-                self._running.append(copy)
-                copies.append(copy)
-                rows.append(i)
-        if copies:
-            logits = torch.cat([logits, logits[rows]])
-        self._sample([*chunk, *copies], logits)
-
-    def _prefix_hit(self, prompt: list[int]) -> tuple[int, int] | None:
-        """The retained sequence sharing the longest start with ``prompt`` (at least
-        ``_MIN_PREFIX`` tokens, and one token short of the whole prompt at most): its slot
-        and the shared length. Most recent first on ties; a hit becomes most recent."""
-        best: tuple[int, int] | None = None
-        best_at = -1
-        for at in range(len(self._retained) - 1, -1, -1):
-            tokens, slot = self._retained[at]
-            n = min(len(tokens), len(prompt) - 1)
-            if n < _MIN_PREFIX or (best is not None and n <= best[1]):
-                continue
-            shared = 0
-            while shared < n and tokens[shared] == prompt[shared]:
-                shared += 1
-            if shared >= _MIN_PREFIX and (best is None or shared > best[1]):
-                best, best_at = (slot, shared), at
-        if best is not None:
-            self._retained.append(self._retained.pop(best_at))
-        return best
-
-    def _retain(self, req: _Request, slot: int) -> None:
-        """Keep a finished request's keys and values (all but its last token's, which were
-        never computed) in a prefix-cache slot, evicting the least recently used."""
-        if not self.prefix_cache_slots or req.length - 1 < _MIN_PREFIX:
-            return
-        tokens = (req.prompt + req.output)[: req.length - 1]
-        if len(self._retained) < self.prefix_cache_slots:
-            target = self.max_running + len(self._retained)
-        else:
-            target = self._retained.pop(0)[1]
-        self._cache.move(slot, target, len(tokens))
-        self._retained.append((tokens, target))
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
         rows = [
@@ -570,6 +482,7 @@ class Engine:
         for r in self._running:
             if r.new_ids or r.finish is not None:
                 self._send(r)
+        self._compact()
 
     def _send(self, r: _Request) -> None:
         chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached)
@@ -598,8 +511,6 @@ class Engine:
             if running[slot].finish is None:
                 slot += 1
                 continue
-            if running[slot].finish.type != "abort":  # type: ignore[union-attr]
-                self._retain(running[slot], slot)
             last = running.pop()
             if slot == len(running):  # the finished one was the last
                 break

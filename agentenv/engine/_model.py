@@ -346,32 +346,6 @@ class LlamaModel:
         last = h[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
         return F.linear(self._rms(last, self.norm), self.lm_head).float()
 
-    @torch.inference_mode()
-    def extend(self, ids: list[int], start: int, slot: int, cache: KVCache) -> torch.Tensor:
-        """Run ``ids`` at positions ``start ..`` into ``slot``, whose first ``start``
-        positions are cached already; return the last logits [1, V] in float32."""
-        c = self.config
-        n = len(ids)
-        end = start + n
-        cache.reserve(end + 1)
-        self._rope_table(end)
-        cos = self._cos[start:end].view(1, n, 1, -1)
-        sin = self._sin[start:end].view(1, n, 1, -1)
-        h = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)
-        # Each new token sees the cached prefix and the new tokens up to itself.
-        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        gqa = c.num_heads != c.num_kv_heads
-        for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
-            cache.k[li, slot, :, start:end] = k[0]
-            cache.v[li, slot, :, start:end] = v[0]
-            keys = cache.k[li, slot : slot + 1, :, :end]
-            values = cache.v[li, slot : slot + 1, :, :end]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
-            h = h + F.linear(out.transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim), layer.o)
-            h = h + self._mlp(layer, h)
-        return F.linear(self._rms(h[:, -1], self.norm), self.lm_head).float()
-
     def _decode(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, length: int
     ) -> torch.Tensor:

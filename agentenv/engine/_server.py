@@ -295,7 +295,6 @@ class EngineServer:
                 f"Cache not flushed because there are pending requests. "
                 f"#queue-req: {self.engine.running}"
             )
-        await self.engine.flush_cache()
         return Response.text("Cache flushed.\nPlease check backend logs for more details.")
 
     async def _update_from_disk(self, request: Request) -> Response:

@@ -100,31 +100,6 @@ async def test_a_group_sharing_a_prompt_prefills_it_once(engine: Engine) -> None
     assert len({tuple(c.output_ids) for c in group}) > 1  # own seeds, own samples
 
 
-async def test_the_next_turn_reuses_the_previous_turns_keys_and_values(model_dir: Path) -> None:
-    # A multi-turn episode: turn 2's prompt is turn 1's prompt + completion + new text.
-    # With the prefix cache only the new tokens are computed, and the result is the same.
-    first = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
-    second = SamplingParams(max_new_tokens=12, temperature=1.0, seed=4, ignore_eos=True)
-    turn_text = [198, 1, 4093, 198, 11254, 30, 2, 198, 1, 520, 9531, 198]
-    results = []
-    for slots in (16, 0):
-        async with Engine(model_dir, context_length=256, prefix_cache_slots=slots) as engine:
-            prompt = [*PROMPT, *PROMPT, *PROMPT]  # 30 tokens
-            one = await engine.generate(prompt, first)
-            two = await engine.generate([*prompt, *one.output_ids, *turn_text], second)
-            results.append((one, two))
-            if slots:
-                await engine.flush_cache()  # forgets: the same turn is computed again
-                three = await engine.generate([*prompt, *one.output_ids, *turn_text], second)
-                assert three.cached_tokens == 0 and three.output_ids == two.output_ids
-    (one, two), (one_plain, two_plain) = results
-    assert two.cached_tokens == len(PROMPT) * 3 + len(one.output_ids) - 1
-    assert two_plain.cached_tokens == 0 and one.cached_tokens == 0
-    assert one.output_ids == one_plain.output_ids
-    assert two.output_ids == two_plain.output_ids
-    assert two.logprobs == pytest.approx(two_plain.logprobs, abs=1e-4)
-
-
 async def test_stops_lengths_and_min_new_tokens(engine: Engine) -> None:
     greedy = SamplingParams(max_new_tokens=20, temperature=0)
     ref = await engine.generate(PROMPT, greedy)
