@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from typing import Any
 import anyio
 
 from agentenv._generator import SamplingParams
+from agentenv.bench._child import run_child
 
 LEVELS = (1, 8, 32, 128)
 _TOPICS = (
@@ -159,17 +159,12 @@ def _measure_in_child(
     # A fresh process per measurement: torch gives every thread that calls it an OpenMP
     # team of its own, and a second team in the process (the other side's) slows the
     # first -- each side is measured alone, as it runs in production.
-    argv = [sys.executable, "-m", "agentenv.bench._engine", "--measure", side]
-    argv += ["--model", str(model_dir), "--device", device, "--dtype", dtype]
+    argv = ["--measure", side, "--model", str(model_dir), "--device", device, "--dtype", dtype]
     argv += ["--levels", str(c), "--max-new-tokens", str(new)]
     if not cuda_graphs:
         argv.append("--no-cuda-graphs")
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise RuntimeError(f"measuring {side} at concurrency {c} failed: {tail}")
-    rate: float = json.loads(lines[-1])["tokens_per_s"]
+    result = run_child("agentenv.bench._engine", argv, timeout=3600, one_thread=False)
+    rate: float = result["tokens_per_s"]
     return rate
 
 

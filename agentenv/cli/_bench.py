@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv._errors import ConfigError
+from agentenv.bench._child import run_child
 
 LEVELS = (1, 64, 1024)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -91,39 +92,11 @@ def add_parser(sub: Any) -> None:
     client.set_defaults(handler=run_client)
 
 
-def _child(
-    module: str, args: list[str], python: str | None = None, timeout: float = 600
-) -> dict[str, Any]:
-    env = dict(
-        os.environ,
-        TOKENIZERS_PARALLELISM="false",
-        RAYON_NUM_THREADS="1",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        # The verifiers venv does not have agentenv installed: import it from the checkout.
-        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-    )
-    proc = subprocess.run(
-        [python or sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise ConfigError(f"benchmark child {module} {' '.join(args)} failed: {' | '.join(tail)}")
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
-
-
 def run_rollout(args: argparse.Namespace) -> int:
     episodes = QUICK if args.quick else FULL
     results: dict[str, Any] = {"bench": "rollout", "quick": bool(args.quick), "levels": {}}
     for c in LEVELS:
-        r = _child(
+        r = run_child(
             "agentenv.bench._rollout", ["--concurrency", str(c), "--episodes", str(episodes[c])]
         )
         results["levels"][str(c)] = r
@@ -175,7 +148,7 @@ def _verifiers(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, A
     for c in LEVELS:
         if c not in episodes:
             continue
-        r = _child(
+        r = run_child(
             module,
             ["--concurrency", str(c), "--episodes", str(episodes[c])],
             python=args.verifiers_python,
@@ -208,7 +181,7 @@ def run_buffer(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"bench": "buffer", "quick": bool(args.quick), "runs": {}}
     for name, extra in runs:
         n = groups // 4 if name.startswith("service") else groups
-        r = _child("agentenv.bench._buffer", [*extra, "--groups", str(n)])
+        r = run_child("agentenv.bench._buffer", [*extra, "--groups", str(n)])
         results["runs"][name] = r
         results[f"{name}_samples_per_s"] = r["samples_per_s"]
         print(f"{name:>16}: {r['samples_per_s']:>12,.0f} samples/s", file=sys.stderr)
@@ -269,7 +242,7 @@ def run_client(args: argparse.Namespace) -> int:
         for name, client, n, in_flight in runs:
             extra = ["--url", url, "--client", client, "--requests", str(n)]
             extra += ["--in-flight", str(in_flight), *_cpu_args(0)]
-            r = _child("agentenv.bench._client", extra, timeout=1200)
+            r = run_child("agentenv.bench._client", extra, timeout=1200)
             results["runs"][name] = r
             print(
                 f"{client:>9} {in_flight:>5} in flight: {r['requests_per_s']:>9,.0f} requests/s",
