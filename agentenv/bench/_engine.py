@@ -14,11 +14,13 @@ fresh process (one per side and level), the sides alternating level by level. ::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +173,6 @@ def _measure_in_child(
 def random_model(template: Path, dtype: Any) -> Path:
     """A model of ``template``'s shape (its config.json) with random weights, in a temporary
     directory beside its tokenizer: for machines without the model's package."""
-    import shutil
     import tempfile
 
     import torch
@@ -203,88 +204,66 @@ def bench(
     """Run both and return the JSON-ready result (``levels[c]`` has ``engine_tokens_per_s``,
     ``hf_generate_tokens_per_s`` and ``speedup``)."""
     import torch
-
-    from agentenv.engine import resolve_model
+    from tokenizers import Tokenizer
 
     torch_dtype = (
         getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     )
-    if random_weights:
-        template = Path(model) if Path(model).is_dir() else Path(resolve_model(model))
-        model_dir = random_model(template, torch_dtype)
-    else:
-        model_dir = Path(resolve_model(model))
+    with _model_dir(model, random_weights, torch_dtype) as model_dir:
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        prompts = make_prompts(tokenizer, max(levels))
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        engine: dict[int, float] = {}
+        reference: dict[int, float] = {}
+        # The two sides alternate level by level, so that a slow phase of a shared machine
+        # does not fall on one of them only.
+        for c in levels:
+            for side, rates in (("engine", engine), ("hf", reference)):
+                if side == "hf" and not hf:
+                    continue
+                rates[c] = _measure_in_child(
+                    side, model_dir, device, dtype_name, c, max_new_tokens, cuda_graphs
+                )
+                name = "engine     " if side == "engine" else "HF generate"
+                progress(f"{name} c={c:>3}: {rates[c]:>9,.1f} tok/s")
+        result: dict[str, Any] = {
+            "bench": "engine",
+            "model": model,
+            "random_weights": random_weights,
+            "cuda_graphs": cuda_graphs and device.startswith("cuda"),
+            "device": device,
+            "dtype": dtype_name,
+            "device_name": torch.cuda.get_device_name(device)
+            if device.startswith("cuda")
+            else "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "max_new_tokens": max_new_tokens,
+            "prompt_tokens": [len(p) for p in prompts[: max(levels)]][:8],
+            "levels": {},
+        }
+        for c in levels:
+            row: dict[str, Any] = {"engine_tokens_per_s": round(engine[c], 2)}
+            if c in reference:
+                row["hf_generate_tokens_per_s"] = round(reference[c], 2)
+                row["speedup"] = round(engine[c] / reference[c], 3)
+            result["levels"][str(c)] = row
+        return result
+
+
+@contextlib.contextmanager
+def _model_dir(model: str, random_weights: bool, dtype: Any) -> Iterator[Path]:
+    """The model's directory; with ``random_weights`` a temporary one, removed after."""
+    from agentenv.engine import resolve_model
+
+    if not random_weights:
+        yield Path(resolve_model(model))
+        return
+    template = Path(model) if Path(model).is_dir() else Path(resolve_model(model))
+    directory = random_model(template, dtype)
     try:
-        return _bench(
-            model,
-            model_dir,
-            device,
-            torch_dtype,
-            levels,
-            max_new_tokens,
-            hf,
-            random_weights,
-            cuda_graphs,
-            progress,
-        )
+        yield directory
     finally:
-        if random_weights:
-            import shutil
-
-            shutil.rmtree(model_dir, ignore_errors=True)
-
-
-def _bench(
-    model: str,
-    model_dir: Path,
-    device: str,
-    torch_dtype: Any,
-    levels: Sequence[int],
-    max_new_tokens: int,
-    hf: bool,
-    random_weights: bool,
-    cuda_graphs: bool,
-    progress: Callable[[str], None],
-) -> dict[str, Any]:
-    import torch
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    prompts = make_prompts(tokenizer, max(levels))
-    dtype_name = str(torch_dtype).removeprefix("torch.")
-    engine: dict[int, float] = {}
-    reference: dict[int, float] = {}
-    # The two sides alternate level by level, so that a slow phase of a shared machine
-    # does not fall on one of them only.
-    for c in levels:
-        for side, rates in (("engine", engine), ("hf", reference)):
-            if side == "hf" and not hf:
-                continue
-            rates[c] = _measure_in_child(
-                side, model_dir, device, dtype_name, c, max_new_tokens, cuda_graphs
-            )
-            name = "engine     " if side == "engine" else "HF generate"
-            progress(f"{name} c={c:>3}: {rates[c]:>9,.1f} tok/s")
-    result: dict[str, Any] = {
-        "bench": "engine",
-        "model": model,
-        "random_weights": random_weights,
-        "cuda_graphs": cuda_graphs and device.startswith("cuda"),
-        "device": device,
-        "dtype": dtype_name,
-        "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
-        "torch_threads": torch.get_num_threads(),
-        "max_new_tokens": max_new_tokens,
-        "prompt_tokens": [len(p) for p in prompts[: max(levels)]][:8],
-        "levels": {},
-    }
-    for c in levels:
-        row: dict[str, Any] = {"engine_tokens_per_s": round(engine[c], 2)}
-        if c in reference:
-            row["hf_generate_tokens_per_s"] = round(reference[c], 2)
-            row["speedup"] = round(engine[c] / reference[c], 3)
-        result["levels"][str(c)] = row
-    return result
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
