@@ -130,29 +130,49 @@ class HTTPTransport(httpx.AsyncBaseTransport):
                 await self._slots.acquire()
         except TimeoutError:
             raise httpx.PoolTimeout("no free connection in time") from None
-        conn: _ClientConnection | None = None
-        try:
-            conn = await self._checkout(key)
-            if conn is None:
-                conn = await _ClientConnection.connect(key, timeouts.get("connect"))
-            await conn.send(head + body if len(body) <= 65536 else head, timeouts.get("write"))
-            if len(body) > 65536:
-                await conn.send(body, timeouts.get("write"))
-            status, reason, headers, keep, framing = await conn.read_head(
-                timeouts.get("read"), request.method
-            )
-        except BaseException:
-            if conn is not None:
-                await conn.close()
-            self._slots.release()
-            raise
-        stream = _ResponseBody(self, conn, framing, keep, timeouts.get("read"))
+        parts = [head + body] if len(body) <= 65536 else [head, body]
+        status, reason, headers, stream = await self._open(
+            key,
+            parts,
+            request.method,
+            connect=timeouts.get("connect"),
+            write=timeouts.get("write"),
+            read=timeouts.get("read"),
+        )
         return httpx.Response(
             status,
             headers=headers,
             stream=stream,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason.encode("latin-1")},
         )
+
+    async def _open(
+        self,
+        key: tuple[str, int],
+        parts: list[bytes],
+        method: str,
+        *,
+        connect: float | None,
+        write: float | None,
+        read: float | None,
+    ) -> tuple[int, str, list[tuple[bytes, bytes]], _ResponseBody]:
+        """With a slot held: send the request on a pooled or new connection and read the
+        response head. The returned body owns the connection and the slot; on failure the
+        connection is closed and the slot released."""
+        conn: _ClientConnection | None = None
+        try:
+            conn = await self._checkout(key)
+            if conn is None:
+                conn = await _ClientConnection.connect(key, connect)
+            for part in parts:
+                await conn.send(part, write)
+            status, reason, headers, keep, framing = await conn.read_head(read, method)
+        except BaseException:
+            if conn is not None:
+                await conn.close()
+            self._slots.release()
+            raise
+        return status, reason, headers, _ResponseBody(self, conn, framing, keep, read)
 
     async def fetch(
         self,
@@ -177,28 +197,18 @@ class HTTPTransport(httpx.AsyncBaseTransport):
             lines.append(f"content-length: {len(body)}\r\n")
         lines.append("\r\n")
         data = "".join(lines).encode("latin-1") + body
-        key = (host, port)
         await self._slots.acquire()
-        conn: _ClientConnection | None = None
         stream: _ResponseBody | None = None
         try:
             with anyio.fail_after(timeout):
-                conn = await self._checkout(key)
-                if conn is None:
-                    conn = await _ClientConnection.connect(key, connect_timeout)
-                await conn.send(data, None)
-                status, reason, raw_headers, keep, framing = await conn.read_head(None, method)
-                # The body stream owns the connection and the slot from here on.
-                stream, conn = _ResponseBody(self, conn, framing, keep, None), None
+                status, reason, raw_headers, stream = await self._open(
+                    (host, port), [data], method, connect=connect_timeout, write=None, read=None
+                )
                 content = b"".join([piece async for piece in stream])
         except BaseException as e:
-            with anyio.CancelScope(shield=True):
-                if stream is not None:
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
                     await stream.aclose()  # a no-op once the body was read whole
-                else:
-                    if conn is not None:
-                        await conn.close()
-                    self._slots.release()
             if isinstance(e, TimeoutError):
                 raise httpx.ReadTimeout(f"no whole answer within {timeout} s") from None
             raise
