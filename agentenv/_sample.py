@@ -5,16 +5,26 @@ A sample is ``prompt_ids`` followed by ``completion_ids``. Within the completion
 inserted (0, e.g. tool output), and ``rollout_logprobs`` holds the log-probability the
 policy gave each generated token (0.0 where the mask is 0). Samples are validated on
 construction and serialise to JSON losslessly (floats round-trip exactly).
+
+The four per-token fields are stored as compact typed arrays (:class:`array.array`:
+``"I"`` for ids, ``"B"`` for the mask, ``"d"`` for log-probs), whatever sequence the
+caller passed: a 1,000-token sample then takes 4 KB of ids instead of ~36 KB of Python
+ints, it is checked at C speed, and the Buffer stores and sends it as raw bytes. They
+are sequences like lists; compare them with ``list(sample.completion_ids) == [...]``
+and hand them to numpy or torch without a copy (``np.frombuffer(s.completion_ids,
+np.uint32)``).
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import enum
 import json
 import math
 import numbers
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentenv._errors import SampleError
@@ -37,20 +47,92 @@ class Status(enum.StrEnum):
     """An error ended it; ``error_type`` and ``reason`` say which. Not trainable."""
 
 
-_INT_ONLY = frozenset({int})
-_NUMBERS = frozenset({int, float})
-_MASK_VALUES = frozenset({0, 1})
+_MASK_BITS = b"\x00\x01"
 
 
-def _check_ids(name: str, ids: Any) -> None:
-    if not isinstance(ids, list):
-        raise SampleError(f"{name} must be a list of token ids, got {type(ids).__name__}")
-    # Checked at C speed (the set of element types, then the minimum); the slow scan only
-    # runs to name the culprit. bool is an int subclass but not a token id, and floats
-    # would not survive JSON as ints.
-    if ids and (not set(map(type, ids)) <= _INT_ONLY or min(ids) < 0):
-        bad = next(v for v in ids if type(v) is not int or v < 0)
-        raise SampleError(f"{name} must contain non-negative ints, got {bad!r}")
+def _culprit(values: Iterable[Any], ok: Any) -> Any:
+    return next((v for v in values if not ok(v)), None)
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and 0 <= int(v) < 2**32
+
+
+def token_ids(name: str, values: Any) -> array.array[int]:
+    """``values`` as an ``array("I")`` (the same object if it is one already);
+    :class:`SampleError` naming ``name`` for anything but non-negative 32-bit ints."""
+    if type(values) is array.array and values.typecode == "I":
+        return values
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise SampleError(f"{name} must be a sequence of token ids, got {type(values).__name__}")
+    try:
+        # C-speed conversion and check: floats and other non-integers raise TypeError,
+        # negative or too large values OverflowError.
+        out = array.array("I", values)
+    except (TypeError, OverflowError, ValueError):
+        bad = _culprit(values, _is_id)
+        raise SampleError(
+            f"{name} must contain non-negative ints below 2**32, got {bad!r}"
+        ) from None
+    return out
+
+
+def mask_array(values: Any, n: int) -> array.array[int]:
+    """``values`` as an ``array("B")`` of 0s and 1s aligned with ``n`` completion tokens."""
+    if type(values) is array.array and values.typecode == "B":
+        out = values
+    else:
+        if isinstance(values, (str, Mapping)) or not isinstance(values, Iterable):
+            raise SampleError(f"loss_mask must be a sequence of 0/1, got {type(values).__name__}")
+        try:
+            out = array.array("B", bytes(values) if isinstance(values, list) else values)
+        except (TypeError, OverflowError, ValueError):
+            bad = _culprit(values, lambda v: type(v) is int and v in (0, 1))
+            raise SampleError(
+                f"loss_mask must contain only the ints 0 and 1, got {bad!r}"
+            ) from None
+    if len(out) != n:
+        raise SampleError(
+            f"loss_mask has {len(out)} entries but completion_ids has {n}; "
+            "they must be aligned one per completion token"
+        )
+    if out.tobytes().translate(None, _MASK_BITS):  # anything left is neither 0 nor 1
+        bad = next(v for v in out if v > 1)
+        raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad}")
+    return out
+
+
+def logprob_array(values: Any, n: int, *, check: bool = True) -> array.array[float]:
+    """``values`` as an ``array("d")`` of finite floats aligned with ``n`` tokens
+    (``check=False``: the caller checks finiteness itself)."""
+    if type(values) is array.array and values.typecode == "d":
+        out = values
+    else:
+        if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+            raise SampleError(
+                f"rollout_logprobs must be a sequence of numbers, got {type(values).__name__}"
+            )
+        try:
+            # struct.pack converts a list of floats 2x faster than array("d", list).
+            seq = values if isinstance(values, (list, tuple)) else list(values)
+            out = array.array("d", struct.pack(f"={len(seq)}d", *seq))
+        except (TypeError, struct.error):
+            v = _culprit(values, lambda x: isinstance(x, numbers.Real))
+            raise SampleError(
+                f"rollout_logprobs must be numbers, got {type(v).__name__} {v!r}"
+            ) from None
+    if len(out) != n:
+        raise SampleError(
+            f"rollout_logprobs has {len(out)} entries but completion_ids has {n}; "
+            "they must be aligned one per completion token"
+        )
+    # A NaN or infinity anywhere makes the sum non-finite (so may an overflow of huge
+    # finite values: then the scan finds no culprit and the array is fine).
+    if check and not math.isfinite(sum(out)):
+        bad = _culprit(out, math.isfinite)
+        if bad is not None:
+            raise SampleError(f"rollout_logprobs must all be finite, got {bad}")
+    return out
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=True)
@@ -78,11 +160,11 @@ class Sample:
         metadata: small JSON-serialisable data (turn counts, reward components, ...).
     """
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
     reward: float
-    loss_mask: list[int] | None = None
-    rollout_logprobs: list[float] | None = None
+    loss_mask: Sequence[int] | None = None
+    rollout_logprobs: Sequence[float] | None = None
     group_id: str | None = None
     role: str | None = None
     id: str | None = None
@@ -95,38 +177,16 @@ class Sample:
     metadata: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # Element types are checked here, not only in from_dict: a float or bool that slips
-        # into ids or the mask would serialise (1.0, true) to JSON that from_json rejects,
-        # breaking the lossless round trip.
-        _check_ids("prompt_ids", self.prompt_ids)
-        _check_ids("completion_ids", self.completion_ids)
+        # Every per-token field becomes a typed array here (see the module docstring).
+        self.prompt_ids = token_ids("prompt_ids", self.prompt_ids)
+        self.completion_ids = token_ids("completion_ids", self.completion_ids)
         n = len(self.completion_ids)
         if self.loss_mask is None:
-            self.loss_mask = [1] * n
-        elif len(self.loss_mask) != n:
-            raise SampleError(
-                f"loss_mask has {len(self.loss_mask)} entries but completion_ids has {n}; "
-                "they must be aligned one per completion token"
-            )
-        elif self.loss_mask and (
-            not set(map(type, self.loss_mask)) <= _INT_ONLY
-            or not set(self.loss_mask) <= _MASK_VALUES
-        ):
-            bad = next(v for v in self.loss_mask if type(v) is not int or v not in (0, 1))
-            raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad!r}")
+            self.loss_mask = array.array("B", bytes([1]) * n)
+        else:
+            self.loss_mask = mask_array(self.loss_mask, n)
         if self.rollout_logprobs is not None:
-            if len(self.rollout_logprobs) != n:
-                raise SampleError(
-                    f"rollout_logprobs has {len(self.rollout_logprobs)} entries but "
-                    f"completion_ids has {n}; they must be aligned one per completion token"
-                )
-            lp = self.rollout_logprobs
-            if not set(map(type, lp)) <= _NUMBERS:
-                v = next(x for x in lp if type(x) not in _NUMBERS)
-                raise SampleError(f"rollout_logprobs must be numbers, got {type(v).__name__} {v!r}")
-            if not all(map(math.isfinite, lp)):
-                v = next(x for x in lp if not math.isfinite(x))
-                raise SampleError(f"rollout_logprobs must all be finite, got {v}")
+            self.rollout_logprobs = logprob_array(self.rollout_logprobs, n)
         if isinstance(self.reward, bool) or not isinstance(self.reward, numbers.Real):
             raise SampleError(f"reward must be a float, got {type(self.reward).__name__}")
         try:
@@ -158,15 +218,17 @@ class Sample:
 
     # -- views -----------------------------------------------------------------------
     @property
-    def ids(self) -> list[int]:
+    def ids(self) -> array.array[int]:
         """``prompt_ids + completion_ids``."""
-        return self.prompt_ids + self.completion_ids
+        return token_ids("prompt_ids", self.prompt_ids) + token_ids(
+            "completion_ids", self.completion_ids
+        )
 
     @property
     def num_generated(self) -> int:
         """Number of model-generated tokens (loss-mask ones)."""
         assert self.loss_mask is not None
-        return sum(self.loss_mask)
+        return mask_array(self.loss_mask, len(self.completion_ids)).tobytes().count(1)
 
     @property
     def trainable(self) -> bool:

@@ -19,6 +19,7 @@ handed to a committed step twice.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -33,9 +34,13 @@ from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, Sa
 from agentenv._sample import Sample, Status
 from agentenv.buffer._codec import encode_sample
 from agentenv.buffer._config import BufferConfig, FilterResult
-from agentenv.buffer._store import GroupRecord, MemoryStore, SqliteStore, Store
+from agentenv.buffer._store import Consumed, GroupRecord, MemoryStore, SqliteStore, Store
 
 __all__ = ["Batch", "Buffer", "BufferStats", "Group", "UnknownBatchError"]
+
+# A put or acknowledgement waiting for the group commit: records to store, batches
+# consumed, and the slot its result (flags per record, or an exception) goes into.
+_Entry = tuple[list[GroupRecord], list[Consumed], list[Any]]
 
 T = TypeVar("T")
 
@@ -151,7 +156,7 @@ class Buffer:
         self._stats = BufferStats()
         self._changed = anyio.Event()
         self._lock = anyio.Lock()  # one store call at a time: SQLite is used from one thread
-        self._pending: list[tuple[list[GroupRecord], list[Any]]] = []
+        self._pending: list[_Entry] = []
         self._committing = False
         self._closed = False
         self._admitted = 0  # groups reserved since start (admission control)
@@ -214,7 +219,7 @@ class Buffer:
                 verdict = await self._filter(record.samples)
                 if not verdict.keep:
                     record.state, record.reason = "dropped", verdict.reason or "filtered"
-        new = await self._commit(records)
+        new = await self._commit(records, [])
         self._stats.in_flight = max(0, self._stats.in_flight - 1)
         if not any(new):
             self._stats.duplicate_groups += 1
@@ -336,20 +341,21 @@ class Buffer:
                 return FilterResult(False, getattr(f, "__name__", type(f).__name__))
         return FilterResult(True)
 
-    async def _commit(self, records: list[GroupRecord]) -> list[bool]:
+    async def _commit(self, records: list[GroupRecord], consumed: list[Consumed]) -> list[bool]:
+        """Store ``records`` and mark ``consumed`` groups, durably; per record, whether it
+        was new."""
         if not self._durable:  # nothing to wait for: a few dict operations
-            flags = self._store.prepare(records)
-            self._store.finish()
-            return flags
-        # Encode here, on the event loop's thread: the store's thread then only does I/O,
-        # which releases the GIL; encoding there made the two threads fight for it.
-        for record in records:
-            if record.blobs is None:
-                record.blobs = [encode_sample(s) for s in record.samples]
+            return self._store.commit(records, consumed)
+        # Encoding and writing the sample bodies to the log happen here, on the event
+        # loop's thread, at once -- also while an earlier commit waits for the disk. The
+        # store's thread then only indexes and syncs (SQLite and fsync release the GIL).
+        self._check_open()
+        self._store.stage(records)
         # Group commit: whoever finds no commit running becomes the committer and writes
-        # every pending put in one transaction; the others wait for its result.
+        # every pending put and acknowledgement in one transaction (one fsync); the others
+        # wait for its result.
         slot: list[Any] = []
-        self._pending.append((list(records), slot))
+        self._pending.append((list(records), consumed, slot))
         if self._committing:
             while not slot:
                 changed = self._changed
@@ -371,26 +377,38 @@ class Buffer:
     async def _commit_pending(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            flat = [r for recs, _ in batch for r in recs]
             try:
-                async with self._lock:
-                    self._check_open()
-                    # Writing is CPU work, done here; only the wait for the disk (fsync)
-                    # runs in a thread, so the loop goes on encoding the next puts.
-                    flags = self._store.prepare(flat)
-                    if self._store.blocks:
-                        await anyio.to_thread.run_sync(self._store.finish)
-                    else:
-                        self._store.finish()
-            except Exception as e:
-                for _, out in batch:
-                    out.append(e)
-            else:
-                i = 0
-                for recs, out in batch:
-                    out.append(flags[i : i + len(recs)])
-                    i += len(recs)
+                await self._commit_batch(batch)
+            except ConfigError:
+                # A caller's mistake in one put (sample ids stored under another group)
+                # fails the transaction: commit the entries one by one, so only it fails.
+                for entry in batch:
+                    with contextlib.suppress(Exception):
+                        await self._commit_batch([entry])
             self._notify()
+
+    async def _commit_batch(self, batch: list[_Entry]) -> None:
+        """One transaction for ``batch``; each entry's slot gets its flags or the error
+        (re-raised for a multi-entry batch's ConfigError, which the caller splits)."""
+        flat = [r for recs, _, _ in batch for r in recs]
+        consumed = [c for _, cs, _ in batch for c in cs]
+        try:
+            async with self._lock:
+                self._check_open()
+                if self._store.blocks:
+                    flags = await anyio.to_thread.run_sync(self._store.commit, flat, consumed)
+                else:
+                    flags = self._store.commit(flat, consumed)
+        except Exception as e:
+            if isinstance(e, ConfigError) and len(batch) > 1:
+                raise
+            for _, _, out in batch:
+                out.append(e)
+            return
+        i = 0
+        for recs, _, out in batch:
+            out.append(flags[i : i + len(recs)])
+            i += len(recs)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         # The in-memory store is a few dict operations: a thread hop would cost more.
@@ -558,8 +576,8 @@ class Buffer:
                 f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
                 "acknowledged or released"
             )
-        async with self._lock:
-            await self._call(self._store.consume, [g.seq for g in taken.groups], step)
+        # Joins the group commit: one transaction and fsync with the puts waiting then.
+        await self._commit([], [Consumed([g.seq for g in taken.groups], step)])
         del self._handed[batch_id]
         self._stats.handed -= len(taken.groups)
         self._stats.consumed += len(taken.groups)

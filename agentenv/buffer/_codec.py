@@ -2,9 +2,9 @@
 
 Layout: ``u32 header length | header JSON | ids (u32 each) | loss mask (u8 each, absent
 when it is all ones) | log-probs (f64 each, when present)``. The header holds the scalar
-fields; the token arrays are raw machine arrays (little-endian), so encoding a 1,000-token
-sample is a few C-level conversions and decoding gives back the exact ids and float64
-log-probs.
+fields; the token arrays are the Sample's own typed arrays as raw little-endian bytes, so
+encoding or decoding a 1,000-token sample is a few memory copies, and decoding gives back
+the exact ids and float64 log-probs.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import math
 import struct
 import sys
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from agentenv._errors import SampleError
-from agentenv._sample import Sample
+from agentenv._sample import Sample, logprob_array, mask_array, token_ids
 
 __all__ = [
     "decode_sample",
@@ -35,28 +38,22 @@ _LITTLE = sys.byteorder == "little"
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
-def _ints(values: Sequence[int]) -> bytes:
-    try:
-        a = array.array("I", values)
-    except OverflowError:
-        raise SampleError(
-            f"token id {max(values)} does not fit the Buffer's 32-bit ids; token ids must "
-            "be below 2**32"
-        ) from None
-    if not _LITTLE:
-        a.byteswap()
-    return a.tobytes()
-
-
-def _floats(values: Sequence[float]) -> bytes:
-    # struct.pack is 3x faster than array("d", list) on a list of Python floats.
-    return struct.pack(f"<{len(values)}d", *values)
+def _raw(values: array.array[Any]) -> bytes:
+    if _LITTLE:
+        return values.tobytes()
+    swapped = array.array(values.typecode, values)
+    swapped.byteswap()
+    return swapped.tobytes()
 
 
 def encode_sample(s: Sample) -> bytes:
     """``s`` as bytes; ``decode_sample(encode_sample(s)) == s``."""
-    mask = s.loss_mask or ()
-    all_ones = mask.count(1) == len(mask)  # the common case: store no mask at all
+    n = len(s.completion_ids)
+    # The Sample constructor made every per-token field a typed array; these calls only
+    # convert fields a caller replaced after construction.
+    mask = mask_array(s.loss_mask if s.loss_mask is not None else bytes([1]) * n, n).tobytes()
+    all_ones = mask.count(1) == n  # the common case: store no mask at all
+    lp = s.rollout_logprobs
     header = _dumps(
         [
             s.reward,
@@ -71,23 +68,32 @@ def encode_sample(s: Sample) -> bytes:
             s.error_type,
             s.metadata,
             len(s.prompt_ids),
-            len(s.completion_ids),
-            s.rollout_logprobs is not None,
+            n,
+            lp is not None,
             all_ones,
         ]
     ).encode()
     parts = [
         _HEADER.pack(len(header)),
         header,
-        _ints(s.prompt_ids),
-        _ints(s.completion_ids),
-        b"" if all_ones else bytes(mask),
+        _raw(token_ids("prompt_ids", s.prompt_ids)),
+        _raw(token_ids("completion_ids", s.completion_ids)),
+        b"" if all_ones else mask,
     ]
-    if s.rollout_logprobs is not None:
-        parts.append(_floats(s.rollout_logprobs))
+    if lp is not None:
+        # Finite since the Sample was built (the decoder checks again).
+        parts.append(_raw(logprob_array(lp, n, check=False)))
     return b"".join(parts)
 
 
+def _check_finite(values: array.array[float]) -> None:
+    if values and not np.isfinite(np.frombuffer(values, np.float64)).all():
+        culprit = next(x for x in values if not math.isfinite(x))
+        raise SampleError(f"rollout_logprobs must all be finite, got {culprit}")
+
+
+_ONE_ID = array.array("I", [0])
+_NO_IDS = array.array("I")
 _OPTIONAL_STRINGS = ("group_id", "role", "id", "task_id", "reason", "error_type")
 _MASK_BITS = b"\x00\x01"
 
@@ -163,21 +169,17 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     if mask.translate(None, _MASK_BITS):  # anything left is neither 0 nor 1
         bad = next(b for b in mask if b > 1)
         raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad}")
-    logprobs = None
     if lp is not None:
         if not _LITTLE:
             lp.byteswap()
-        logprobs = lp.tolist()
-        if not math.isfinite(sum(logprobs)) and not all(map(math.isfinite, logprobs)):
-            culprit = next(x for x in logprobs if not math.isfinite(x))
-            raise SampleError(f"rollout_logprobs must all be finite, got {culprit}")
+        _check_finite(lp)
     if not _LITTLE:
         ids.byteswap()
     # The constructor checks every scalar rule (reward, status, reason, episode, ...); the
     # prompt placeholder keeps its "needs prompt_ids" rule honest.
     sample = Sample(
-        prompt_ids=[0] if n_prompt else [],
-        completion_ids=[],
+        prompt_ids=_ONE_ID if n_prompt else _NO_IDS,
+        completion_ids=_NO_IDS,
         reward=reward,
         group_id=group_id,
         role=role,
@@ -190,11 +192,12 @@ def decode_sample(data: bytes | memoryview) -> Sample:
         error_type=error_type,
         metadata=metadata,
     )
-    id_list = ids.tolist()
-    sample.prompt_ids = id_list[:n_prompt]
-    sample.completion_ids = id_list[n_prompt:]
-    sample.loss_mask = [1] * n_completion if all_ones else list(mask)
-    sample.rollout_logprobs = logprobs
+    sample.prompt_ids = ids[:n_prompt]
+    sample.completion_ids = ids[n_prompt:]
+    sample.loss_mask = (
+        array.array("B", bytes([1]) * n_completion) if all_ones else array.array("B", mask)
+    )
+    sample.rollout_logprobs = lp
     return sample
 
 

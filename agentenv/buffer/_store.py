@@ -38,6 +38,7 @@ from agentenv.buffer._codec import decode_sample, encode_sample
 
 __all__ = [
     "BufferStoreError",
+    "Consumed",
     "GroupRecord",
     "MemoryStore",
     "SampleLog",
@@ -56,6 +57,14 @@ class BufferStoreError(AgentEnvError):
     """The durable store failed (disk full, I/O error, foreign file); nothing was half-written."""
 
 
+@dataclasses.dataclass(slots=True, frozen=True)
+class Consumed:
+    """An acknowledged batch: its groups (by ``seq``) were consumed by trainer ``step``."""
+
+    seqs: list[int]
+    step: int | None
+
+
 @dataclasses.dataclass(slots=True)
 class GroupRecord:
     """One group as stored: its samples and what became of it."""
@@ -70,31 +79,30 @@ class GroupRecord:
     seq: int = 0
     step: int | None = None
     blobs: list[bytes] | None = None  # the samples encoded, when the caller did it already
+    offset: int = 0  # where the first blob starts in the sample log, once staged
 
 
 class Store(Protocol):
     """What the Buffer needs from a store. Methods are synchronous (run off the loop)."""
 
-    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
-        """Write records as one transaction, not committed yet; per record, True if it was
-        new (else a duplicate).
-
-        The CPU part of storing: it must be followed by :meth:`finish` (which waits for
-        the disk) before any other call.
-        """
+    def stage(self, records: Sequence[GroupRecord]) -> None:
+        """Write the records' sample bodies where they will live, not yet durable nor
+        indexed. Called on the event loop, possibly while :meth:`commit` of earlier
+        records runs in a thread (so the next puts' bytes go out during its fsync)."""
         ...
 
-    def finish(self) -> None:
-        """Make the prepared put durable (fsync, commit); undo it all on failure."""
+    def commit(
+        self, records: Sequence[GroupRecord], consumed: Sequence[Consumed] = ()
+    ) -> list[bool]:
+        """Store staged records and mark ``consumed`` groups in one transaction, and make it
+        durable; per record, True if it was new (else a duplicate). All or nothing: on
+        failure nothing changes (staged bytes without an index row are dead space, cut
+        off when at the end)."""
         ...
 
     @property
     def blocks(self) -> bool:
-        """Whether :meth:`finish` waits for the disk (then run it off the event loop)."""
-        ...
-
-    def consume(self, seqs: Sequence[int], step: int | None) -> None:
-        """Mark groups consumed by ``step``."""
+        """Whether :meth:`commit` waits for the disk (then run it off the event loop)."""
         ...
 
     def set_state(self, seqs: Sequence[int], state: str, reason: str) -> None:
@@ -126,10 +134,16 @@ class MemoryStore:
 
     blocks = False
 
-    def finish(self) -> None:
+    def stage(self, records: Sequence[GroupRecord]) -> None:
         return None
 
-    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
+    def commit(
+        self, records: Sequence[GroupRecord], consumed: Sequence[Consumed] = ()
+    ) -> list[bool]:
+        for c in consumed:
+            if c.step is not None:
+                last = self._last_step
+                self._last_step = c.step if last is None else max(last, c.step)
         out = []
         for r in records:
             ids = [s.id for s in r.samples if s.id is not None]
@@ -140,10 +154,6 @@ class MemoryStore:
                 r.seq = self._seq
             out.append(new)
         return out
-
-    def consume(self, seqs: Sequence[int], step: int | None) -> None:
-        if step is not None:
-            self._last_step = step if self._last_step is None else max(self._last_step, step)
 
     def set_state(self, seqs: Sequence[int], state: str, reason: str) -> None:
         return None
@@ -233,15 +243,23 @@ class SampleLog:
 
         Cut back on any error."""
         start = self.size
-        data = memoryview(b"".join(blobs))
+        total = sum(len(b) for b in blobs)
         done = 0
         try:
-            while done < len(data):
-                done += os.pwrite(self._fd, data[done:], start + done)
+            # One system call per 512 blobs, without joining them first.
+            for i in range(0, len(blobs), 512):
+                chunk = blobs[i : i + 512]
+                size = sum(len(b) for b in chunk)
+                wrote = os.pwritev(self._fd, chunk, start + done)
+                if wrote < size:  # short write: the rest one by one
+                    rest = memoryview(b"".join(chunk))
+                    while wrote < size:
+                        wrote += os.pwrite(self._fd, rest[wrote:], start + done + wrote)
+                done += size
         except OSError as e:
             self.truncate(start)
             raise BufferStoreError(f"buffer put failed: writing {LOG_FILENAME}: {e}") from None
-        self.size = start + len(data)
+        self.size = start + total
         return start
 
     def truncate(self, end: int) -> None:
@@ -270,7 +288,6 @@ class SqliteStore:
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / FILENAME
         self._sync = durability == "power"
-        self._put_start = 0
         existed = self.path.exists() and self.path.stat().st_size > 0
         log_path = root / LOG_FILENAME
         if existed:
@@ -352,38 +369,44 @@ class SqliteStore:
     def blocks(self) -> bool:
         return self._sync
 
-    def prepare(self, records: Sequence[GroupRecord]) -> list[bool]:
-        blobs = [r.blobs or [encode_sample(s) for s in r.samples] for r in records]
-        all_ids = [s.id for r in records for s in r.samples]
-        self._put_start = self._log.size
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            return self._put(records, blobs, all_ids)
-        except BaseException as e:
-            self._abort_put()
-            if isinstance(e, sqlite3.Error):
-                raise BufferStoreError(f"buffer put failed: {e}") from None
-            raise
+    def stage(self, records: Sequence[GroupRecord]) -> None:
+        payload = []
+        for r in records:
+            if r.blobs is None:
+                r.blobs = [encode_sample(s) for s in r.samples]
+            payload.extend(r.blobs)
+        offset = self._log.append(payload)  # cuts back its own bytes on failure
+        for r in records:
+            r.offset = offset
+            offset += sum(len(b) for b in r.blobs or ())
 
-    def finish(self) -> None:
+    def commit(
+        self, records: Sequence[GroupRecord], consumed: Sequence[Consumed] = ()
+    ) -> list[bool]:
         # The log reaches the disk before the index rows that point into it commit.
         try:
-            if self._sync:
-                os.fdatasync(self._log.fileno())
-            self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                flags = self._put(records) if records else []
+                if consumed:
+                    self._db.executemany(
+                        "UPDATE groups SET state = 'consumed', step = ? WHERE seq = ?",
+                        [(c.step, seq) for c in consumed for seq in c.seqs],
+                    )
+                if self._sync:
+                    os.fdatasync(self._log.fileno())
+                self._db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
+                    self._db.execute("ROLLBACK")
+                raise
         except (OSError, sqlite3.Error) as e:
-            self._abort_put()
             raise BufferStoreError(f"buffer put failed: {e}") from None
+        return flags
 
-    def _abort_put(self) -> None:
-        with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
-            self._db.execute("ROLLBACK")
-        self._log.truncate(self._put_start)
-
-    def _put(
-        self, records: Sequence[GroupRecord], blobs: list[list[bytes]], all_ids: list[str | None]
-    ) -> list[bool]:
+    def _put(self, records: Sequence[GroupRecord]) -> list[bool]:
         db = self._db
+        all_ids = [s.id for r in records for s in r.samples]
         # Three statements per commit, whatever its size: one lookup of every id, then one
         # insert of all groups and one of all samples.
         known: set[str] = set()
@@ -396,9 +419,8 @@ class SqliteStore:
         (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
         out: list[bool] = []
         group_rows: list[tuple[object, ...]] = []
-        sample_rows: list[list[Any]] = []
-        payload: list[bytes] = []
-        for r, encoded in zip(records, blobs, strict=True):
+        sample_rows: list[tuple[Any, ...]] = []
+        for r in records:
             ids = [s.id for s in r.samples]
             hits = sum(1 for i in ids if i in known)
             if ids and hits == len(ids):
@@ -424,14 +446,11 @@ class SqliteStore:
                     len(r.samples),
                 )
             )
-            for pos, (sid, blob) in enumerate(zip(ids, encoded, strict=True)):
-                sample_rows.append([sid, last, pos, len(blob), len(blob)])
-                payload.append(blob)
+            offset = r.offset
+            for pos, (sid, blob) in enumerate(zip(ids, r.blobs or (), strict=True)):
+                sample_rows.append((sid, last, pos, offset, len(blob)))
+                offset += len(blob)
             out.append(True)
-        offset = self._log.append(payload)
-        for row in sample_rows:
-            row[3] = offset
-            offset += row[4]
         db.executemany(
             "INSERT INTO groups (seq, group_id, role, task_id, state, reason, version, "
             "n_samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -442,13 +461,6 @@ class SqliteStore:
             sample_rows,
         )
         return out
-
-    def consume(self, seqs: Sequence[int], step: int | None) -> None:
-        with self._transaction("acknowledge"):
-            self._db.executemany(
-                "UPDATE groups SET state = 'consumed', step = ? WHERE seq = ?",
-                [(step, s) for s in seqs],
-            )
 
     def set_state(self, seqs: Sequence[int], state: str, reason: str) -> None:
         with self._transaction("update"):

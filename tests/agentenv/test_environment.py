@@ -91,7 +91,7 @@ async def test_single_turn_groups_rewards_and_tokens(smollm2: ChatTokenizer) -> 
     assert all(order[i : i + 3].count(order[i]) == 3 for i in range(0, 15, 3))
     s = sink.samples[0]
     assert s.status is Status.COMPLETED and s.metadata["rewards"] == {"exact": 1.0}
-    assert s.completion_ids[-1] == smollm2.eos_token_id and s.loss_mask == [1] * len(
+    assert s.completion_ids[-1] == smollm2.eos_token_id and list(s.loss_mask or ()) == [1] * len(
         s.completion_ids
     )
     assert s.weight_versions == ["scripted"]

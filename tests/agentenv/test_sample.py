@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import json
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,7 +33,7 @@ def minimal_dict(**overrides: Any) -> dict[str, Any]:
 
 def test_defaults() -> None:
     s = make()
-    assert s.loss_mask == [1, 1, 1]
+    assert list(s.loss_mask or ()) == [1, 1, 1]
     assert s.rollout_logprobs is None
     assert s.status is Status.COMPLETED
     assert s.reason is None
@@ -53,7 +55,7 @@ def test_default_containers_are_not_shared() -> None:
 
 def test_empty_completion_gets_empty_mask() -> None:
     s = make(completion_ids=[])
-    assert s.loss_mask == []
+    assert list(s.loss_mask or ()) == []
     assert s.num_generated == 0
 
 
@@ -71,16 +73,18 @@ def test_logprobs_length_must_match_and_message_names_both(logprobs: list[float]
         make(rollout_logprobs=logprobs)
 
 
-@pytest.mark.parametrize("bad", [2, -1, True, False, 1.0, 0.5, "1", None])
+@pytest.mark.parametrize("bad", [2, -1, 256, 1.0, 0.5, "1", None])
 def test_loss_mask_values_only_int_zero_or_one(bad: Any) -> None:
-    # bool / float pass a naive ``set(mask) <= {0, 1}`` check but would serialise as
-    # true / 1.0, which from_json then rejects.
     with pytest.raises(SampleError, match="loss_mask must contain only"):
         make(loss_mask=[1, bad, 0])
 
 
-def test_loss_mask_of_zeros_and_ones_is_kept() -> None:
-    assert make(loss_mask=[0, 1, 0]).loss_mask == [0, 1, 0]
+@pytest.mark.parametrize("mask", [[0, 1, 0], (0, 1, 0), [False, True, False], b"\x00\x01\x00"])
+def test_loss_mask_of_zeros_and_ones_is_kept(mask: Any) -> None:
+    s = make(loss_mask=mask)
+    assert isinstance(s.loss_mask, array.array) and s.loss_mask.typecode == "B"
+    assert list(s.loss_mask) == [0, 1, 0]
+    assert s.to_dict()["loss_mask"] == [0, 1, 0]
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -89,7 +93,7 @@ def test_logprobs_must_be_finite(bad: float) -> None:
         make(rollout_logprobs=[-0.5, bad, 0.0])
 
 
-@pytest.mark.parametrize("bad", [True, "0.1", None])
+@pytest.mark.parametrize("bad", ["0.1", None, [0.5]])
 def test_logprobs_must_be_numbers(bad: Any) -> None:
     with pytest.raises(SampleError, match="rollout_logprobs must be numbers"):
         make(rollout_logprobs=[-0.5, bad, 0.0])
@@ -120,16 +124,38 @@ def test_int_reward_becomes_float() -> None:
 
 
 @pytest.mark.parametrize("field", ["prompt_ids", "completion_ids"])
-@pytest.mark.parametrize("bad", [-1, 1.0, True, "7", None])
+@pytest.mark.parametrize("bad", [-1, 2**32, 1.0, "7", None])
 def test_token_ids_must_be_non_negative_ints(field: str, bad: Any) -> None:
-    with pytest.raises(SampleError, match=f"{field} must contain non-negative ints"):
+    with pytest.raises(SampleError, match=f"{field} must contain non-negative ints.*{bad!r}"):
         make(**{field: [5, bad, 6]})
 
 
 @pytest.mark.parametrize("field", ["prompt_ids", "completion_ids"])
-def test_token_ids_must_be_a_list(field: str) -> None:
-    with pytest.raises(SampleError, match=f"{field} must be a list"):
-        make(**{field: (1, 2, 3)})
+@pytest.mark.parametrize("bad", ["123", b"12", 7, {"a": 1}])
+def test_token_ids_must_be_a_sequence(field: str, bad: Any) -> None:
+    with pytest.raises(SampleError, match=f"{field} must be a sequence of token ids"):
+        make(**{field: bad})
+
+
+@pytest.mark.parametrize(
+    "ids", [[1, 2, 3], (1, 2, 3), range(1, 4), array.array("q", [1, 2, 3]), np.arange(1, 4)]
+)
+def test_token_ids_become_a_compact_array(ids: Any) -> None:
+    s = make(completion_ids=ids)
+    assert type(s.completion_ids) is array.array and s.completion_ids.typecode == "I"
+    assert list(s.completion_ids) == [1, 2, 3]
+    assert np.frombuffer(s.completion_ids, np.uint32).tolist() == [1, 2, 3]
+
+
+def test_an_id_array_is_kept_without_a_copy() -> None:
+    ids = array.array("I", [1, 2, 3])
+    assert make(completion_ids=ids).completion_ids is ids
+
+
+def test_logprobs_become_a_float64_array() -> None:
+    s = make(rollout_logprobs=np.array([-0.5, -1, 0], dtype=np.float32))
+    assert type(s.rollout_logprobs) is array.array and s.rollout_logprobs.typecode == "d"
+    assert list(s.rollout_logprobs) == [-0.5, -1.0, 0.0]
 
 
 # -- status consistency ---------------------------------------------------------------
@@ -171,7 +197,7 @@ def test_failed_sample_may_have_no_tokens() -> None:
         error_type="TimeoutError",
     )
     assert not s.trainable
-    assert s.ids == []
+    assert list(s.ids) == []
 
 
 def test_status_given_as_string_becomes_enum() -> None:
@@ -189,9 +215,9 @@ def test_bad_status_in_constructor_is_a_sample_error() -> None:
 
 def test_ids_is_prompt_then_completion() -> None:
     s = make(prompt_ids=[7, 8], completion_ids=[9, 10])
-    assert s.ids == [7, 8, 9, 10]
-    s.ids.append(11)  # a fresh list: the sample is not changed through it
-    assert s.ids == [7, 8, 9, 10]
+    assert list(s.ids) == [7, 8, 9, 10]
+    s.ids.append(11)  # a fresh array: the sample is not changed through it
+    assert list(s.ids) == [7, 8, 9, 10]
 
 
 def test_num_generated_counts_mask_ones() -> None:
@@ -283,8 +309,8 @@ def test_to_dict_copies_lists() -> None:
     d = s.to_dict()
     d["prompt_ids"].append(99)
     d["loss_mask"].append(1)
-    assert s.prompt_ids == [0, 1, 2]
-    assert s.loss_mask == [1, 0, 0, 1]
+    assert list(s.prompt_ids) == [0, 1, 2]
+    assert list(s.loss_mask or ()) == [1, 0, 0, 1]
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -373,7 +399,7 @@ def test_from_dict_rejects_non_list_ids(field: str) -> None:
 
 def test_from_dict_logprobs_accept_ints_as_floats() -> None:
     s = Sample.from_dict(minimal_dict(rollout_logprobs=[0]))
-    assert s.rollout_logprobs == [0.0]
+    assert s.rollout_logprobs is not None and list(s.rollout_logprobs) == [0.0]
     assert type(s.rollout_logprobs[0]) is float
 
 

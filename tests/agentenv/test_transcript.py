@@ -155,8 +155,8 @@ def test_history_rewrite_starts_new_sample(thinking: ChatTokenizer) -> None:
     t.add_completion(c2)
     samples = t.to_samples(1.0)
     assert len(samples) == 2
-    assert samples[0].completion_ids == c1.output_ids
-    assert samples[1].completion_ids == c2.output_ids
+    assert list(samples[0].completion_ids) == c1.output_ids
+    assert list(samples[1].completion_ids) == c2.output_ids
     assert [s.metadata["segment"] for s in samples] == [0, 1]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 from collections.abc import Sequence
@@ -312,12 +313,15 @@ async def test_log_write_failure_fails_the_put_and_writes_nothing_partial(
         size = (path / "samples.log").stat().st_size
         real_pwrite = os.pwrite
 
-        def half_then_full(fd: int, data: bytes, offset: int) -> int:
-            if len(data) > 100:
-                return real_pwrite(fd, bytes(data)[: len(data) // 2], offset)
+        def half(fd: int, buffers: list[bytes], offset: int) -> int:
+            data = b"".join(buffers)
+            return real_pwrite(fd, data[: len(data) // 2], offset)
+
+        def full(fd: int, data: bytes, offset: int) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(_store.os, "pwrite", half_then_full)
+        monkeypatch.setattr(_store.os, "pwritev", half)
+        monkeypatch.setattr(_store.os, "pwrite", full)
         with pytest.raises(BufferStoreError, match="No space left on device"):
             await b.put_group(group("lost", [1, 0], tokens=300))
         monkeypatch.undo()
@@ -421,3 +425,34 @@ async def test_cancelling_the_committing_put_does_not_fail_the_others(tmp_path: 
         assert done == ["b"]
         # The commit had begun when a was cancelled: it completed, for both groups.
         assert (await b.statistics()).ready == 2
+
+
+async def test_a_bad_put_fails_alone_in_its_group_commit(tmp_path: Path) -> None:
+    """Puts and an acknowledgement share one transaction; a put whose sample ids belong to
+    another group fails, the others in the same commit are stored."""
+    cfg = BufferConfig(n_samples_per_prompt=2)
+    async with Buffer(cfg, path=tmp_path / "buf") as b:
+        await b.put_group(group("a", [1, 0]))
+        batch = await b.get_batch(1)
+        thief = [  # one id of group "a", one new: not a retry of "a"
+            Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, group_id="b", id=i)
+            for i in (group("a", [1])[0].id, "b/new")
+        ]
+        errors: list[BaseException] = []
+
+        async def put(samples: list[Sample]) -> None:
+            try:
+                await b.put_group(samples)
+            except ConfigError as e:
+                errors.append(e)
+
+        async with anyio.create_task_group() as tg:  # all four reach the same commit
+            tg.start_soon(put, group("c", [1, 0]))
+            tg.start_soon(put, thief)
+            tg.start_soon(put, group("d", [0, 1]))
+            tg.start_soon(functools.partial(b.ack, batch, step=0))
+        assert len(errors) == 1 and "already stored under another group" in str(errors[0])
+        assert await b.position() == 0
+    async with Buffer(cfg, path=tmp_path / "buf") as b:
+        batch = await b.get_batch(2)
+        assert sorted(g.group_id for g in batch.groups) == ["c", "d"]
