@@ -1,0 +1,117 @@
+"""The bubblewrap backend, for machines without Docker: one namespace per job.
+
+Each job gets fresh user, pid, network, mount, IPC and UTS namespaces (``--unshare-all``:
+the network namespace has only a down loopback), the host's ``/usr`` read-only, a
+read-only root, size-capped tmpfs ``/tmp`` and ``/work``, an empty environment, and
+uid 1000. The same worker as in Docker runs the one job and exits; the namespace, with
+every process left in it, dies with it. Without cgroups the limits are rlimits: memory is
+an address-space cap (so a job over it fails its allocations rather than being OOM-killed;
+``oom_killed`` reports it), processes are capped per user namespace; ``cpus`` is not
+enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import time
+
+from sandboxes._protocol import GRACE_S, LINE_LIMIT, WORKER, failed, job_line, read_message, to_result
+from sandboxes._types import Job, Result, SandboxError, SandboxUnavailable
+
+__all__ = ["BwrapBackend"]
+
+JOB_UID = 1000
+
+
+class BwrapBackend:
+    """Runs each job in a new bubblewrap namespace; at most ``size`` at once."""
+
+    name = "bwrap"
+
+    def __init__(self, *, size: int = 2, bwrap: str = "bwrap") -> None:
+        if size < 1:
+            raise SandboxError(f"size must be at least 1, got {size}")
+        self.size = size
+        self.bwrap = bwrap
+        self._slots = asyncio.Semaphore(size)
+        self._closed = False
+
+    async def start(self, warm: object = None) -> None:
+        path = shutil.which(self.bwrap)
+        if path is None:
+            raise SandboxUnavailable(
+                "bubblewrap is not installed (Debian: `apt-get install bubblewrap`)"
+            )
+        self.bwrap = path
+        probe = await self.run(Job(cmd=["true"]))
+        if probe.exit_code != 0 or probe.error:
+            raise SandboxUnavailable(
+                f"bubblewrap cannot create a sandbox here: {probe.error or probe.stderr.strip()}"
+            )
+
+    def _argv(self, job: Job) -> list[str]:
+        tmpfs = str(job.limits.tmpfs_mb << 20)
+        argv = [
+            self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", tmpfs, "--tmpfs", "/tmp", "--size", tmpfs, "--tmpfs", "/work",
+            "--ro-bind", str(WORKER), "/opt/agentenv/worker.py",
+            "--remount-ro", "/",
+            "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+            "--uid", str(JOB_UID), "--gid", str(JOB_UID),
+            "python3", "-I", "-S", "/opt/agentenv/worker.py", "--once",
+        ]  # fmt: skip
+        return argv
+
+    async def run(self, job: Job) -> Result:
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        async with self._slots:
+            return await self._run(job)
+
+    async def _run(self, job: Job) -> Result:
+        start = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(job),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=LINE_LIMIT,
+            start_new_session=True,
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        try:
+            hello = await read_message(proc.stdout, 30)
+            if hello is None:
+                err = (await proc.stderr.read(4096)).decode(errors="replace").strip()
+                return failed(job, self.name, f"bubblewrap failed: {err}", 0.0, timed_out=False)
+            proc.stdin.write(job_line(job, rlimit_memory=True, rlimit_pids=True))
+            with contextlib.suppress(ConnectionError):
+                await proc.stdin.drain()
+            data = await read_message(proc.stdout, job.limits.timeout_s + GRACE_S)
+            if data is None or "exit_code" not in data:
+                late = time.monotonic() - start >= job.limits.timeout_s
+                # The job killed its own worker (same uid) or hung it: never a pass.
+                return failed(
+                    job,
+                    self.name,
+                    "the sandbox stopped answering" if late else "the job killed its sandbox",
+                    time.monotonic() - start,
+                    timed_out=late,
+                )
+            return to_result(data, job, self.name)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    async def aclose(self) -> None:
+        self._closed = True

@@ -1,0 +1,326 @@
+"""The Docker backend: a warm pool of locked-down containers, one worker in each.
+
+Each container runs ``sleep`` under Docker's init (which reaps orphans) with no network,
+a read-only root, every capability dropped except the three the worker needs to run jobs
+as another user and kill them (SETUID, SETGID, KILL), ``no-new-privileges``, memory, CPU
+and pids limits, and size-capped tmpfs ``/tmp`` and ``/work``. The worker
+(:mod:`sandboxes._worker`) is started with one ``docker exec -i`` and stays: each job is
+one line to it and one line back, so a job costs a fork, not a container.
+
+The default image is built here, with no registry: a tiny root file system (the
+merged-``/usr`` links, a passwd file, mount points) imported with ``docker import``; the
+host's ``/usr`` is mounted read-only into it, which brings Python and the usual tools. A
+different ``image`` must have ``python3`` and ``/work``, ``/tmp`` itself.
+
+All Docker calls go through the ``docker`` command in subprocesses, so none blocks the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import tarfile
+import time
+import uuid
+
+from sandboxes._protocol import (
+    GRACE_S,
+    LINE_LIMIT,
+    WORKER,
+    failed,
+    job_line,
+    read_message,
+    run_command,
+    to_result,
+)
+from sandboxes._types import Job, Limits, Result, SandboxError, SandboxUnavailable
+
+__all__ = ["DockerBackend", "docker_available"]
+
+IMAGE = "agentenv-sandbox:2"
+JOB_UID = 1000
+LABEL = "agentenv.sandbox"
+# Memory and pids the worker, init and sleep need beside the job's own.
+_WORKER_MB = 48
+_WORKER_PIDS = 8
+_START_HINT = (
+    "start one with `dockerd --bridge=none --iptables=false &` as root (`make test` does), "
+    "or use backend='bwrap'"
+)
+
+
+async def docker_available(docker: str = "docker", timeout: float = 10.0) -> str | None:
+    """None if a Docker daemon answers, else why not."""
+    try:
+        await run_command(docker, "version", "--format", "{{.Server.Version}}", timeout=timeout)
+    except SandboxError as e:
+        return str(e)
+    return None
+
+
+def _rootfs() -> bytes:
+    """A root file system of links and mount points (the host's /usr is mounted in)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+
+        def add(name: str, *, mode: int = 0o755, link: str | None = None, data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            if link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+            elif name.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, mode
+                info.name = name.rstrip("/")
+            else:
+                info.mode, info.size = mode, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+
+        # /sbin stays a directory: Docker mounts its init at /sbin/docker-init.
+        for d in ("usr/", "etc/", "proc/", "sys/", "dev/", "work/", "opt/", "opt/agentenv/", "run/", "sbin/"):
+            add(d)
+        add("tmp/", mode=0o1777)
+        for name in ("bin", "lib", "lib64", "lib32", "libx32"):
+            add(name, link=f"usr/{name}")
+        add(
+            "etc/passwd",
+            mode=0o644,
+            data=b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\n",
+        )
+        add("etc/group", mode=0o644, data=b"root:x:0:\nsandbox:x:1000:\n")
+    return buf.getvalue()
+
+
+class _Container:
+    """One warm container and the worker process attached to it."""
+
+    def __init__(self, backend: DockerBackend, limits: Limits) -> None:
+        self.backend = backend
+        self.shape = limits.shape()
+        self.limits = limits
+        self.name = f"agentenv-sandbox-{uuid.uuid4().hex[:12]}"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        b = self.backend
+        cpus, memory_mb, pids, tmpfs_mb = self.shape
+        mem = memory_mb + _WORKER_MB
+        args = [
+            b.docker, "run", "-d", "--name", self.name, "--label", f"{LABEL}={b.pool_id}",
+            "--init", "--network", "none", "--read-only", "--user", "0:0",
+            "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
+            "--cap-add", "KILL", "--security-opt", "no-new-privileges",
+            "--memory", f"{mem}m", "--memory-swap", f"{mem}m",
+            "--pids-limit", str(pids + _WORKER_PIDS), "--cpus", f"{cpus:g}",
+            "--tmpfs", f"/tmp:size={tmpfs_mb}m,uid={JOB_UID},gid={JOB_UID},mode=1777",
+            "--tmpfs", f"/work:size={tmpfs_mb}m,uid={JOB_UID},gid={JOB_UID},mode=0755",
+            "--shm-size", f"{min(tmpfs_mb, 64)}m",
+            "-v", f"{WORKER}:/opt/agentenv/worker.py:ro",
+        ]  # fmt: skip
+        if b.image == IMAGE:
+            args += ["-v", "/usr:/usr:ro"]
+        args += [b.image, "sleep", "infinity"]
+        await run_command(*args, timeout=120)
+        self.proc = await asyncio.create_subprocess_exec(
+            b.docker, "exec", "-i", self.name,
+            "python3", "-I", "-S", "/opt/agentenv/worker.py",
+            "--uid", str(JOB_UID), "--gid", str(JOB_UID),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            limit=LINE_LIMIT,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        hello = await read_message(self.proc.stdout, 60)
+        if not hello or not hello.get("ready"):
+            await self.kill()
+            raise SandboxError(
+                f"the sandbox worker did not start in container {self.name} "
+                f"(image {b.image!r} needs python3)"
+            )
+
+    async def run(self, job: Job) -> Result:
+        """The job's result; a failed one when the container broke (then it is gone)."""
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        start = time.monotonic()
+        try:
+            self.proc.stdin.write(job_line(job))
+            await self.proc.stdin.drain()
+        except (ConnectionError, RuntimeError):
+            await self.kill()
+            return failed(job, "docker", "the sandbox container died", 0.0, timed_out=False)
+        data = await read_message(self.proc.stdout, job.limits.timeout_s + GRACE_S)
+        if data is None or "exit_code" not in data:
+            late = time.monotonic() - start >= job.limits.timeout_s
+            await self.kill()
+            return failed(
+                job,
+                "docker",
+                "the sandbox stopped answering; its container was replaced"
+                if late
+                else "the sandbox container died during the job; it was replaced",
+                time.monotonic() - start,
+                timed_out=late,
+            )
+        return to_result(data, job, "docker")
+
+    async def wait_ready(self) -> bool:
+        """Wait for the worker's clean-up after a job; False (and gone) if it hangs."""
+        assert self.proc is not None and self.proc.stdout
+        ready = await read_message(self.proc.stdout, 30)
+        if not ready or not ready.get("ready"):
+            await self.kill()
+            return False
+        return True
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        with contextlib.suppress(SandboxError):
+            await run_command(self.backend.docker, "rm", "-f", self.name, timeout=60)
+        if self.proc is not None:
+            await self.proc.wait()
+
+
+class DockerBackend:
+    """Runs jobs in a warm pool of at most ``size`` containers.
+
+    Containers are made for a shape of limits (CPU, memory, pids, tmpfs size); a job
+    with other such limits gets a container of its own shape (replacing an idle one when
+    the pool is full). Timeouts, open files and output caps apply per job in any
+    container.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self, *, size: int = 2, image: str | None = None, docker: str = "docker"
+    ) -> None:
+        if size < 1:
+            raise SandboxError(f"size must be at least 1, got {size}")
+        self.size = size
+        self.image = image or IMAGE
+        self.docker = docker
+        self.pool_id = uuid.uuid4().hex[:12]
+        self._idle: list[_Container] = []
+        self._count = 0  # containers alive or starting
+        self._slots = asyncio.Semaphore(size)
+        self._changed = asyncio.Condition()
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, warm: Limits | None = None) -> None:
+        """Check the daemon, build the default image if needed, start the warm pool."""
+        problem = await docker_available(self.docker)
+        if problem is not None:
+            raise SandboxUnavailable(f"no Docker daemon answers ({problem}); {_START_HINT}")
+        if self.image == IMAGE:
+            await self._ensure_image()
+        limits = warm or Limits()
+        containers = [_Container(self, limits) for _ in range(self.size)]
+        self._count += len(containers)
+        results = await asyncio.gather(*(c.start() for c in containers), return_exceptions=True)
+        for c, r in zip(containers, results, strict=True):
+            if isinstance(r, BaseException):
+                self._count -= 1
+            else:
+                self._idle.append(c)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not self._idle:
+            raise errors[0]
+
+    async def _ensure_image(self) -> None:
+        try:
+            await run_command(self.docker, "image", "inspect", IMAGE, timeout=30)
+            return
+        except SandboxError:
+            pass
+        await run_command(self.docker, "import", "-", IMAGE, stdin=_rootfs(), timeout=120)
+
+    async def run(self, job: Job) -> Result:
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        async with self._slots:
+            container = await self._take(job.limits)
+            try:
+                result = await container.run(job)
+            except BaseException:  # cancelled mid-job: the container's state is unknown
+                self._spawn(self._discard(container))
+                raise
+            if container.proc is not None and container.proc.returncode is None:
+                self._release_after_cleanup(container)
+            else:
+                await self._gone()
+            return result
+
+    async def _discard(self, container: _Container) -> None:
+        await container.kill()
+        await self._gone()
+
+    async def _take(self, limits: Limits) -> _Container:
+        shape = limits.shape()
+        async with self._changed:
+            # A container still cleaning up after its last job is neither idle nor free.
+            while self._count >= self.size and not self._idle:
+                await self._changed.wait()
+            for i, c in enumerate(self._idle):
+                if c.shape == shape:
+                    return self._idle.pop(i)
+            if self._count >= self.size:
+                # Full of other shapes: replace the longest idle one.
+                old = self._idle.pop(0)
+                self._count -= 1
+                self._spawn(old.kill())
+            self._count += 1
+        container = _Container(self, limits)
+        try:
+            await container.start()
+        except BaseException:
+            await self._gone()
+            raise
+        return container
+
+    async def _gone(self) -> None:
+        """A container left the pool: room for a new one."""
+        async with self._changed:
+            self._count -= 1
+            self._changed.notify()
+
+    async def _back(self, container: _Container) -> None:
+        async with self._changed:
+            self._idle.append(container)
+            self._changed.notify()
+
+    def _release_after_cleanup(self, container: _Container) -> None:
+        async def back() -> None:
+            if await container.wait_ready() and not self._closed:
+                await self._back(container)
+            else:
+                await container.kill()
+                await self._gone()
+
+        self._spawn(back())
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Remove every container of this pool."""
+        self._closed = True
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(c.kill() for c in idle), return_exceptions=True)
+        # Containers a cancelled job left behind, found by this pool's label.
+        with contextlib.suppress(SandboxError):
+            ids = (
+                await run_command(
+                    self.docker, "ps", "-aq", "--filter", f"label={LABEL}={self.pool_id}"
+                )
+            ).split()
+            if ids:
+                await run_command(self.docker, "rm", "-f", *ids, timeout=60)

@@ -1,0 +1,310 @@
+"""The job runner inside a sandbox (a container or a bubblewrap namespace).
+
+Started as ``python3 -I -S _worker.py [--uid U --gid G] [--once]``; standard library
+only, since it runs on whatever Python the sandbox has. It reads one job per line of
+standard input (JSON, bytes as latin-1 text) and answers one result line on standard
+output. Per job: the files go into the working directory, the command runs in a session
+of its own with rlimits, the job's uid (``--uid``: the worker itself runs as another user
+so that a job cannot signal it), a wall-clock deadline and capped output; afterwards every
+process of the job's uid is killed and the writable directories are emptied, so nothing
+survives into the next job. ``--once``: run one job and exit (bubblewrap, where the whole
+namespace is thrown away after it).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+WORK = "/work"
+SCRUB = ("/work", "/tmp", "/dev/shm")
+DRAIN_AFTER_EXIT_S = 0.05  # output still arriving from leftovers after the command exits
+CHUNK = 1 << 16
+
+
+def _oom_kills() -> int | None:
+    """The cgroup's OOM-kill counter (cgroup v1 or v2), None where unreadable."""
+    for path, key in (
+        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+        ("/sys/fs/cgroup/memory.events", "oom_kill"),
+    ):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except OSError:
+            continue
+    return None
+
+
+def _as_user(uid: int | None, gid: int | None, fn: object) -> None:
+    """Run ``fn()`` in a child process that has switched to ``uid``/``gid``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            if gid is not None:
+                os.setgroups([])
+                os.setgid(gid)
+            if uid is not None:
+                os.setuid(uid)
+            fn()  # type: ignore[operator]
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def _uid_pids(uid: int) -> list[int]:
+    out = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("State", "").strip().startswith("Z"):
+            continue  # dead already, waiting to be reaped
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            out.append(int(name))
+    return out
+
+
+def _kill_all(uid: int | None, gid: int | None) -> None:
+    """SIGKILL every process of the job's uid (daemons and orphans included)."""
+    if uid is None:
+        return
+    for _ in range(50):
+        _as_user(uid, gid, lambda: os.kill(-1, signal.SIGKILL))
+        left = _uid_pids(uid)
+        if not left:
+            return
+        time.sleep(0.002)
+
+
+def _scrub() -> None:
+    """Empty the writable directories (as the job's user, who owns what is in them)."""
+    for top in SCRUB:
+        try:
+            entries = os.listdir(top)
+        except OSError:
+            continue
+        for name in entries:
+            _remove(os.path.join(top, name))
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            try:
+                os.chmod(path, 0o700)  # a job may have left a directory unreadable
+            except OSError:
+                pass
+            for name in os.listdir(path):
+                _remove(os.path.join(path, name))
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_files(files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = os.path.join(WORK, name)
+        parent = os.path.dirname(path)
+        if parent != WORK:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(text.encode("latin-1"))
+
+
+def _limits(job: dict) -> None:
+    """In the job's child, before exec: rlimits and OOM priority."""
+    nofile = int(job["open_files"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cpu = int(job["timeout_s"]) + 2  # a backstop; the wall clock is the real limit
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    if job.get("rlimit_memory"):  # where no cgroup bounds memory (bubblewrap)
+        mem = int(job["memory_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    if job.get("rlimit_pids"):
+        n = int(job["pids"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+    try:  # the job, not the worker, is what the OOM killer picks
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def run(job: dict, uid: int | None, gid: int | None) -> dict:
+    start = time.monotonic()
+    deadline = start + float(job["timeout_s"])
+    cap = int(job["output_bytes"])
+    files = job.get("files") or {}
+    oom_before = _oom_kills()
+
+    def prepare() -> None:
+        _write_files(files)
+        _limits(job)
+
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": WORK,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    try:
+        proc = subprocess.Popen(
+            job["cmd"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=WORK,
+            env=env,
+            start_new_session=True,
+            user=uid,
+            group=gid,
+            extra_groups=[] if uid is not None else None,
+            preexec_fn=prepare,
+            close_fds=True,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        missing = isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOENT
+        return {
+            "exit_code": 127 if missing else 126,
+            "stdout": "",
+            "stderr": "",
+            "stdout_truncated": False,
+            "stderr_truncated": False,
+            "timed_out": False,
+            "oom_killed": False,
+            "duration_s": time.monotonic() - start,
+            "error": (
+                f"command not found: {job['cmd'][0]}"
+                if missing
+                else f"cannot start {job['cmd'][0]}: {e}"
+            ),
+        }
+    out = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    dropped = {proc.stdout: False, proc.stderr: False}
+    stdin = job.get("stdin", "").encode("latin-1")
+    sel = selectors.DefaultSelector()
+    for stream in (proc.stdout, proc.stderr):
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ)
+    assert proc.stdin is not None
+    if stdin:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    sent = 0
+    timed_out = False
+    exited_at: float | None = None
+    while sel.get_map():
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = proc.poll() is None
+            break
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
+            break  # a leftover process holds the pipes open; it is killed below
+        wait = min(deadline - now, 0.01 if exited_at is None else DRAIN_AFTER_EXIT_S)
+        for key, _ in sel.select(wait):
+            stream = key.fileobj
+            if stream is proc.stdin:
+                try:
+                    sent += os.write(proc.stdin.fileno(), stdin[sent : sent + CHUNK])
+                except OSError:  # the job closed its stdin
+                    sent = len(stdin)
+                if sent >= len(stdin):
+                    sel.unregister(proc.stdin)
+                    proc.stdin.close()
+                continue
+            try:
+                data = os.read(stream.fileno(), CHUNK)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            if not data:
+                sel.unregister(stream)
+                continue
+            buf = out[stream]
+            room = cap - len(buf)
+            if room > 0:
+                buf += data[:room]
+            if len(data) > room:
+                dropped[stream] = True
+    sel.close()
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    code = proc.wait()
+    _kill_all(uid, gid)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+    oom_after = _oom_kills()
+    oom = oom_before is not None and oom_after is not None and oom_after > oom_before
+    if not oom and job.get("rlimit_memory") and code != 0:
+        # Without a memory cgroup the address-space limit makes allocations fail: Python
+        # dies with MemoryError, other programs with their own message or a signal.
+        tail = bytes(out[proc.stderr][-400:])
+        oom = b"MemoryError" in tail or b"Cannot allocate memory" in tail
+    return {
+        "exit_code": code,
+        "stdout": out[proc.stdout].decode("latin-1"),
+        "stderr": out[proc.stderr].decode("latin-1"),
+        "stdout_truncated": dropped[proc.stdout],
+        "stderr_truncated": dropped[proc.stderr],
+        "timed_out": timed_out,
+        "oom_killed": oom,
+        "duration_s": time.monotonic() - start,
+        "error": None,
+    }
+
+
+def main(argv: list[str]) -> None:
+    uid = gid = None
+    once = "--once" in argv
+    if "--uid" in argv:
+        uid = int(argv[argv.index("--uid") + 1])
+        gid = int(argv[argv.index("--gid") + 1])
+    # Protocol output goes to a private copy of stdout; a stray print here cannot break it.
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    channel.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        job = json.loads(line)
+        result = run(job, uid, gid)
+        channel.write(json.dumps(result) + "\n")
+        if once:
+            return
+        # Clean up after answering: the next job waits for it, the answer does not.
+        _as_user(uid, gid, _scrub)
+        channel.write(json.dumps({"ready": True}) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
