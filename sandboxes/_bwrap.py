@@ -19,7 +19,15 @@ import shutil
 import signal
 import time
 
-from sandboxes._protocol import GRACE_S, LINE_LIMIT, WORKER, failed, job_line, read_message, to_result
+from sandboxes._protocol import (
+    GRACE_S,
+    LINE_LIMIT,
+    WORKER,
+    failed,
+    job_line,
+    read_message,
+    to_result,
+)
 from sandboxes._types import Job, Result, SandboxError, SandboxUnavailable
 
 __all__ = ["BwrapBackend"]

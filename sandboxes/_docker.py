@@ -24,6 +24,8 @@ import io
 import tarfile
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 from sandboxes._protocol import (
     GRACE_S,
@@ -51,10 +53,10 @@ _START_HINT = (
 )
 
 
-async def docker_available(docker: str = "docker", timeout: float = 10.0) -> str | None:
+async def docker_available(docker: str = "docker", limit_s: float = 10.0) -> str | None:
     """None if a Docker daemon answers, else why not."""
     try:
-        await run_command(docker, "version", "--format", "{{.Server.Version}}", timeout=timeout)
+        await run_command(docker, "version", "--format", "{{.Server.Version}}", limit_s=limit_s)
     except SandboxError as e:
         return str(e)
     return None
@@ -65,7 +67,9 @@ def _rootfs() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
 
-        def add(name: str, *, mode: int = 0o755, link: str | None = None, data: bytes = b"") -> None:
+        def add(
+            name: str, *, mode: int = 0o755, link: str | None = None, data: bytes = b""
+        ) -> None:
             info = tarfile.TarInfo(name)
             info.mtime = 0
             if link is not None:
@@ -78,7 +82,18 @@ def _rootfs() -> bytes:
             tar.addfile(info, io.BytesIO(data) if data else None)
 
         # /sbin stays a directory: Docker mounts its init at /sbin/docker-init.
-        for d in ("usr/", "etc/", "proc/", "sys/", "dev/", "work/", "opt/", "opt/agentenv/", "run/", "sbin/"):
+        for d in (
+            "usr/",
+            "etc/",
+            "proc/",
+            "sys/",
+            "dev/",
+            "work/",
+            "opt/",
+            "opt/agentenv/",
+            "run/",
+            "sbin/",
+        ):
             add(d)
         add("tmp/", mode=0o1777)
         for name in ("bin", "lib", "lib64", "lib32", "libx32"):
@@ -121,7 +136,7 @@ class _Container:
         if b.image == IMAGE:
             args += ["-v", "/usr:/usr:ro"]
         args += [b.image, "sleep", "infinity"]
-        await run_command(*args, timeout=120)
+        await run_command(*args, limit_s=120)
         self.proc = await asyncio.create_subprocess_exec(
             b.docker, "exec", "-i", self.name,
             "python3", "-I", "-S", "/opt/agentenv/worker.py",
@@ -179,7 +194,7 @@ class _Container:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         with contextlib.suppress(SandboxError):
-            await run_command(self.backend.docker, "rm", "-f", self.name, timeout=60)
+            await run_command(self.backend.docker, "rm", "-f", self.name, limit_s=60)
         if self.proc is not None:
             await self.proc.wait()
 
@@ -195,9 +210,7 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(
-        self, *, size: int = 2, image: str | None = None, docker: str = "docker"
-    ) -> None:
+    def __init__(self, *, size: int = 2, image: str | None = None, docker: str = "docker") -> None:
         if size < 1:
             raise SandboxError(f"size must be at least 1, got {size}")
         self.size = size
@@ -233,11 +246,11 @@ class DockerBackend:
 
     async def _ensure_image(self) -> None:
         try:
-            await run_command(self.docker, "image", "inspect", IMAGE, timeout=30)
+            await run_command(self.docker, "image", "inspect", IMAGE, limit_s=30)
             return
         except SandboxError:
             pass
-        await run_command(self.docker, "import", "-", IMAGE, stdin=_rootfs(), timeout=120)
+        await run_command(self.docker, "import", "-", IMAGE, stdin=_rootfs(), limit_s=120)
 
     async def run(self, job: Job) -> Result:
         if self._closed:
@@ -303,8 +316,8 @@ class DockerBackend:
 
         self._spawn(back())
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -323,4 +336,4 @@ class DockerBackend:
                 )
             ).split()
             if ids:
-                await run_command(self.docker, "rm", "-f", *ids, timeout=60)
+                await run_command(self.docker, "rm", "-f", *ids, limit_s=60)

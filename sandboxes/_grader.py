@@ -12,7 +12,8 @@ Two roles in one stdlib-only file:
   comparisons run here, on values the solution cannot make lie. The verdict is the last
   line of the grader's standard output, tagged with the nonce; the solution's own output
   goes to pipes the grader reads and drops.
-* the server (``--serve FILE``): runs the solution file as a module and answers calls.
+* the solution's process, forked from the grader before it reads anything: runs the
+  solution file as a module and answers calls.
 
 A solution that exits, kills its process, returns an always-equal object, patches
 builtins or ``assert``, prints fake verdicts or reads the grader's stack therefore fails:
@@ -21,13 +22,13 @@ every one of those stays inside the solution's process or never reaches the verd
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
-import subprocess
 import sys
 import time
-import traceback
+from typing import Any
 
 MAX_DEPTH = 64
 MAX_ITEMS = 1_000_000
@@ -92,8 +93,7 @@ def decode(data: object) -> object:
 # -- the solution's side --------------------------------------------------------------
 
 
-def serve(path: str, entry_point: str, rfd: int, wfd: int) -> None:
-    reader = os.fdopen(rfd, "r")
+def serve(path: str, entry_point: str, reader: object, wfd: int) -> None:
     writer = os.fdopen(wfd, "w", buffering=1)
     namespace: dict[str, object] = {"__name__": "solution", "__file__": path}
     try:
@@ -104,15 +104,15 @@ def serve(path: str, entry_point: str, rfd: int, wfd: int) -> None:
         if not callable(fn):
             raise TypeError(f"{entry_point} is not a function")
         writer.write(json.dumps({"ready": True}) + "\n")
-    except BaseException as e:  # noqa: BLE001 - report anything, then stop
+    except BaseException as e:
         writer.write(json.dumps({"error": _describe(e)}) + "\n")
         return
-    for line in reader:
+    for line in reader:  # type: ignore[attr-defined]
         try:
             args = decode(json.loads(line))
             assert isinstance(args, list)
             out = json.dumps({"ok": encode(fn(*args))})
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             out = json.dumps({"error": _describe(e)})
         writer.write(out + "\n")
 
@@ -129,39 +129,62 @@ class SolutionError(Exception):
 
 
 class Remote:
-    """The solution process, called like the entry point."""
+    """The solution process, called like the entry point.
 
-    def __init__(self, path: str, entry_point: str, deadline: float) -> None:
-        to_solution_r, to_solution_w = os.pipe()
-        from_solution_r, from_solution_w = os.pipe()
-        self.deadline = deadline
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-I", "-S", os.path.abspath(__file__), "--serve", path,
-                entry_point, str(to_solution_r), str(from_solution_w),
-            ],  # fmt: skip
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(to_solution_r, from_solution_w),
-            start_new_session=True,
-        )
-        os.close(to_solution_r)
-        os.close(from_solution_w)
-        self.w = os.fdopen(to_solution_w, "w", buffering=1)
-        self.r = from_solution_r
+    Forked before the grader reads its standard input, so the solution's process never
+    held the tests, not even in copied memory; it waits for the file and entry point to
+    load, then serves calls."""
+
+    def __init__(self) -> None:
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the solution's process
+            code = 0
+            try:
+                os.setsid()
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                for fd in (to_w, from_r, out_r, err_r, out_w, err_w, devnull):
+                    os.close(fd)
+                reader = os.fdopen(to_r, "r")
+                go = json.loads(reader.readline() or "null")
+                if isinstance(go, dict):
+                    serve(go["solution"], go["entry_point"], reader, from_w)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        self.pid = pid
+        for fd in (to_r, from_w, out_w, err_w):
+            os.close(fd)
+        self.w = os.fdopen(to_w, "w", buffering=1)
+        self.r = from_r
         self.buf = b""
+        self.deadline = time.monotonic() + 3600
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.r, selectors.EVENT_READ, "reply")
-        assert self.proc.stdout and self.proc.stderr
-        for stream in (self.proc.stdout, self.proc.stderr):  # drained and dropped
-            os.set_blocking(stream.fileno(), False)
-            self.sel.register(stream.fileno(), selectors.EVENT_READ, "noise")
+        for fd in (out_r, err_r):  # the solution's output: drained and dropped
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, "noise")
+
+    def load(self, path: str, entry_point: str, deadline: float) -> None:
+        self.deadline = deadline
+        self._send({"solution": path, "entry_point": entry_point})
         hello = self._reply()
         if "error" in hello:
             raise SolutionError(f"the solution failed to load: {hello['error']}")
 
-    def _reply(self) -> dict:
+    def _send(self, message: object) -> None:
+        try:
+            self.w.write(json.dumps(message) + "\n")
+        except (BrokenPipeError, OSError):
+            raise SolutionError("the solution's process ended") from None
+
+    def _reply(self) -> dict[str, object]:
         while b"\n" not in self.buf:
             left = self.deadline - time.monotonic()
             if left <= 0:
@@ -187,29 +210,23 @@ class Remote:
         return reply
 
     def __call__(self, *args: object) -> object:
-        try:
-            self.w.write(json.dumps(encode(list(args))) + "\n")
-        except (BrokenPipeError, OSError):
-            raise SolutionError("the solution's process ended") from None
+        self._send(encode(list(args)))
         reply = self._reply()
         if "ok" not in reply:
             raise SolutionError(f"the solution raised {reply.get('error')}")
         return decode(reply["ok"])
 
     def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, 9)
-        except OSError:
-            pass
-        self.proc.wait()
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, 9)
+        os.waitpid(self.pid, 0)
 
 
-def grade(spec: dict) -> tuple[bool, str]:
+def grade(remote: Remote, spec: dict[str, Any]) -> tuple[bool, str]:
     deadline = time.monotonic() + float(spec.get("timeout_s", 10))
     namespace: dict[str, object] = {"__name__": "grader"}
-    remote = None
     try:
-        remote = Remote(spec["solution"], spec["entry_point"], deadline)
+        remote.load(spec["solution"], spec["entry_point"], deadline)
         exec(compile(spec.get("setup", ""), "setup", "exec"), namespace)
         namespace[spec["entry_point"]] = remote
         namespace["candidate"] = remote
@@ -220,6 +237,8 @@ def grade(spec: dict) -> tuple[bool, str]:
             check_fn(remote)  # type: ignore[operator]
         return True, "all tests passed"
     except AssertionError as e:
+        import traceback  # only on failure: it costs a few ms to import
+
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "tests"]
         if not frames:
             return False, "a test failed"
@@ -229,17 +248,14 @@ def grade(spec: dict) -> tuple[bool, str]:
         return False, f"a test failed (line {lineno}: {text})"[:500]
     except SolutionError as e:
         return False, str(e)[:500]
-    except Exception as e:  # noqa: BLE001 - a test erred: not a pass
+    except Exception as e:
         return False, _describe(e)
     finally:
-        if remote is not None:
-            remote.close()
+        remote.close()
 
 
-def main(argv: list[str]) -> None:
-    if argv[:1] == ["--serve"]:
-        serve(argv[1], argv[2], int(argv[3]), int(argv[4]))
-        return
+def main() -> None:
+    remote = Remote()  # before the tests are read: see Remote
     spec = json.loads(sys.stdin.buffer.read())
     try:  # neither ptrace nor /proc/<pid>/{mem,environ,fd} for processes of our user
         import ctypes
@@ -248,10 +264,10 @@ def main(argv: list[str]) -> None:
     except (OSError, AttributeError):
         pass
     nonce = spec.pop("nonce")
-    passed, reason = grade(spec)
+    passed, reason = grade(remote, spec)
     sys.stdout.write("\n" + json.dumps({"nonce": nonce, "passed": passed, "reason": reason}) + "\n")
     sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -61,10 +61,10 @@ def failed(job: Job, backend: str, error: str, duration_s: float, *, timed_out: 
     )
 
 
-async def read_message(stream: asyncio.StreamReader, timeout: float) -> dict[str, Any] | None:
+async def read_message(stream: asyncio.StreamReader, wait_s: float) -> dict[str, Any] | None:
     """The worker's next line as a dict; None when the stream ended or timed out."""
     try:
-        line = await asyncio.wait_for(stream.readline(), timeout)
+        line = await asyncio.wait_for(stream.readline(), wait_s)
     except (TimeoutError, asyncio.LimitOverrunError, ValueError):
         return None
     if not line:
@@ -76,7 +76,7 @@ async def read_message(stream: asyncio.StreamReader, timeout: float) -> dict[str
     return data if isinstance(data, dict) else None
 
 
-async def run_command(*args: str, timeout: float = 60.0, stdin: bytes | None = None) -> str:
+async def run_command(*args: str, limit_s: float = 60.0, stdin: bytes | None = None) -> str:
     """Run a host command (docker CLI); its stdout, or :class:`SandboxError` with stderr."""
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -88,12 +88,12 @@ async def run_command(*args: str, timeout: float = 60.0, stdin: bytes | None = N
     except FileNotFoundError:
         raise SandboxError(f"{args[0]!r} is not installed") from None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), limit_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-        raise SandboxError(f"{' '.join(args[:3])} … did not finish within {timeout:g} s") from None
+        raise SandboxError(f"{' '.join(args[:3])} … did not finish within {limit_s:g} s") from None
     if proc.returncode != 0:
         message = err.decode(errors="replace").strip() or f"exit status {proc.returncode}"
         raise SandboxError(f"{' '.join(args[:3])} … failed: {message}")

@@ -140,4 +140,3 @@ class Sandbox:
         if self._backend is None:
             await self.start()
         return list(await asyncio.gather(*(self.run(j) for j in jobs)))
-

@@ -190,9 +190,7 @@ class Result:
     @property
     def ok(self) -> bool:
         """Exited 0 on its own (no timeout, no OOM kill, no sandbox error)."""
-        return (
-            self.exit_code == 0 and not self.timed_out and not self.oom_killed and not self.error
-        )
+        return self.exit_code == 0 and not self.timed_out and not self.oom_killed and not self.error
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

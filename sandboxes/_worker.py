@@ -13,6 +13,7 @@ namespace is thrown away after it).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 WORK = "/work"
 SCRUB = ("/work", "/tmp", "/dev/shm")
@@ -109,10 +111,8 @@ def _scrub() -> None:
 def _remove(path: str) -> None:
     try:
         if os.path.isdir(path) and not os.path.islink(path):
-            try:
-                os.chmod(path, 0o700)  # a job may have left a directory unreadable
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # a job may have left it unreadable
+                os.chmod(path, 0o700)
             for name in os.listdir(path):
                 _remove(os.path.join(path, name))
             os.rmdir(path)
@@ -132,7 +132,7 @@ def _write_files(files: dict[str, str]) -> None:
             f.write(text.encode("latin-1"))
 
 
-def _limits(job: dict) -> None:
+def _limits(job: dict[str, Any]) -> None:
     """In the job's child, before exec: rlimits and OOM priority."""
     nofile = int(job["open_files"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
@@ -152,7 +152,7 @@ def _limits(job: dict) -> None:
         pass
 
 
-def run(job: dict, uid: int | None, gid: int | None) -> dict:
+def run(job: dict[str, Any], uid: int | None, gid: int | None) -> dict[str, Any]:
     start = time.monotonic()
     deadline = start + float(job["timeout_s"])
     cap = int(job["output_bytes"])
@@ -202,19 +202,20 @@ def run(job: dict, uid: int | None, gid: int | None) -> dict:
                 else f"cannot start {job['cmd'][0]}: {e}"
             ),
         }
-    out = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    dropped = {proc.stdout: False, proc.stderr: False}
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
+    out = {out_fd: bytearray(), err_fd: bytearray()}
+    dropped = {out_fd: False, err_fd: False}
     stdin = job.get("stdin", "").encode("latin-1")
     sel = selectors.DefaultSelector()
-    for stream in (proc.stdout, proc.stderr):
-        os.set_blocking(stream.fileno(), False)
-        sel.register(stream, selectors.EVENT_READ)
-    assert proc.stdin is not None
+    for fd in (out_fd, err_fd):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
     if stdin:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
+        os.set_blocking(in_fd, False)
+        sel.register(in_fd, selectors.EVENT_WRITE)
     else:
-        proc.stdin.close()
+        proc.stdin.close()  # end of file at once
     sent = 0
     timed_out = False
     exited_at: float | None = None
@@ -229,53 +230,51 @@ def run(job: dict, uid: int | None, gid: int | None) -> dict:
             break  # a leftover process holds the pipes open; it is killed below
         wait = min(deadline - now, 0.01 if exited_at is None else DRAIN_AFTER_EXIT_S)
         for key, _ in sel.select(wait):
-            stream = key.fileobj
-            if stream is proc.stdin:
+            fd = key.fd
+            if fd == in_fd:
                 try:
-                    sent += os.write(proc.stdin.fileno(), stdin[sent : sent + CHUNK])
+                    sent += os.write(in_fd, stdin[sent : sent + CHUNK])
                 except OSError:  # the job closed its stdin
                     sent = len(stdin)
                 if sent >= len(stdin):
-                    sel.unregister(proc.stdin)
+                    sel.unregister(in_fd)
                     proc.stdin.close()
                 continue
             try:
-                data = os.read(stream.fileno(), CHUNK)  # type: ignore[union-attr]
+                data = os.read(fd, CHUNK)
             except BlockingIOError:
                 continue
             if not data:
-                sel.unregister(stream)
+                sel.unregister(fd)
                 continue
-            buf = out[stream]
+            buf = out[fd]
             room = cap - len(buf)
             if room > 0:
                 buf += data[:room]
             if len(data) > room:
-                dropped[stream] = True
+                dropped[fd] = True
     sel.close()
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
     code = proc.wait()
     _kill_all(uid, gid)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None and not stream.closed:
+        if not stream.closed:
             stream.close()
     oom_after = _oom_kills()
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before
     if not oom and job.get("rlimit_memory") and code != 0:
         # Without a memory cgroup the address-space limit makes allocations fail: Python
         # dies with MemoryError, other programs with their own message or a signal.
-        tail = bytes(out[proc.stderr][-400:])
+        tail = bytes(out[err_fd][-400:])
         oom = b"MemoryError" in tail or b"Cannot allocate memory" in tail
     return {
         "exit_code": code,
-        "stdout": out[proc.stdout].decode("latin-1"),
-        "stderr": out[proc.stderr].decode("latin-1"),
-        "stdout_truncated": dropped[proc.stdout],
-        "stderr_truncated": dropped[proc.stderr],
+        "stdout": out[out_fd].decode("latin-1"),
+        "stderr": out[err_fd].decode("latin-1"),
+        "stdout_truncated": dropped[out_fd],
+        "stderr_truncated": dropped[err_fd],
         "timed_out": timed_out,
         "oom_killed": oom,
         "duration_s": time.monotonic() - start,

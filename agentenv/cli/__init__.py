@@ -1,12 +1,19 @@
-"""The ``agentenv`` command: ``eval``, ``serve``, ``bench``, ``buffer``.
+"""The ``agentenv`` command: ``eval``, ``serve``, ``bench``, ``buffer``, and plug-ins.
 
 Every command that reports numbers prints them as one JSON object on its last line
 with ``--json``. Run ``agentenv COMMAND --help`` for the flags.
+
+Other packages add commands (``agentenv sandbox`` comes from ``sandboxes``) and
+benchmarks (``agentenv bench sandbox``) through the entry-point groups
+``agentenv.commands`` and ``agentenv.benches``: each entry is a function that takes the
+argparse sub-parsers object and adds its parser, whose ``handler`` returns the exit
+status. agentenv itself never imports them by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -26,7 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     _serve.add_parser(sub)
     _bench.add_parser(sub)
     _buffer.add_parser(sub)
+    add_plugins(sub, "agentenv.commands")
     return parser
+
+
+def add_plugins(sub: object, group: str) -> None:
+    """Let every entry point of ``group`` add its sub-command to ``sub``."""
+    for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
+        ep.load()(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@
     agentenv bench buffer [--quick] [--json]
     agentenv bench engine [--quick] [--device cpu|cuda] [--json]
     agentenv bench client [--quick] [--json]
+    agentenv bench sandbox [--quick] [--json]      (from the sandboxes package)
 
 ``rollout`` measures the SDK's per-turn overhead on a 3-turn tool-use episode with an
 instant model, at concurrency 1, 64 and 1024, each level in a fresh process pinned to one
@@ -90,6 +91,9 @@ def add_parser(sub: Any) -> None:
         "--no-httpx", action="store_true", help="skip the plain-httpx comparison (slow)"
     )
     client.set_defaults(handler=run_client)
+    from agentenv.cli import add_plugins
+
+    add_plugins(kinds, "agentenv.benches")
 
 
 def run_rollout(args: argparse.Namespace) -> int:
