@@ -71,6 +71,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
+    print(f"agentenv sandbox: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -109,9 +110,10 @@ def _exec(args: argparse.Namespace) -> int:
             return (await sandbox.run(job)).to_dict()
 
     try:
-        asyncio.run(go())
+        result = asyncio.run(go())
     except SandboxError as e:
         return _fail(str(e))
+    print(json.dumps(result))
     return 0
 
 
@@ -174,7 +176,8 @@ def _batch(args: argparse.Namespace) -> int:
                 for e in entries
             ]
             for entry, task in zip(entries, tasks, strict=True):  # in input order
-                entry if task is None else (await task).to_dict()
+                record = entry if task is None else (await task).to_dict()
+                print(json.dumps(record), flush=True)
 
     try:
         asyncio.run(go())

@@ -40,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 def add_plugins(sub: object, group: str) -> None:
     """Let every entry point of ``group`` add its sub-command to ``sub``."""
     for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
-        ep.load()(sub)
+        try:
+            add = ep.load()
+        except ImportError as e:  # a broken plug-in must not take the other commands down
+            print(f"agentenv: warning: plug-in {ep.name!r} ({ep.value}): {e}", file=sys.stderr)
+            continue
+        add(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
