@@ -64,14 +64,14 @@ class BwrapBackend:
     def _argv(self, job: Job) -> list[str]:
         tmpfs = str(job.limits.tmpfs_mb << 20)
         argv = [
-            self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc", "--dev", "/dev",
             "--size", tmpfs, "--tmpfs", "/tmp", "--size", tmpfs, "--tmpfs", "/work",
-            "--ro-bind", str(WORKER), "/opt/agentenv/worker.py",
-            "--remount-ro", "/",
+            "--ro-bind", str(WORKER), "/opt/agentenv/worker.py", "--dir", "/etc",
+            "--remount-ro", "/", "--disable-userns",
             "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
             "--uid", str(JOB_UID), "--gid", str(JOB_UID),
             "python3", "-I", "-S", "/opt/agentenv/worker.py", "--once",

@@ -50,7 +50,14 @@ def _oom_kills() -> int | None:
 
 def _as_user(uid: int | None, gid: int | None, fn: object) -> None:
     """Run ``fn()`` in a child process that has switched to ``uid``/``gid``."""
-    pid = os.fork()
+    for _ in range(1000):  # a fork bomb's leftovers may hold every pid for a moment
+        try:
+            pid = os.fork()
+            break
+        except BlockingIOError:
+            time.sleep(0.005)
+    else:
+        return
     if pid == 0:
         code = 0
         try:
