@@ -1,11 +1,11 @@
 """The Docker backend: a warm pool of locked-down containers, one worker in each.
 
-Each container runs ``sleep`` under Docker's init (which reaps orphans) with no network,
+Each container runs the worker under Docker's init (which reaps orphans) with no network,
 a read-only root, every capability dropped except the three the worker needs to run jobs
 as another user and kill them (SETUID, SETGID, KILL), ``no-new-privileges``, memory, CPU
 and pids limits, and size-capped tmpfs ``/tmp`` and ``/work``. The worker
-(:mod:`sandboxes._worker`) is started with one ``docker exec -i`` and stays: each job is
-one line to it and one line back, so a job costs a fork, not a container.
+(:mod:`sandboxes._worker`) stays: each job is one line to it and one line back, so a job
+costs a fork, not a container.
 
 The default image is built here, with no registry: a tiny root file system (the
 merged-``/usr`` links, a passwd file, mount points) imported with ``docker import``; the
@@ -13,7 +13,9 @@ host's ``/usr`` is mounted read-only into it, which brings Python and the usual 
 different ``image`` must have ``python3`` and ``/work``, ``/tmp`` itself.
 
 All Docker calls go through the ``docker`` command in subprocesses, so none blocks the
-event loop.
+event loop. Each container is one ``docker run -i --rm``: the worker is its main process
+and reads jobs from that command's standard input, so a container never outlives the
+process that started it.
 """
 
 from __future__ import annotations
@@ -116,13 +118,15 @@ class _Container:
         self.limits = limits
         self.name = f"agentenv-sandbox-{uuid.uuid4().hex[:12]}"
         self.proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         b = self.backend
         cpus, memory_mb, pids, tmpfs_mb = self.shape
         mem = memory_mb + _WORKER_MB
         args = [
-            b.docker, "run", "-d", "--name", self.name, "--label", f"{LABEL}={b.pool_id}",
+            b.docker, "run", "-i", "--rm", "--name", self.name,
+            "--label", f"{LABEL}={b.pool_id}",
             "--init", "--network", "none", "--read-only", "--user", "0:0",
             "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
             "--cap-add", "KILL", "--security-opt", "no-new-privileges",
@@ -135,25 +139,39 @@ class _Container:
         ]  # fmt: skip
         if b.image == IMAGE:
             args += ["-v", "/usr:/usr:ro"]
-        args += [b.image, "sleep", "infinity"]
-        await run_command(*args, limit_s=120)
-        self.proc = await asyncio.create_subprocess_exec(
-            b.docker, "exec", "-i", self.name,
-            "python3", "-I", "-S", "/opt/agentenv/worker.py",
+        # The worker is the container's main process (under Docker's init), attached to
+        # this process's pipe: if the host side dies, the worker reads end of file, exits,
+        # and --rm removes the container -- no container outlives its pool.
+        args += [
+            b.image, "python3", "-I", "-S", "/opt/agentenv/worker.py",
             "--uid", str(JOB_UID), "--gid", str(JOB_UID),
+        ]  # fmt: skip
+        self.proc = await asyncio.create_subprocess_exec(
+            *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
             limit=LINE_LIMIT,
-        )  # fmt: skip
+        )
         assert self.proc.stdout is not None
-        hello = await read_message(self.proc.stdout, 60)
+        hello = await read_message(self.proc.stdout, 120)
         if not hello or not hello.get("ready"):
+            err = b""
+            if self.proc.stderr is not None:
+                with contextlib.suppress(TimeoutError):
+                    err = await asyncio.wait_for(self.proc.stderr.read(2000), 5)
             await self.kill()
             raise SandboxError(
-                f"the sandbox worker did not start in container {self.name} "
-                f"(image {b.image!r} needs python3)"
+                f"the sandbox worker did not start in a container of image {b.image!r} "
+                f"(it needs python3): {err.decode(errors='replace').strip()}"
             )
+        # Docker's own messages after start-up are not needed; keep the pipe from filling.
+        self._drain = asyncio.ensure_future(self._discard_stderr())
+
+    async def _discard_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while await self.proc.stderr.read(1 << 16):
+            pass
 
     async def run(self, job: Job) -> Result:
         """The job's result; a failed one when the container broke (then it is gone)."""
@@ -197,6 +215,8 @@ class _Container:
             await run_command(self.backend.docker, "rm", "-f", self.name, limit_s=60)
         if self.proc is not None:
             await self.proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
 
 
 class DockerBackend:

@@ -68,6 +68,7 @@ class Sandbox:
         self.limits = limits or Limits()
         self.image = image
         self._backend: _Backend | None = None
+        self._starting = asyncio.Lock()
 
     @property
     def backend(self) -> str:
@@ -77,9 +78,14 @@ class Sandbox:
         return self._backend.name
 
     async def start(self) -> Sandbox:
-        """Pick and start the backend (warm containers for Docker)."""
-        if self._backend is not None:
-            return self
+        """Pick and start the backend (warm containers for Docker). Concurrent callers
+        (the first jobs of a lazily started sandbox) share one start."""
+        async with self._starting:
+            if self._backend is None:
+                await self._start()
+        return self
+
+    async def _start(self) -> None:
         name = self.requested
         if name == "auto":
             problem = await docker_available()
@@ -101,7 +107,6 @@ class Sandbox:
         await backend.start(self.limits)
         self._backend = backend
         log.info("sandbox backend %s, %d at once", name, self.size)
-        return self
 
     async def __aenter__(self) -> Sandbox:
         return await self.start()

@@ -11,7 +11,10 @@ from sandboxes import Job, Limits, Result, Sandbox, check_python
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-PY = ["python3", "-c"]
+
+def py(code: str) -> list[str]:
+    """``python3 -c CODE``."""
+    return ["python3", "-c", code]
 
 
 async def clean_run(sandbox: Sandbox) -> Result:
@@ -28,14 +31,14 @@ async def assert_clean(sandbox: Sandbox) -> None:
 
 async def test_01_busy_loop_is_killed_at_the_wall_clock(sandbox: Sandbox) -> None:
     start = time.monotonic()
-    r = await sandbox.run(PY + ["while True: pass"], limits=Limits(timeout_s=1))
+    r = await sandbox.run(py("while True: pass"), limits=Limits(timeout_s=1))
     assert r.timed_out and not r.ok and r.exit_code == -9
     assert time.monotonic() - start < 8
     await assert_clean(sandbox)
 
 
 async def test_02_sleep_is_killed_by_wall_clock_not_cpu(sandbox: Sandbox) -> None:
-    r = await sandbox.run(PY + ["import time; time.sleep(10**6)"], limits=Limits(timeout_s=1))
+    r = await sandbox.run(py("import time; time.sleep(10**6)"), limits=Limits(timeout_s=1))
     assert r.timed_out and r.exit_code == -9 and r.duration_s < 5
 
 
@@ -47,7 +50,7 @@ async def test_03_ignoring_sigterm_or_stopping_itself_still_ends(sandbox: Sandbo
         "    os.kill(os.getpid(), signal.SIGSTOP)\n"
         "time.sleep(100)\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=1))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=1))
     assert r.timed_out and r.exit_code == -9
     await assert_clean(sandbox)
 
@@ -55,7 +58,7 @@ async def test_03_ignoring_sigterm_or_stopping_itself_still_ends(sandbox: Sandbo
 @pytest.mark.parametrize(
     "cmd",
     [
-        PY + ["import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"],
+        py("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"),
         ["sh", "-c", "b() { b | b & }; b"],
     ],
     ids=["python-fork", "shell-fork"],
@@ -76,7 +79,7 @@ async def test_05_thread_bomb_stops_at_the_pids_limit(sandbox: Sandbox) -> None:
         "    n += 1\n"
         "    if n > 5000: print('unbounded'); break\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=3, pids=32))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=3, pids=32))
     assert "unbounded" not in r.stdout
     assert "can't start new thread" in r.stderr or r.timed_out, r
     await assert_clean(sandbox)
@@ -94,7 +97,7 @@ async def test_06_orphans_and_daemons_are_gone_after_the_job(sandbox: Sandbox) -
         "os.system('sleep 300 &')\n"
         "print('spawned')\n"
     )
-    r = await sandbox.run(PY + [code])
+    r = await sandbox.run(py(code))
     assert r.ok and "spawned" in r.stdout, r
     count = (
         "import os\n"
@@ -103,13 +106,13 @@ async def test_06_orphans_and_daemons_are_gone_after_the_job(sandbox: Sandbox) -
         "        and os.stat('/proc/' + p).st_uid == os.getuid()]\n"
         "print(len(mine))\n"
     )
-    r = await sandbox.run(PY + [count])
+    r = await sandbox.run(py(count))
     # Nothing of the job's user is left but this job's own shell-less process.
     assert r.ok and r.stdout.strip() == "0", r
 
 
 async def test_07_huge_allocation_is_reported_as_out_of_memory(sandbox: Sandbox) -> None:
-    r = await sandbox.run(PY + ["x = bytearray(10 * 1024**3)"], limits=Limits(memory_mb=128))
+    r = await sandbox.run(py("x = bytearray(10 * 1024**3)"), limits=Limits(memory_mb=128))
     assert r.oom_killed and not r.ok, r
     await assert_clean(sandbox)
 
@@ -123,7 +126,7 @@ async def test_08_filling_tmp_stops_at_the_tmpfs_cap(sandbox: Sandbox) -> None:
         "except OSError as e:\n"
         "    print('ENOSPC' if e.errno == errno.ENOSPC else e)\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(tmpfs_mb=16, memory_mb=256))
+    r = await sandbox.run(py(code), limits=Limits(tmpfs_mb=16, memory_mb=256))
     assert r.stdout.strip() == "ENOSPC", r
     await assert_clean(sandbox)
 
@@ -131,7 +134,7 @@ async def test_08_filling_tmp_stops_at_the_tmpfs_cap(sandbox: Sandbox) -> None:
 @pytest.mark.parametrize("path", ["/x", "/usr/x", "/etc/passwd", "/bin/sh"])
 async def test_09_system_directories_are_read_only(sandbox: Sandbox, path: str) -> None:
     code = f"open({path!r}, 'w')"
-    r = await sandbox.run(PY + [code])
+    r = await sandbox.run(py(code))
     assert r.exit_code == 1
     assert "Read-only file system" in r.stderr or "Permission denied" in r.stderr, r.stderr
 
@@ -142,7 +145,7 @@ async def test_10_a_gigabyte_of_output_is_truncated(sandbox: Sandbox, stream: st
         f"import sys\nchunk = b'y' * (1 << 20)\n"
         f"for _ in range(1024): sys.{stream}.buffer.write(chunk)\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=30, output_bytes=1000))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=30, output_bytes=1000))
     text = getattr(r, stream)
     assert len(text) == 1000 and getattr(r, f"{stream}_truncated"), r.exit_code
 
@@ -154,7 +157,7 @@ async def test_11_hostile_bytes_are_decoded_with_replacement(sandbox: Sandbox) -
         "out.write(b'bad \\xff\\xfe utf8, nul \\x00, ansi \\x1b[31mred\\x1b[0m\\n')\n"
         "out.write(b'z' * (100 << 20))\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=30, output_bytes=1 << 16))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=30, output_bytes=1 << 16))
     assert r.stdout.startswith("bad \ufffd\ufffd utf8, nul \x00, ansi \x1b[31mred")
     assert r.stdout_truncated and len(r.stdout) <= (1 << 16)
 
@@ -183,8 +186,7 @@ HACKS = {
         "def sort_list(xs):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return xs\n"
     ),
     "always_equal": (
-        "class E:\n    def __eq__(self, other): return True\n"
-        "def sort_list(xs):\n    return E()\n"
+        "class E:\n    def __eq__(self, other): return True\ndef sort_list(xs):\n    return E()\n"
     ),
     "always_equal_list": (
         "class L(list):\n    def __eq__(self, other): return True\n"
@@ -200,7 +202,8 @@ HACKS = {
     ),
     "drop_config_files": (
         "import os\n"
-        "for name in ('conftest.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth', 'pytest.ini'):\n"
+        "names = ('conftest.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth', 'pytest.ini')\n"
+        "for name in names:\n"
         "    for d in ('/work', '/tmp'):\n"
         "        try:\n"
         "            open(os.path.join(d, name), 'w').write("
@@ -217,7 +220,7 @@ HACKS = {
         "def sort_list(xs):\n    return xs\n"
     ),
     "fake_markers": (
-        "print('{\"passed\": true, \"reason\": \"all tests passed\"}')\n"
+        'print(\'{"passed": true, "reason": "all tests passed"}\')\n'
         "print('2 passed in 0.01s')\n"
         "def sort_list(xs):\n"
         "    import sys\n"
@@ -232,14 +235,12 @@ HACKS = {
         "            if isinstance(v, list) and v and sorted(v) == v: return v\n"
         "    return sys._getframe(1).f_locals.get('expected', xs)\n"
     ),
-    "ctypes_crash": "import ctypes\nctypes.string_at(0)\ndef sort_list(xs):\n    return sorted(xs)\n",
+    "ctypes_crash": (
+        "import ctypes\nctypes.string_at(0)\ndef sort_list(xs):\n    return sorted(xs)\n"
+    ),
     "deep_eval": "eval('(' * 10**6)\ndef sort_list(xs):\n    return sorted(xs)\n",
     "huge_source": "x = 1\n" * (1_700_000) + "def sort_list(xs):\n    return xs\n",
-    "kill_everything": (
-        "import os, signal\n"
-        "def sort_list(xs):\n"
-        "    os.kill(-1, signal.SIGKILL)\n"
-    ),
+    "kill_everything": ("import os, signal\ndef sort_list(xs):\n    os.kill(-1, signal.SIGKILL)\n"),
     "kill_parent": (
         "import os, signal\n"
         "os.kill(os.getppid(), signal.SIGKILL)\n"
@@ -266,8 +267,9 @@ async def test_19_20_the_expected_value_cannot_be_found(sandbox: Sandbox) -> Non
     hunt = (
         "import gc, glob, os, sys\n"
         "def hunt():\n"
-        f"    needle = 'SECRET-' + '7f3a9c'\n"
-        "    places = glob.glob('/work/**', recursive=True) + glob.glob('/tmp/**', recursive=True)\n"
+        "    needle = 'SECRET-' + '7f3a9c'\n"
+        "    places = glob.glob('/work/**', recursive=True)\n"
+        "    places += glob.glob('/tmp/**', recursive=True)\n"
         "    for pid in os.listdir('/proc'):\n"
         "        if pid.isdigit():\n"
         "            places += [f'/proc/{pid}/{n}' for n in ('environ', 'cmdline', 'mem')]\n"
@@ -307,7 +309,7 @@ async def test_21_no_network(sandbox: Sandbox) -> None:
         "    print('no dns')\n"
         "print(round(time.monotonic() - start, 1))\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=20))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=20))
     assert "REACHED" not in r.stdout and "RESOLVED" not in r.stdout, r.stdout
     assert float(r.stdout.split()[-1]) < 5, "network attempts must fail fast"
 
@@ -315,7 +317,8 @@ async def test_21_no_network(sandbox: Sandbox) -> None:
 async def test_22_no_way_to_more_privilege(sandbox: Sandbox) -> None:
     code = (
         "import os, subprocess\n"
-        "print('sock', os.path.exists('/var/run/docker.sock') or os.path.exists('/run/docker.sock'))\n"
+        "socks = ('/var/run/docker.sock', '/run/docker.sock')\n"
+        "print('sock', any(os.path.exists(s) for s in socks))\n"
         "for cmd in (['sudo', 'id'], ['su', '-c', 'id'], ['mount', '-t', 'tmpfs', 'x', '/tmp'],"
         " ['unshare', '-r', 'id']):\n"
         "    try:\n"
@@ -325,7 +328,7 @@ async def test_22_no_way_to_more_privilege(sandbox: Sandbox) -> None:
         "        print(cmd[0], 'unavailable')\n"
         "print('uid', os.getuid(), os.geteuid())\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(timeout_s=20))
+    r = await sandbox.run(py(code), limits=Limits(timeout_s=20))
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert lines["sock"] == "False"
     for cmd in ("sudo", "su", "mount", "unshare"):
@@ -339,24 +342,22 @@ async def test_23_killing_everything_does_not_touch_the_pool(sandbox: Sandbox) -
         "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
         "import os, signal\nos.kill(1, signal.SIGKILL)",
     ):
-        await sandbox.run(PY + [code])
+        await sandbox.run(py(code))
         await assert_clean(sandbox)
-    results = await sandbox.run_many(
-        [Job(cmd=PY + ["print('fine')"]) for _ in range(4)]
-    )
+    results = await sandbox.run_many([Job(cmd=py("print('fine')")) for _ in range(4)])
     assert all(r.ok and r.stdout == "fine\n" for r in results)
 
 
 async def test_24_nothing_persists_between_jobs(sandbox: Sandbox) -> None:
     write = "for d in ('/work', '/tmp', '/dev/shm'):\n    open(d + '/marker', 'w').write('A')\n"
-    r = await sandbox.run(PY + [write])
+    r = await sandbox.run(py(write))
     assert r.ok, r
     for _ in range(3):  # whichever container the next job lands in
         read = (
             "import os\n"
             "print([d for d in ('/work', '/tmp', '/dev/shm') if os.path.exists(d + '/marker')])"
         )
-        r = await sandbox.run(PY + [read])
+        r = await sandbox.run(py(read))
         assert r.stdout.strip() == "[]", r
 
 
@@ -369,13 +370,13 @@ async def test_25_too_many_open_files(sandbox: Sandbox) -> None:
         "except OSError as e:\n"
         "    print('EMFILE' if e.errno == errno.EMFILE else e, len(fs))\n"
     )
-    r = await sandbox.run(PY + [code], limits=Limits(open_files=256))
+    r = await sandbox.run(py(code), limits=Limits(open_files=256))
     assert r.stdout.startswith("EMFILE"), r
 
 
 async def test_26_absurd_programs_error_out(sandbox: Sandbox) -> None:
     for code in ("eval('(' * 10**6)", "import ctypes; ctypes.string_at(0)"):
-        r = await sandbox.run(PY + [code])
+        r = await sandbox.run(py(code))
         assert not r.ok
     big = "x = 1\n" * 1_700_000  # a 10 MB source file
     r = await sandbox.run(["python3", "big.py"], files={"big.py": big}, limits=Limits(timeout_s=20))
@@ -384,7 +385,7 @@ async def test_26_absurd_programs_error_out(sandbox: Sandbox) -> None:
 
 
 async def test_27_reading_stdin_gets_end_of_file(sandbox: Sandbox) -> None:
-    r = await sandbox.run(PY + ["import sys; print(repr(sys.stdin.read()))"])
+    r = await sandbox.run(py("import sys; print(repr(sys.stdin.read()))"))
     assert r.ok and r.stdout.strip() == "''" and r.duration_s < 3
-    r = await sandbox.run(PY + ["print(input())"], stdin="hello\n")
+    r = await sandbox.run(py("print(input())"), stdin="hello\n")
     assert r.ok and r.stdout == "hello\n"
