@@ -264,8 +264,7 @@ def run(job: dict[str, Any], uid: int | None, gid: int | None) -> dict[str, Any]
     if proc.poll() is None:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-    code = proc.wait()
-    _kill_all(uid, gid)
+    code = proc.wait()  # leftovers (daemons, orphans) are killed after the answer
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if not stream.closed:
             stream.close()
@@ -308,6 +307,7 @@ def main(argv: list[str]) -> None:
         if once:
             return
         # Clean up after answering: the next job waits for it, the answer does not.
+        _kill_all(uid, gid)
         _as_user(uid, gid, _scrub)
         channel.write(json.dumps({"ready": True}) + "\n")
 
