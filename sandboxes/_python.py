@@ -12,10 +12,10 @@ solution could read or change them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 from pathlib import Path
 
+from sandboxes._grader import Unrepresentable, dumps, loads
 from sandboxes._sandbox import Sandbox
 from sandboxes._types import Limits, Result, SandboxError
 
@@ -73,7 +73,7 @@ async def check_python(
     result = await sandbox.run(
         ["python3", "-I", "-S", "_grader.py"],
         files={"solution.py": solution, "_grader.py": _GRADER},
-        stdin=json.dumps(spec),
+        stdin=dumps(spec),
         limits=limits,
     )
     return CodeVerdict(*_verdict(result, nonce), result)
@@ -86,10 +86,10 @@ def _verdict(result: Result, nonce: str) -> tuple[bool, str]:
         return False, "out of memory"
     if result.error:
         return False, result.error
-    lines = result.stdout.rstrip("\n").rsplit("\n", 1)
+    last = result.stdout.rstrip("\n").rsplit("\n", 1)[-1]
     try:
-        report = json.loads(lines[-1])
-    except ValueError:
+        report = loads(bytes.fromhex(last))
+    except (ValueError, Unrepresentable):
         report = None
     if not isinstance(report, dict) or report.get("nonce") != nonce:
         return False, "the grader gave no verdict"
