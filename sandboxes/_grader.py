@@ -377,12 +377,19 @@ def main() -> None:
     remote = Remote()  # before the tests are read: see Remote
     spec = loads(sys.stdin.buffer.read())
     assert isinstance(spec, dict)
-    try:  # neither ptrace nor /proc/<pid>/{mem,environ,fd} for processes of our user
-        import ctypes
+    # Non-dumpable: neither ptrace nor /proc/<pid>/{mem,environ,fd} for the solution's
+    # process, which runs as the same user. Switching the effective gid to the real one
+    # (Docker starts the grader with the two apart) is a credential change, which makes
+    # the process non-dumpable; elsewhere prctl does it (importing ctypes costs ~3 ms).
+    if os.getgid() != os.getegid():
+        os.setegid(os.getgid())
+    else:
+        try:
+            import ctypes
 
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        except (OSError, AttributeError):
+            pass
     nonce = spec.pop("nonce")
     passed, reason = grade(remote, spec)
     verdict = dumps({"nonce": nonce, "passed": passed, "reason": reason}).hex()

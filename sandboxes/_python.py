@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sandboxes._grader import Unrepresentable, dumps, loads
 from sandboxes._sandbox import Sandbox
-from sandboxes._types import Limits, Result, SandboxError
+from sandboxes._types import Job, Limits, Result, SandboxError
 
 __all__ = ["CodeVerdict", "check_python"]
 
@@ -70,12 +70,14 @@ async def check_python(
         # The grader's own deadline comes first, so it can still report a verdict.
         "timeout_s": max(0.1, limits.timeout_s * 0.9 - 0.2),
     }
-    result = await sandbox.run(
-        ["python3", "-I", "-S", "_grader.py"],
+    job = Job(
+        cmd=["python3", "-I", "-S", "_grader.py"],
         files={"solution.py": solution, "_grader.py": _GRADER},
         stdin=dumps(spec),
         limits=limits,
+        separate_real_gid=True,
     )
+    result = await sandbox.run(job)
     return CodeVerdict(*_verdict(result, nonce), result)
 
 

@@ -89,6 +89,10 @@ class Job:
         stdin: bytes fed to the command's standard input (empty: end of file at once).
         limits: the job's limits (defaults: :class:`Limits`).
         id: the caller's id, copied into the result.
+        separate_real_gid: Docker: run with a real group id apart from the effective one,
+            so that a process of the job can make itself non-dumpable (its memory and
+            ``/proc`` entries closed to the job's other processes) with
+            ``os.setegid(os.getgid())``. :func:`~sandboxes.check_python`'s grader does.
     """
 
     cmd: Sequence[str]
@@ -96,6 +100,7 @@ class Job:
     stdin: str | bytes = b""
     limits: Limits = dataclasses.field(default_factory=Limits)
     id: str | None = None
+    separate_real_gid: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.cmd, str | bytes) or not isinstance(self.cmd, Sequence):
@@ -137,6 +142,7 @@ class Job:
             "output_bytes": self.limits.output_bytes,
             "memory_mb": self.limits.memory_mb,
             "pids": self.limits.pids,
+            "real_gid": 1001 if self.separate_real_gid else None,
         }
 
 
