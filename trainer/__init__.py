@@ -1,4 +1,29 @@
-"""The GRPO trainer: advantages, losses, batching, backends, weight sync, checkpoints.
+"""The GRPO trainer: advantages, losses, batching (backends, weight sync, the loop and
+checkpoints build on these).
 
-Not built yet; it consumes :class:`agentenv.Sample` batches from the Data Buffer.
+It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
+here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
 """
+
+from trainer._advantages import ESTIMATORS, compute_advantages
+from trainer._batching import pack_by_tokens
+from trainer._losses import (
+    AGGREGATIONS,
+    KL_TYPES,
+    LossConfig,
+    kl_estimate,
+    policy_loss,
+    token_weights,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "ESTIMATORS",
+    "KL_TYPES",
+    "LossConfig",
+    "compute_advantages",
+    "kl_estimate",
+    "pack_by_tokens",
+    "policy_loss",
+    "token_weights",
+]

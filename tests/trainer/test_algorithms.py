@@ -1,0 +1,270 @@
+"""Advantages and losses against slow, obvious reference implementations (hypothesis), the
+loss's independence from packing, and bad input."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentenv import ConfigError
+from trainer import (
+    LossConfig,
+    compute_advantages,
+    kl_estimate,
+    pack_by_tokens,
+    policy_loss,
+    token_weights,
+)
+
+# -- references: plain Python, one sample at a time -----------------------------------
+
+
+def ref_advantages(
+    rewards: list[float], groups: list[int], estimator: str, normalize_std: bool, eps: float
+) -> list[float]:
+    members: dict[int, list[float]] = {}
+    for r, g in zip(rewards, groups, strict=True):
+        members.setdefault(g, []).append(r)
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    def std(xs: list[float]) -> float:
+        m = mean(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+    out = []
+    for r, g in zip(rewards, groups, strict=True):
+        mine = members[g]
+        if estimator == "rloo":
+            out.append(r - (sum(mine) - r) / (len(mine) - 1) if len(mine) > 1 else 0.0)
+        elif estimator == "grpo" and normalize_std:
+            out.append((r - mean(mine)) / (std(mine) + eps))
+        else:
+            out.append(r - mean(mine))
+    if estimator == "reinforce_plus_plus_baseline":
+        s = std(out)
+        out = [a / (s + eps) for a in out]
+    return out
+
+
+def ref_token_loss(
+    logp: float, old: float, adv: float, cfg: LossConfig, ref: float | None, roll: float | None
+) -> float:
+    ratio = math.exp(logp - old)
+    clipped_ratio = min(max(ratio, 1 - cfg.eps_clip), 1 + cfg.clip_high)
+    loss = max(-adv * ratio, -adv * clipped_ratio)
+    if cfg.dual_clip is not None and adv < 0:
+        loss = min(loss, -adv * cfg.dual_clip)
+    if cfg.use_tis:
+        assert roll is not None
+        loss *= min(max(math.exp(old - roll), cfg.tis_clip_low), cfg.tis_clip_high)
+    if cfg.kl_coef > 0:
+        assert ref is not None
+        if cfg.kl_type == "k1":
+            kl = logp - ref
+        elif cfg.kl_type == "k2":
+            kl = 0.5 * (logp - ref) ** 2
+        else:
+            kl = math.exp(ref - logp) - (ref - logp) - 1
+            if cfg.kl_type == "low_var_kl":
+                kl = min(max(kl, -10), 10)
+        loss += cfg.kl_coef * kl
+    return loss
+
+
+# -- advantages ---------------------------------------------------------------------------
+
+rewards_and_groups = st.integers(1, 24).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.floats(-10, 10, allow_nan=False), min_size=n, max_size=n),
+        st.lists(st.integers(0, 4), min_size=n, max_size=n),
+    )
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rg=rewards_and_groups,
+    estimator=st.sampled_from(["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"]),
+    normalize_std=st.booleans(),
+)
+def test_advantages_match_the_reference(
+    rg: tuple[list[float], list[int]], estimator: str, normalize_std: bool
+) -> None:
+    rewards, groups = rg
+    got = compute_advantages(rewards, groups, estimator, normalize_std=normalize_std)
+    want = ref_advantages(rewards, groups, estimator, normalize_std, 1e-6)
+    assert got.tolist() == pytest.approx(want, rel=1e-5, abs=1e-4)
+
+
+def test_uneven_groups_use_their_own_size() -> None:
+    # Group "a" lost a failed sample: its baseline is the mean of the two it has.
+    adv = compute_advantages([1.0, 0.0, 1.0, 1.0, 0.0], ["a", "a", "b", "b", "b"], "dr_grpo")
+    assert adv.tolist() == pytest.approx([0.5, -0.5, 1 / 3, 1 / 3, -2 / 3])
+
+
+def test_a_group_of_equal_rewards_has_zero_advantage() -> None:
+    adv = compute_advantages([1.0, 1.0, 1.0], ["g"] * 3, "grpo")
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"estimator": "ppo"}, "unknown advantage estimator 'ppo'; valid: grpo, dr_grpo"),
+        ({"rewards": [1.0, math.nan], "groups": ["a", "a"]}, "rewards must be finite"),
+        ({"rewards": [1.0], "groups": ["a", "b"]}, "1 rewards but 2 group keys"),
+    ],
+)
+def test_bad_advantage_input(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"rewards": [1.0, 0.0], "groups": ["a", "a"], **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        compute_advantages(args.pop("rewards"), args.pop("groups"), **args)
+
+
+# -- losses ----------------------------------------------------------------------------
+
+configs = st.builds(
+    LossConfig,
+    eps_clip=st.sampled_from([0.1, 0.2]),
+    eps_clip_high=st.sampled_from([None, 0.28]),
+    dual_clip=st.sampled_from([None, 3.0]),
+    kl_coef=st.sampled_from([0.0, 0.05]),
+    kl_type=st.sampled_from(["k1", "k2", "k3", "low_var_kl"]),
+    use_tis=st.booleans(),
+)
+tokens = st.lists(
+    st.tuples(
+        st.floats(-3, 0), st.floats(-3, 0), st.floats(-2, 2), st.floats(-3, 0), st.floats(-3, 0)
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cfg=configs, toks=tokens, weights=st.data())
+def test_policy_loss_matches_the_reference(
+    cfg: LossConfig, toks: list[tuple[float, ...]], weights: st.DataObject
+) -> None:
+    w = weights.draw(st.lists(st.floats(0, 1), min_size=len(toks), max_size=len(toks)))
+    columns = zip(*toks, strict=True)
+    logp, old, adv, ref, roll = (torch.tensor(c, dtype=torch.float64) for c in columns)
+    loss, sums = policy_loss(
+        logp, old, adv, torch.tensor(w, dtype=torch.float64), cfg, ref_logp=ref, rollout_logp=roll
+    )
+    want = sum(wi * ref_token_loss(*t[:3], cfg, t[3], t[4]) for wi, t in zip(w, toks, strict=True))
+    assert float(loss) == pytest.approx(want, rel=1e-9, abs=1e-9)
+    assert float(sums["weight"]) == pytest.approx(sum(w))
+
+
+def test_first_step_on_fresh_data_has_ratio_one_and_no_clipping() -> None:
+    logp = torch.tensor([-0.5, -1.0, -2.0], requires_grad=True)
+    w = torch.tensor([0.5, 0.5, 0.0])
+    loss, sums = policy_loss(
+        logp, logp.detach(), torch.tensor([1.0, -1.0, 3.0]), w, LossConfig(),
+        rollout_logp=logp.detach(),
+    )  # fmt: skip
+    assert float(sums["ratio_mean"]) == 1.0 and float(sums["clipfrac"]) == 0.0
+    assert float(sums["ratio_max"]) == float(sums["ratio_min"]) == 1.0
+    assert float(sums["rollout_train_logprob_abs_diff"]) == 0.0
+    loss.backward()
+    assert logp.grad is not None and logp.grad.tolist() == pytest.approx([-0.5, 0.5, 0.0])
+
+
+def test_kl_estimators_are_zero_on_equal_policies_and_k3_is_non_negative() -> None:
+    a = torch.tensor([-0.1, -2.0, -5.0])
+    for kind in ("k1", "k2", "k3", "low_var_kl"):
+        assert kl_estimate(a, a, kind).abs().max() == 0
+    b = torch.tensor([-3.0, -0.5, -1.0])
+    assert (kl_estimate(a, b, "k3") >= 0).all()
+    assert kl_estimate(torch.tensor([-20.0]), torch.tensor([0.0]), "low_var_kl") == 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"eps_clip": 0.2, "eps_clip_high": 0.1}, r"eps_clip_high \(0.1\) must be >= eps_clip"),
+        ({"kl_type": "k4"}, "unknown KL type 'k4'; valid: k1, k2, k3, low_var_kl"),
+        ({"aggregation": "mean"}, "unknown loss aggregation 'mean'"),
+        ({"aggregation": "constant"}, "needs max_response_len"),
+        ({"dual_clip": 0.5}, "dual_clip must be > 1"),
+        ({"eps_clip": -0.1}, "eps_clip must be a finite number >= 0"),
+    ],
+)
+def test_bad_loss_config(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        LossConfig(**kwargs)
+
+
+# -- packing ------------------------------------------------------------------------------
+
+
+def test_packing_respects_the_budget_and_keeps_every_sample() -> None:
+    lengths = [5, 9, 3, 7, 2, 8, 1]
+    bins = pack_by_tokens(lengths, 10)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
+    assert len(bins) == 4  # 35 tokens: 4 bins of 10 is the minimum
+    with pytest.raises(ConfigError, match="sample 1 has 9 tokens, more than max_tokens_per_gpu=8"):
+        pack_by_tokens(lengths, 8)
+
+
+@pytest.mark.parametrize("aggregation", ["per_sample", "per_token", "constant"])
+def test_loss_and_gradients_do_not_depend_on_packing(aggregation: str) -> None:
+    """A toy policy (each token's log-prob from the previous token); every packing of
+    the same samples gives the same loss and the same gradients."""
+    torch.manual_seed(0)
+    vocab, dim = 11, 6
+    emb = torch.nn.Embedding(vocab, dim).double()
+    head = torch.nn.Linear(dim, vocab).double()
+    cfg = LossConfig(aggregation=aggregation, max_response_len=12, kl_coef=0.1)
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for _ in range(9):
+        n = int(torch.randint(2, 12, (1,), generator=gen))
+        ids = torch.randint(0, vocab, (n + 1,), generator=gen)
+        mask = (torch.rand(n, generator=gen) > 0.2).double()
+        samples.append((ids, mask))
+    adv = compute_advantages(torch.rand(9, generator=gen).tolist(), [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    total_tokens = int(sum(m.sum() for _, m in samples))
+    weights = token_weights(
+        [len(m) for _, m in samples], [m for _, m in samples], cfg,
+        total_samples=len(samples), total_tokens=total_tokens,
+    )  # fmt: skip
+
+    def step(bins: list[list[int]]) -> tuple[float, list[torch.Tensor]]:
+        emb.zero_grad()
+        head.zero_grad()
+        total = 0.0
+        for b in bins:
+            logps, olds, advs, ws, refs = [], [], [], [], []
+            for i in b:
+                ids, _ = samples[i]
+                lp = torch.log_softmax(head(emb(ids[:-1])), -1).gather(1, ids[1:, None])[:, 0]
+                logps.append(lp)
+                olds.append(lp.detach() - 0.05)
+                refs.append(lp.detach() - 0.1)
+                advs.append(adv[i].double().expand(len(lp)))
+                ws.append(weights[i])
+            loss, _ = policy_loss(
+                torch.cat(logps), torch.cat(olds), torch.cat(advs), torch.cat(ws), cfg,
+                ref_logp=torch.cat(refs),
+            )  # fmt: skip
+            loss.backward()
+            total += float(loss.detach())
+        return total, [p.grad.clone() for p in (*emb.parameters(), *head.parameters())]  # type: ignore[union-attr]
+
+    lengths = [len(m) for _, m in samples]
+    one_loss, one_grads = step([list(range(9))])
+    for budget in (11, 16, 40):
+        loss, grads = step(pack_by_tokens(lengths, budget))
+        assert loss == pytest.approx(one_loss, rel=1e-12)
+        for g, h in zip(grads, one_grads, strict=True):
+            assert torch.allclose(g, h, rtol=1e-10, atol=1e-12)
