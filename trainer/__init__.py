@@ -15,12 +15,15 @@ from trainer._losses import (
     policy_loss,
     token_weights,
 )
+from trainer._torch import OptimConfig, TorchBackend
 
 __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "KL_TYPES",
     "LossConfig",
+    "OptimConfig",
+    "TorchBackend",
     "compute_advantages",
     "kl_estimate",
     "pack_by_tokens",

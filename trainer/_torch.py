@@ -1,0 +1,287 @@
+"""The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device.
+
+Samples arrive as token ids (never re-tokenized). A step computes the old policy's
+log-probs (unless given), packs samples into micro-batches by a token budget, and for each
+micro-batch runs the decoder, then the output layer *in chunks of tokens* under activation
+checkpointing: the full-vocabulary fp32 logits of one chunk exist at a time, in the forward
+and again in the backward, never for the whole batch. Loss weights are computed for the
+whole step (:func:`trainer.token_weights`), so packing does not change the gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+
+from agentenv import ConfigError, Sample
+from trainer._batching import pack_by_tokens
+from trainer._losses import LossConfig, policy_loss, token_weights
+
+__all__ = ["OptimConfig", "TorchBackend"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    """AdamW settings (slime's names in brackets).
+
+    Args:
+        lr: learning rate [--lr].
+        betas: Adam's betas [--adam-beta1, --adam-beta2].
+        weight_decay: decoupled weight decay [--weight-decay].
+        grad_clip: clip the global gradient norm to this (0: off) [--clip-grad].
+        eps: Adam's epsilon.
+    """
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a positive number, got {self.lr}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"adam betas must be in [0, 1), got {self.betas}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("weight_decay and grad_clip must be >= 0")
+
+
+@dataclasses.dataclass(slots=True)
+class _Item:
+    ids: torch.Tensor  # prompt + completion
+    start: int  # index in ids of the first completion token
+    mask: torch.Tensor  # loss mask over the completion, float64
+
+
+def _items(samples: Sequence[Sample]) -> list[_Item]:
+    out = []
+    for i, s in enumerate(samples):
+        n = len(s.completion_ids)
+        if not s.prompt_ids or n == 0:
+            raise ConfigError(f"sample {i} has no prompt or no completion: nothing to train on")
+        ids = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
+        mask = torch.tensor(list(s.loss_mask or [1] * n), dtype=torch.float64)
+        out.append(_Item(ids, len(s.prompt_ids), mask))
+    return out
+
+
+class TorchBackend:
+    """Trains an HF causal LM with the GRPO loss.
+
+    Args:
+        model: a model name (``smollm2-135m``) or an HF directory.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: default float32 on CPU, bfloat16 on CUDA.
+        optim: AdamW settings.
+        loss: loss settings.
+        max_tokens_per_micro_batch: the packing budget (prompt and completion tokens).
+        logit_chunk: tokens whose full-vocabulary logits exist at once.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = "smollm2-135m",
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        optim: OptimConfig | None = None,
+        loss: LossConfig | None = None,
+        max_tokens_per_micro_batch: int = 4096,
+        logit_chunk: int = 1024,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from agentenv.engine import resolve_model
+
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.path = resolve_model(model)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            self.path, dtype=self.dtype, attn_implementation="sdpa"
+        )
+        self.model: Any = loaded.to(self.device)
+        self.model.train()
+        self.optim_config = optim or OptimConfig()
+        self.loss_config = loss or LossConfig()
+        self.max_tokens = max_tokens_per_micro_batch
+        self.logit_chunk = logit_chunk
+        o = self.optim_config
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.steps = 0
+
+    # -- forward -------------------------------------------------------------------------
+    def _forward(
+        self, batch: Sequence[_Item], *, with_entropy: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per item: log-probs of its completion tokens (and their entropies)."""
+        width = max(len(it.ids) for it in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, it in enumerate(batch):
+            ids[row, : len(it.ids)] = it.ids
+            attention[row, : len(it.ids)] = 1
+        hidden = self.model.get_decoder()(
+            input_ids=ids.to(self.device), attention_mask=attention.to(self.device)
+        ).last_hidden_state
+        # The hidden state at position t predicts token t + 1.
+        rows, cols, targets = [], [], []
+        for row, it in enumerate(batch):
+            n = len(it.ids) - it.start
+            rows.append(torch.full((n,), row, dtype=torch.long))
+            cols.append(torch.arange(it.start - 1, len(it.ids) - 1))
+            targets.append(it.ids[it.start :])
+        h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
+        target = torch.cat(targets).to(self.device)
+        head = self.model.get_output_embeddings()
+        logps, ents = [], []
+        for lo in range(0, h.shape[0], self.logit_chunk):
+            hs, ts = h[lo : lo + self.logit_chunk], target[lo : lo + self.logit_chunk]
+            if torch.is_grad_enabled():
+                lp, ent = torch.utils.checkpoint.checkpoint(
+                    _token_logprobs, head, hs, ts, with_entropy, use_reentrant=False
+                )
+            else:
+                lp, ent = _token_logprobs(head, hs, ts, with_entropy)
+            logps.append(lp)
+            ents.append(ent)
+        logp = torch.cat(logps)
+        sizes = [len(it.ids) - it.start for it in batch]
+        entropy = list(torch.split(torch.cat(ents), sizes)) if with_entropy else None
+        return list(torch.split(logp, sizes)), entropy
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        """The current policy's log-probs (float32, CPU) of each sample's completion tokens."""
+        items = _items(samples)
+        out: list[torch.Tensor | None] = [None] * len(items)
+        for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
+            lps, _ = self._forward([items[i] for i in group], with_entropy=False)
+            for i, lp in zip(group, lps, strict=True):
+                out[i] = lp.float().cpu()
+        return [t for t in out if t is not None]
+
+    # -- training -------------------------------------------------------------------------
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on ``samples`` (one per advantage); returns its metrics."""
+        cfg = self.loss_config
+        items = _items(samples)
+        adv = torch.as_tensor(advantages, dtype=torch.float64).flatten()
+        if adv.numel() != len(items):
+            raise ConfigError(f"{len(items)} samples but {adv.numel()} advantages")
+        if cfg.kl_coef > 0 and ref_logprobs is None:
+            raise ConfigError("kl_coef > 0 needs ref_logprobs")
+        groups = pack_by_tokens([len(it.ids) for it in items], self.max_tokens)
+        t0 = time.perf_counter()
+        if old_logprobs is None:
+            # With the same micro-batches as the update: at the first step on fresh data
+            # the ratio is then exactly 1.
+            old: list[torch.Tensor | None] = [None] * len(items)
+            with torch.no_grad():
+                for group in groups:
+                    lps, _ = self._forward([items[i] for i in group], with_entropy=False)
+                    for i, lp in zip(group, lps, strict=True):
+                        old[i] = lp.detach()
+            old_logprobs = [t for t in old if t is not None]
+        t1 = time.perf_counter()
+        weights = token_weights(
+            [len(it.mask) for it in items],
+            [it.mask for it in items],
+            cfg,
+            total_samples=len(items),
+            total_tokens=int(sum(float(it.mask.sum()) for it in items)),
+        )
+        sums: dict[str, float] = {}
+        ratio_max, ratio_min = -math.inf, math.inf
+        want_entropy = True
+        for group in groups:
+            lps, ents = self._forward([items[i] for i in group], with_entropy=want_entropy)
+            dev = lps[0].device
+
+            def cat(parts: Sequence[torch.Tensor], dev: torch.device = dev) -> torch.Tensor:
+                return torch.cat([p.to(dev, torch.float32) for p in parts])
+
+            rollout = [samples[i].rollout_logprobs for i in group]
+            has_rollout = all(r is not None for r in rollout)
+            loss, part = policy_loss(
+                cat(lps),
+                cat([old_logprobs[i] for i in group]),
+                cat([adv[i].expand(len(items[i].mask)) for i in group]),
+                cat([weights[i] for i in group]),
+                cfg,
+                ref_logp=cat([ref_logprobs[i] for i in group]) if ref_logprobs else None,
+                rollout_logp=cat([torch.tensor(list(r or ())) for r in rollout])
+                if has_rollout
+                else None,
+                entropy=cat(ents) if ents is not None else None,
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+            for k, v in part.items():
+                if k == "ratio_max":
+                    ratio_max = max(ratio_max, float(v))
+                elif k == "ratio_min":
+                    ratio_min = min(ratio_min, float(v))
+                else:
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        t2 = time.perf_counter()
+        clip = self.optim_config.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip > 0 else float("inf")
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        t3 = time.perf_counter()
+        # Metric sums are weighted like the loss; divided by the total weight they are means
+        # (the loss itself is already the step's).
+        weight = sums.pop("weight", 0.0) or 1.0
+        metrics = {k: v if k in ("loss", "pg_loss") else v / weight for k, v in sums.items()}
+        metrics.update(
+            ratio_max=ratio_max,
+            ratio_min=ratio_min,
+            grad_norm=float(norm),
+            micro_batches=float(len(groups)),
+            time_old_logprobs_s=t1 - t0,
+            time_forward_backward_s=t2 - t1,
+            time_optimizer_s=t3 - t2,
+        )
+        if "rollout_train_logprob_abs_diff" in metrics:
+            metrics["train/rollout_train_logprob_abs_diff"] = metrics.pop(
+                "rollout_train_logprob_abs_diff"
+            )
+        return metrics
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-named weights (for the engine's in-process update or a safetensors save)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+
+def _token_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, target: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of ``target`` (and entropies) from one chunk of hidden states, in fp32."""
+    logits = head(hidden).float()
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, target[:, None])[:, 0] - logz
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = logz - (probs * logits).sum(-1)
+    else:
+        entropy = logp.new_zeros(0)
+    return logp, entropy
