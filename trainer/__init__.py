@@ -7,6 +7,7 @@ here are shared by every backend (plain torch on one machine, megatron-core on G
 
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._batching import pack_by_tokens
+from trainer._loop import GRPOConfig, run_grpo
 from trainer._losses import (
     AGGREGATIONS,
     KL_TYPES,
@@ -21,6 +22,7 @@ __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "KL_TYPES",
+    "GRPOConfig",
     "LossConfig",
     "OptimConfig",
     "TorchBackend",
@@ -28,5 +30,6 @@ __all__ = [
     "kl_estimate",
     "pack_by_tokens",
     "policy_loss",
+    "run_grpo",
     "token_weights",
 ]
