@@ -104,3 +104,27 @@ def test_the_batch_identity_is_checked_before_anything_starts() -> None:
         GRPOConfig(rollout_batch_size=8, n_samples_per_prompt=4, global_batch_size=30)
     with pytest.raises(ConfigError, match="unknown advantage estimator 'gae'"):
         GRPOConfig(advantage_estimator="gae")
+
+
+def test_agentenv_train_cli_runs_saves_and_reports(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    model = tiny_llama(tmp_path / "tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train",
+         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+         "--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "8", "--n-eval", "4", "--lr", "1e-2",
+         "--save", str(tmp_path / "run"), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["steps"] == 3 and summary["eval_tasks"] == 4
+    assert summary["eval_reward_after"] > summary["eval_reward_before"]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    assert (tmp_path / "run" / "model" / "model.safetensors").exists()
+    assert "step 3/3  reward" in out.stderr
