@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -68,6 +69,11 @@ class Limits:
             self.timeout_s > 0 and math.isfinite(self.timeout_s)
         ):
             raise ConfigError(f"timeout_s must be a positive number, got {self.timeout_s}")
+
+
+def _turn_seed(seed: int, role: str | None, turn: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{role}:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 class Episode:
@@ -161,6 +167,9 @@ class Episode:
         if limit is not None and transcript.turns >= limit:
             raise EpisodeTruncated(f"max_turns: reached {limit} turns")
         params = self.sampling.replace(**sampling) if sampling else self.sampling
+        if params.seed is None and self.seed is not None:
+            # Each turn of each seeded episode draws its own reproducible random numbers.
+            params = params.replace(seed=_turn_seed(self.seed, transcript.role, transcript.turns))
         budget = self.limits.context_length
         if budget is not None:
             room = budget - transcript.num_tokens

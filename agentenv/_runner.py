@@ -112,7 +112,9 @@ class RolloutConfig:
         concurrency: episodes in flight at once.
         sampling: sampling parameters for every generation.
         limits: per-episode turn, context and time limits.
-        seed: base seed; episode ``i`` of task ``t`` gets a seed derived from it.
+        seed: base seed; episode ``i`` of task ``t`` gets a seed derived from it, and each
+            of its model turns samples with a seed derived from that (unless
+            ``sampling.seed`` is set), so a rollout on the embedded engine is reproducible.
         on_history_rewrite: what transcripts do when the template rewrites history.
         progress: show a progress bar on stderr (``None``: when stderr is a terminal).
     """

@@ -6,7 +6,10 @@
 Flags use slime's names. The configuration (the batch identity included) is validated
 before anything heavy loads. The run evaluates held-out tasks before and after training
 (greedy by default), prints one progress line per rollout step, writes every step's
-metrics to ``SAVE/metrics.jsonl`` and the trained model to ``SAVE/model``.
+metrics to ``SAVE/metrics.jsonl``, a checkpoint (model, optimizer, RNG, position) to
+``SAVE/checkpoint`` every ``--save-interval`` steps, and the trained model to
+``SAVE/model``. Run the same command again (or pass ``--load RUN``) and it resumes after
+the last checkpoint, as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ class TrainConfig(pydantic.BaseModel):
         default_factory=dict, description="JSON object of keyword arguments for the environment"
     )
     hf_checkpoint: str = pydantic.Field("smollm2-135m", description="model name or HF directory")
-    save: Path | None = pydantic.Field(None, description="directory for metrics and the model")
+    save: Path | None = pydantic.Field(
+        None, description="directory for metrics, checkpoints (SAVE/checkpoint) and the model"
+    )
+    save_interval: int = pydantic.Field(1, ge=1, description="rollout steps between checkpoints")
+    load: Path | None = pydantic.Field(
+        None, description="resume from this run directory's checkpoint (default: --save's)"
+    )
     num_rollout: int = pydantic.Field(10, ge=1, description="rollout steps")
     rollout_batch_size: int = pydantic.Field(8, ge=1, description="prompts per rollout step")
     n_samples_per_prompt: int = pydantic.Field(4, ge=1, description="episodes per prompt")
@@ -154,9 +163,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
         max_tokens_per_micro_batch=config.max_tokens_per_gpu,
     )
     metrics_file = None
+    checkpoint = None
     if config.save is not None:
         config.save.mkdir(parents=True, exist_ok=True)
-        metrics_file = (config.save / "metrics.jsonl").open("w")
+        checkpoint = config.save / "checkpoint"
+        source = (config.load or config.save) / "checkpoint"
+        if config.load is not None and not source.is_dir():
+            raise ConfigError(f"--load {str(config.load)!r} has no checkpoint directory")
+        if source != checkpoint and source.is_dir():
+            import shutil
+
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            shutil.copytree(source, checkpoint)
+        resuming = checkpoint.is_dir()
+        metrics_file = (config.save / "metrics.jsonl").open("a" if resuming else "w")
+    elif config.load is not None:
+        raise ConfigError("--load needs --save (where the resumed run writes)")
 
     def report(m: dict[str, float]) -> None:
         line = (
@@ -197,8 +219,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
             before = await evaluate(engine)
             print(f"held-out reward before: {before}", file=sys.stderr, flush=True)
             history = await run_grpo(
-                env, train_tasks, backend, engine, tokenizer, grpo, on_step=report
-            )
+                env, train_tasks, backend, engine, tokenizer, grpo, on_step=report,
+                checkpoint=checkpoint, save_interval=config.save_interval,
+            )  # fmt: skip
             after = await evaluate(engine)
             print(f"held-out reward after: {after}", file=sys.stderr, flush=True)
         return {"before": before, "after": after, "history": history}
@@ -218,7 +241,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "eval_reward_before": before,
         "eval_reward_after": after,
         "eval_gain": None if before is None or after is None else after - before,
-        "train_reward_first": out["history"][0]["reward_mean"],
-        "train_reward_last": out["history"][-1]["reward_mean"],
+        "train_reward_first": out["history"][0]["reward_mean"] if out["history"] else None,
+        "train_reward_last": out["history"][-1]["reward_mean"] if out["history"] else None,
         "wall_s": round(time.perf_counter() - started, 1),
     }

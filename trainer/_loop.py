@@ -10,10 +10,13 @@ generated after it carry the new weight version), and acknowledges the batch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import anyio
 
 from agentenv import (
     ConfigError,
@@ -108,10 +111,18 @@ async def run_grpo(
     config: GRPOConfig | None = None,
     *,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    save_interval: int = 1,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (an embedded
     :class:`~agentenv.engine.Engine`, whose weights follow the trainer's after every
-    rollout step). Returns one metrics dict per rollout step."""
+    rollout step). Returns one metrics dict per rollout step run.
+
+    With ``checkpoint``, the model, optimizer, RNG state and the loop's position are saved
+    there every ``save_interval`` steps (and after the last); a run that finds a
+    checkpoint there resumes after its step, as if it had never stopped. Resuming with
+    another batch schedule is refused.
+    """
     config = config or GRPOConfig()
     if len({t.id for t in tasks}) < config.rollout_batch_size:
         raise ConfigError(
@@ -120,8 +131,21 @@ async def run_grpo(
         )
     take = _task_stream(tasks, config.seed)
     history: list[dict[str, float]] = []
+    first = 0
+    schedule = _schedule(config)
+    if checkpoint is not None and await anyio.Path(checkpoint, "checkpoint.json").exists():
+        saved = backend.load_checkpoint(checkpoint)
+        if saved.get("schedule") != schedule:
+            raise ConfigError(
+                f"cannot resume {str(checkpoint)!r} with another schedule: it was saved with "
+                f"{saved.get('schedule')}, this run has {schedule}"
+            )
+        first = int(saved["step"]) + 1
+        for _ in range(first):  # the task stream is seeded: replay its position
+            take(config.rollout_batch_size)
+        await engine.update_weights(backend.state_dict(), weight_version=str(first))
     async with Buffer(config.buffer_config()) as buffer:
-        for step in range(config.num_rollout):
+        for step in range(first, config.num_rollout):
             t0 = time.perf_counter()
             rollout = await run_rollouts(
                 env,
@@ -161,7 +185,22 @@ async def run_grpo(
             await buffer.ack(batch, step=step)
             t3 = time.perf_counter()
             metrics.update(time_rollout_s=t1 - t0, time_train_s=t2 - t1, time_sync_s=t3 - t2)
+            if checkpoint is not None and (
+                (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
+            ):
+                backend.save_checkpoint(checkpoint, {"step": step, "schedule": schedule})
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
     return history
+
+
+def _schedule(config: GRPOConfig) -> dict[str, Any]:
+    """What a resumed run must share with the saved one."""
+    return {
+        "rollout_batch_size": config.rollout_batch_size,
+        "n_samples_per_prompt": config.n_samples_per_prompt,
+        "global_batch_size": config.samples_per_step,
+        "num_steps_per_rollout": config.num_steps_per_rollout,
+        "seed": config.seed,
+    }

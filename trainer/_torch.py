@@ -15,6 +15,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -270,6 +271,88 @@ class TorchBackend:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights (for the engine's in-process update or a safetensors save)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        c = self.model.config
+        return {
+            "architecture": type(self.model).__name__,
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size,
+            "num_hidden_layers": c.num_hidden_layers,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+        }
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
+        """Model (HF safetensors), optimizer, RNG states and ``extra`` (the loop's position)
+        into ``directory``, replacing it atomically (a crash mid-save keeps the old one)."""
+        import json
+        import shutil
+
+        final = Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp / "model", safe_serialization=True)
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "steps": self.steps,
+            },
+            tmp / "trainer_state.pt",
+        )
+        (tmp / "checkpoint.json").write_text(
+            json.dumps({"model": self._identity(), "extra": extra}, indent=1)
+        )
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            final.rename(old)
+        tmp.rename(final)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore :meth:`save_checkpoint`'s state; returns its ``extra``. A checkpoint of
+        another model is refused with what differs."""
+        import json
+
+        from safetensors.torch import load_file
+
+        root = Path(directory)
+        try:
+            meta = json.loads((root / "checkpoint.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{str(root)!r} is not a trainer checkpoint: {e}") from None
+        mine = self._identity()
+        if meta.get("model") != mine:
+            diff = {
+                k: (meta.get("model", {}).get(k), v)
+                for k, v in mine.items()
+                if meta.get("model", {}).get(k) != v
+            }
+            raise ConfigError(
+                f"checkpoint {str(root)!r} is from another model (checkpoint vs this: {diff})"
+            )
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted((root / "model").glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        if unexpected or [m for m in missing if not (tied and m == "lm_head.weight")]:
+            raise ConfigError(f"checkpoint weights do not fit the model: {missing or unexpected}")
+        state = torch.load(root / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.steps = int(state["steps"])
+        extra: dict[str, Any] = meta.get("extra", {})
+        return extra
 
 
 def _token_logprobs(

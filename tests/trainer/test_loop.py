@@ -112,14 +112,18 @@ def test_agentenv_train_cli_runs_saves_and_reports(tmp_path: Path) -> None:
     import sys
 
     model = tiny_llama(tmp_path / "tiny")
-    out = subprocess.run(
-        [sys.executable, "-m", "agentenv", "train",
-         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
-         "--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-         "--rollout-max-response-len", "8", "--n-eval", "4", "--lr", "1e-2",
-         "--save", str(tmp_path / "run"), "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+
+    def train(steps: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentenv", "train",
+             "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+             "--num-rollout", str(steps), "--rollout-batch-size", "4",
+             "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8", "--n-eval", "4",
+             "--lr", "1e-2", "--save", str(tmp_path / "run"), "--json"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    out = train(3)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["steps"] == 3 and summary["eval_tasks"] == 4
@@ -128,3 +132,53 @@ def test_agentenv_train_cli_runs_saves_and_reports(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()
     assert "step 3/3  reward" in out.stderr
+    # The same command with more steps resumes after the checkpoint of step 3.
+    out = train(4)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 4/4" in out.stderr and "step 1/4" not in out.stderr
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
+
+
+def test_a_run_stopped_and_resumed_continues_as_if_never_interrupted(tmp_path: Path) -> None:
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    env = GoodTokensEnv()
+
+    def config(steps: int) -> GRPOConfig:
+        return GRPOConfig(
+            num_rollout=steps, rollout_batch_size=4, n_samples_per_prompt=4, concurrency=1,
+            sampling=SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True),
+        )  # fmt: skip
+
+    def run(steps: int, checkpoint: Path | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        backend = TorchBackend(model, optim=OptimConfig(lr=3e-3))
+
+        async def go() -> list[dict[str, float]]:
+            async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+                return await run_grpo(
+                    env, env.tasks(), backend, e, tokenizer, config(steps), checkpoint=checkpoint
+                )
+
+        history = anyio.run(go)
+        return [h["reward_mean"] for h in history], backend.state_dict()
+
+    straight, final = run(4, None)
+    first_half, _ = run(2, tmp_path / "ckpt")  # stops after step 2 (as if killed there)
+    second_half, resumed = run(4, tmp_path / "ckpt")  # finds the checkpoint: steps 3-4
+    assert len(second_half) == 2
+    assert first_half + second_half == pytest.approx(straight, abs=1e-9)
+    for name, tensor in final.items():
+        assert torch.allclose(resumed[name], tensor, atol=1e-6), name
+    bad = GRPOConfig(rollout_batch_size=2, n_samples_per_prompt=4, num_rollout=5)
+
+    async def resume_changed() -> None:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+            backend = TorchBackend(model)
+            await run_grpo(
+                env, env.tasks(), backend, e, tokenizer, bad, checkpoint=tmp_path / "ckpt"
+            )
+
+    with pytest.raises(ConfigError, match="another schedule"):
+        anyio.run(resume_changed)
