@@ -30,14 +30,14 @@ ACTIVE = range(1000, 1016)  # the tokens a tiny model says; the first half is re
 GOOD = range(1000, 1008)
 
 
-def tiny_llama(directory: Path) -> Path:
+def tiny_llama(directory: Path, *, hidden: int = 32) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer (49,152 ids) whose output layer
     speaks almost only the 16 ACTIVE tokens, so a policy over them can be learnt fast."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=49152, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
@@ -182,3 +182,13 @@ def test_a_run_stopped_and_resumed_continues_as_if_never_interrupted(tmp_path: P
 
     with pytest.raises(ConfigError, match="another schedule"):
         anyio.run(resume_changed)
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
+    a = TorchBackend(tiny_llama(tmp_path / "a"))
+    a.save_checkpoint(tmp_path / "ckpt", {"step": 0})
+    b = TorchBackend(tiny_llama(tmp_path / "b", hidden=48))
+    with pytest.raises(ConfigError, match=r"another model .*hidden_size': \(32, 48\)"):
+        b.load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match="is not a trainer checkpoint"):
+        b.load_checkpoint(tmp_path / "nowhere")
