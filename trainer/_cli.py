@@ -231,9 +231,26 @@ def train(config: TrainConfig) -> dict[str, Any]:
     finally:
         if metrics_file is not None:
             metrics_file.close()
+    before, after = out["before"], out["after"]
+    plot = None
     if config.save is not None:
         backend.model.save_pretrained(config.save / "model", safe_serialization=True)
-    before, after = out["before"], out["after"]
+        if out["history"]:
+            try:
+                from trainer._plot import plot_run
+
+                plot = str(
+                    plot_run(
+                        out["history"],
+                        config.save / "metrics.png",
+                        title=f"GRPO on {config.env}",
+                        eval_before=before,
+                        eval_after=after,
+                    )
+                )
+                print(f"plot: {plot}", file=sys.stderr)
+            except ImportError:
+                print("no plot: matplotlib is not installed (agentenv[train])", file=sys.stderr)
     return {
         "env": config.env,
         "steps": config.num_rollout,
@@ -244,4 +261,5 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "train_reward_first": out["history"][0]["reward_mean"] if out["history"] else None,
         "train_reward_last": out["history"][-1]["reward_mean"] if out["history"] else None,
         "wall_s": round(time.perf_counter() - started, 1),
+        "plot": plot,
     }
