@@ -1,0 +1,224 @@
+"""``agentenv bench train``: the torch backend's training step against a plain Hugging Face
+step, and the in-process weight sync to the embedded engine.
+
+A random-initialised Llama of about ``--params`` parameters (SmolLM2's vocabulary) trains
+on ``--samples`` samples of ``--tokens`` tokens (half prompt, half completion) per step.
+``ours``: :meth:`trainer.TorchBackend.train_step` (old log-probs given, so one forward and
+backward), the output layer in checkpointed chunks. ``hf``: the model's own forward with
+full-vocabulary fp32 ``log_softmax``, the same GRPO loss, AdamW -- the plain way. Reported
+per side: seconds per step, tokens/s, MFU (6·N·tokens / time / peak) and peak memory; then
+the seconds to install the trained weights in an :class:`~agentenv.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser"]
+
+# Dense bf16 peak FLOP/s used for MFU (H200 SXM: 989 TFLOP/s).
+PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "train",
+        help="training step (ours vs plain HF) and weight sync",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--hidden", type=int, default=2048, help="hidden size (2048: ~0.9B)")
+    parser.add_argument("--layers", type=int, default=16, help="decoder layers")
+    parser.add_argument("--samples", type=int, default=8, help="samples per step")
+    parser.add_argument("--tokens", type=int, default=1024, help="tokens per sample")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
+    parser.add_argument("--tokenizer-dir", help="where tokenizer.json is (default: smollm2-135m's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(handler=_main)
+
+
+def _model_dir(root: Path, hidden: int, layers: int, tokenizer_dir: str | None) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentenv.engine import resolve_model
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 8 / 3) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(root, safe_serialization=True)
+    # The engine wants a tokenizer beside the weights.
+    source = Path(tokenizer_dir) if tokenizer_dir else resolve_model("smollm2-135m")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (source / name).exists():
+            (root / name).write_bytes((source / name).read_bytes())
+    return root
+
+
+def _samples(n: int, tokens: int) -> list[Any]:
+    import torch
+
+    from agentenv import Sample
+
+    g = torch.Generator().manual_seed(1)
+    half = tokens // 2
+    return [
+        Sample(
+            prompt_ids=torch.randint(3, 49152, (half,), generator=g).tolist(),
+            completion_ids=torch.randint(3, 49152, (tokens - half,), generator=g).tolist(),
+            reward=float(i % 2),
+            group_id=f"g{i // 4}",
+        )
+        for i in range(n)
+    ]
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _peak_mem(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+
+
+def _hf_step(model: Any, optimizer: Any, batch: Any, adv: Any, start: int) -> None:
+    import torch
+
+    logits = model(input_ids=batch).logits  # [B, T, V], bf16
+    logp = torch.log_softmax(logits.float(), dim=-1)  # full-vocabulary fp32
+    target = batch[:, start:]
+    token_logp = logp[:, start - 1 : -1].gather(-1, target[..., None])[..., 0]
+    ratio = torch.exp(token_logp - token_logp.detach())
+    loss = -(adv[:, None] * ratio).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import anyio
+    import torch
+
+    from trainer._advantages import compute_advantages
+    from trainer._torch import OptimConfig, TorchBackend
+
+    device = args.device
+    out: dict[str, Any] = {"bench": "train", "device": device}
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name()
+        out["gpu"] = name
+        peak = next((v for k, v in PEAKS.items() if k in name), None)
+    else:
+        peak = None
+    samples = _samples(args.samples, args.tokens)
+    adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
+    tokens_per_step = args.samples * args.tokens
+    with tempfile.TemporaryDirectory() as tmp:
+        root = _model_dir(Path(tmp), args.hidden, args.layers, args.tokenizer_dir)
+        # -- ours --
+        backend = TorchBackend(
+            root, device=device, optim=OptimConfig(lr=1e-6),
+            max_tokens_per_micro_batch=tokens_per_step, logit_chunk=2048,
+        )  # fmt: skip
+        n_params = sum(p.numel() for p in backend.model.parameters())
+        out["params"] = n_params
+        old = backend.logprobs(samples)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for i in range(args.steps + 1):
+            _sync(device)
+            t = time.perf_counter()
+            backend.train_step(samples, adv, old_logprobs=old)
+            _sync(device)
+            if i:  # the first step warms up
+                times.append(time.perf_counter() - t)
+        ours = sorted(times)[len(times) // 2]
+        out["ours"] = _side(ours, tokens_per_step, n_params, peak, _peak_mem(device))
+        # -- weight sync into the engine on the same device --
+        from agentenv.engine import Engine
+
+        weights, dtype = backend.state_dict(), backend.dtype
+
+        async def sync(weights: dict[str, Any] = weights) -> float:
+            async with Engine(root, device=device, dtype=dtype, cuda_graphs=False) as e:
+                await e.update_weights(weights, weight_version="warm")
+                _sync(device)
+                t = time.perf_counter()
+                await e.update_weights(weights, weight_version="1")
+                _sync(device)
+                return time.perf_counter() - t
+
+        try:
+            out["weight_sync_s"] = round(anyio.run(sync), 3)
+        except Exception as e:  # report it, keep the step numbers
+            out["weight_sync_error"] = f"{type(e).__name__}: {e}"
+        del backend, weights  # free the device for the HF side
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        # -- plain HF --
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.bfloat16).to(device)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        batch = torch.tensor([[*s.prompt_ids, *s.completion_ids] for s in samples], device=device)
+        advantages = adv.to(device)
+        times = []
+        try:
+            for i in range(args.steps + 1):
+                _sync(device)
+                t = time.perf_counter()
+                _hf_step(model, optimizer, batch, advantages, args.tokens // 2)
+                _sync(device)
+                if i:
+                    times.append(time.perf_counter() - t)
+            hf = sorted(times)[len(times) // 2]
+            out["hf"] = _side(hf, tokens_per_step, n_params, peak, _peak_mem(device))
+            out["speedup"] = round(hf / ours, 3)
+        except torch.OutOfMemoryError:
+            out["hf"] = "out of memory"
+    return out
+
+
+def _side(
+    seconds: float, tokens: int, params: int, peak: float | None, mem_gib: float
+) -> dict[str, Any]:
+    side: dict[str, Any] = {
+        "step_s": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "peak_memory_gib": round(mem_gib, 2),
+    }
+    if peak:
+        side["mfu"] = round(6 * params * tokens / seconds / peak, 4)
+    return side
+
+
+def _main(args: argparse.Namespace) -> int:
+    result = run(args)
+    print(json.dumps(result, indent=None if args.json else 1), file=sys.stdout)
+    return 0
