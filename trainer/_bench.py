@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # -- ours --
         backend = TorchBackend(
             root, device=device, optim=OptimConfig(lr=1e-6),
-            max_tokens_per_micro_batch=tokens_per_step, logit_chunk=2048,
+            max_tokens_per_micro_batch=tokens_per_step, logit_chunk=args.logit_chunk,
+            entropy_metric=args.entropy,
         )  # fmt: skip
         n_params = sum(p.numel() for p in backend.model.parameters())
         out["params"] = n_params

@@ -85,6 +85,8 @@ class TorchBackend:
         loss: loss settings.
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens).
         logit_chunk: tokens whose full-vocabulary logits exist at once.
+        entropy_metric: report the policy's per-token entropy (one more pass over each
+            chunk's logits); always computed when the loss has an entropy bonus.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class TorchBackend:
         loss: LossConfig | None = None,
         max_tokens_per_micro_batch: int = 4096,
         logit_chunk: int = 1024,
+        entropy_metric: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -114,6 +117,7 @@ class TorchBackend:
         self.loss_config = loss or LossConfig()
         self.max_tokens = max_tokens_per_micro_batch
         self.logit_chunk = logit_chunk
+        self.entropy_metric = entropy_metric
         o = self.optim_config
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
@@ -210,7 +214,7 @@ class TorchBackend:
         )
         sums: dict[str, float] = {}
         ratio_max, ratio_min = -math.inf, math.inf
-        want_entropy = True
+        want_entropy = self.entropy_metric or cfg.entropy_coef > 0
         for group in groups:
             lps, ents = self._forward([items[i] for i in group], with_entropy=want_entropy)
             dev = lps[0].device
