@@ -149,16 +149,31 @@ class TorchBackend:
         target = torch.cat(targets).to(self.device)
         head = self.model.get_output_embeddings()
         logps, ents = [], []
-        for lo in range(0, h.shape[0], self.logit_chunk):
-            hs, ts = h[lo : lo + self.logit_chunk], target[lo : lo + self.logit_chunk]
-            if torch.is_grad_enabled():
-                lp, ent = torch.utils.checkpoint.checkpoint(
-                    _token_logprobs, head, hs, ts, with_entropy, use_reentrant=False
-                )
-            else:
-                lp, ent = _token_logprobs(head, hs, ts, with_entropy)
-            logps.append(lp)
-            ents.append(ent)
+        differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
+        if torch.is_grad_enabled() and self.dtype != torch.float32 and not differentiable_entropy:
+            # bf16/fp16: keep the response tokens' logits in the model's dtype (half the
+            # bytes of fp32) and do the fp32 math a chunk at a time, in the forward and in
+            # the backward, without running the output layer twice.
+            logits = head(h)
+            logps.append(_TokenLogprob.apply(logits, target, self.logit_chunk))  # type: ignore[no-untyped-call]
+            if with_entropy:
+                with torch.no_grad():
+                    for lo in range(0, h.shape[0], self.logit_chunk):
+                        chunk = logits[lo : lo + self.logit_chunk].float()
+                        logz = torch.logsumexp(chunk, dim=-1)
+                        ents.append(logz - (torch.softmax(chunk, -1) * chunk).sum(-1))
+        else:
+            for lo in range(0, h.shape[0], self.logit_chunk):
+                hs, ts = h[lo : lo + self.logit_chunk], target[lo : lo + self.logit_chunk]
+                if torch.is_grad_enabled():
+                    # fp32 (or an entropy bonus): recompute each chunk in the backward.
+                    lp, ent = torch.utils.checkpoint.checkpoint(
+                        _token_logprobs, head, hs, ts, with_entropy, use_reentrant=False
+                    )
+                else:
+                    lp, ent = _token_logprobs(head, hs, ts, with_entropy)
+                logps.append(lp)
+                ents.append(ent)
         logp = torch.cat(logps)
         sizes = [len(it.ids) - it.start for it in batch]
         entropy = list(torch.split(torch.cat(ents), sizes)) if with_entropy else None
@@ -372,3 +387,37 @@ def _token_logprobs(
     else:
         entropy = logp.new_zeros(0)
     return logp, entropy
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """``log softmax(logits)[target]`` with fp32 math one chunk of rows at a time.
+
+    Saves the logits as they are (bf16 on GPU) and each row's log-normaliser; the backward
+    rebuilds the fp32 softmax chunk by chunk (d logp / d logits = one-hot - softmax).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+        n = logits.shape[0]
+        logz = torch.empty(n, dtype=torch.float32, device=logits.device)
+        logp = torch.empty(n, dtype=torch.float32, device=logits.device)
+        for lo in range(0, n, chunk):
+            rows = logits[lo : lo + chunk].float()
+            z = torch.logsumexp(rows, dim=-1)
+            logz[lo : lo + chunk] = z
+            logp[lo : lo + chunk] = rows.gather(-1, target[lo : lo + chunk, None])[:, 0] - z
+        ctx.save_for_backward(logits, target, logz)
+        ctx.chunk = chunk
+        return logp
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, target, logz = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for lo in range(0, logits.shape[0], ctx.chunk):
+            hi = lo + ctx.chunk
+            g = grad[lo:hi, None].float()
+            d = torch.exp(logits[lo:hi].float() - logz[lo:hi, None]) * -g
+            d.scatter_add_(1, target[lo:hi, None], g)
+            out[lo:hi] = d.to(logits.dtype)
+        return out, None, None
