@@ -61,6 +61,13 @@ class TrainConfig(pydantic.BaseModel):
     eps_clip: float = pydantic.Field(0.2, ge=0.0, description="lower clip of the ratio")
     eps_clip_high: float | None = pydantic.Field(None, ge=0.0, description="upper clip")
     entropy_coef: float = pydantic.Field(0.0, ge=0.0, description="entropy bonus weight")
+    use_kl_loss: bool = pydantic.Field(
+        False, description="penalise KL to the starting model (loads a frozen copy)"
+    )
+    kl_loss_coef: float = pydantic.Field(0.0, ge=0.0, description="weight of the KL penalty")
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = pydantic.Field(
+        "low_var_kl", description="KL estimator"
+    )
     calculate_per_token_loss: bool = pydantic.Field(
         False, description="average the loss over tokens instead of samples"
     )
@@ -72,11 +79,16 @@ class TrainConfig(pydantic.BaseModel):
     clip_grad: float = pydantic.Field(1.0, ge=0.0, description="gradient norm clip (0: off)")
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     n_eval: int = pydantic.Field(64, ge=0, description="held-out tasks evaluated before/after")
+    eval_interval: int = pydantic.Field(
+        0, ge=0, description="also evaluate every N rollout steps (0: only before and after)"
+    )
     eval_temperature: float = pydantic.Field(0.0, ge=0.0, description="evaluation sampling")
     device: str = pydantic.Field("cpu", description="cpu, cuda or cuda:N")
 
     @pydantic.model_validator(mode="after")
     def _clips(self) -> TrainConfig:
+        if self.use_kl_loss and self.kl_loss_coef <= 0:
+            raise ValueError("--use-kl-loss needs --kl-loss-coef > 0")
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
             raise ValueError(
                 f"--eps-clip-high ({self.eps_clip_high}) must be >= --eps-clip ({self.eps_clip})"
@@ -142,6 +154,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         eps_clip_high=config.eps_clip_high,
         entropy_coef=config.entropy_coef,
         aggregation="per_token" if config.calculate_per_token_loss else "per_sample",
+        kl_coef=config.kl_loss_coef if config.use_kl_loss else 0.0,
+        kl_type=config.kl_loss_type,
         use_tis=config.use_tis,
     )
     optim = OptimConfig(
@@ -221,6 +235,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             history = await run_grpo(
                 env, train_tasks, backend, engine, tokenizer, grpo, on_step=report,
                 checkpoint=checkpoint, save_interval=config.save_interval,
+                evaluate=lambda: evaluate(engine), eval_interval=config.eval_interval,
             )  # fmt: skip
             after = await evaluate(engine)
             print(f"held-out reward after: {after}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -113,6 +113,8 @@ async def run_grpo(
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     save_interval: int = 1,
+    evaluate: Callable[[], Awaitable[float | None]] | None = None,
+    eval_interval: int = 0,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (an embedded
     :class:`~agentenv.engine.Engine`, whose weights follow the trainer's after every
@@ -121,7 +123,8 @@ async def run_grpo(
     With ``checkpoint``, the model, optimizer, RNG state and the loop's position are saved
     there every ``save_interval`` steps (and after the last); a run that finds a
     checkpoint there resumes after its step, as if it had never stopped. Resuming with
-    another batch schedule is refused.
+    another batch schedule is refused. ``evaluate`` (e.g. the reward on held-out tasks)
+    runs every ``eval_interval`` steps, into that step's ``eval/reward_mean``.
     """
     config = config or GRPOConfig()
     if len({t.id for t in tasks}) < config.rollout_batch_size:
@@ -161,13 +164,17 @@ async def run_grpo(
                     progress=False,
                 ),
             )
-            batch = await buffer.get_batch(config.rollout_batch_size)
-            samples = [s for s in batch.samples if s.trainable]
+            # Every group of this rollout is in the Buffer now, kept or dropped (failed
+            # samples, filters): take what was kept, never wait for groups that will not come.
+            ready = (await buffer.statistics()).ready
+            batch = await buffer.get_batch(ready) if ready else None
+            samples = [s for s in batch.samples if s.trainable] if batch else []
             t1 = time.perf_counter()
             metrics: dict[str, float] = {
                 "step": float(step),
                 "reward_mean": rollout.reward_mean,
                 "samples": float(len(samples)),
+                "failed_episodes": float(sum(rollout.failed.values())),
             }
             if samples:
                 adv = compute_advantages(
@@ -176,15 +183,30 @@ async def run_grpo(
                     config.advantage_estimator,
                 )
                 per = config.samples_per_step
+                # Several steps per rollout: the old policy is the one that sampled, so its
+                # log-probs are taken before the first update (one step: train_step does it
+                # with its own micro-batches, which makes the ratio exactly 1).
+                old = backend.logprobs(samples) if len(samples) > per else None
+                ref = backend.logprobs(samples, reference=True) if backend.reference else None
                 for k in range(0, len(samples), per):
-                    part = backend.train_step(samples[k : k + per], adv[k : k + per])
+                    part = backend.train_step(
+                        samples[k : k + per],
+                        adv[k : k + per],
+                        old_logprobs=old[k : k + per] if old is not None else None,
+                        ref_logprobs=ref[k : k + per] if ref is not None else None,
+                    )
                     for name, value in part.items():
                         metrics[f"train/{name}" if "/" not in name else name] = value
             t2 = time.perf_counter()
             await engine.update_weights(backend.state_dict(), weight_version=str(step + 1))
-            await buffer.ack(batch, step=step)
+            if batch is not None:
+                await buffer.ack(batch, step=step)
             t3 = time.perf_counter()
             metrics.update(time_rollout_s=t1 - t0, time_train_s=t2 - t1, time_sync_s=t3 - t2)
+            if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
+                held_out = await evaluate()
+                if held_out is not None:
+                    metrics["eval/reward_mean"] = held_out
             if checkpoint is not None and (
                 (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
             ):

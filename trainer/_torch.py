@@ -113,6 +113,13 @@ class TorchBackend:
         )
         self.model: Any = loaded.to(self.device)
         self.model.train()
+        self.reference: Any = None
+        if loss is not None and loss.kl_coef > 0:
+            # A frozen copy of the starting weights for the KL penalty.
+            ref: Any = AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=self.dtype, attn_implementation="sdpa"
+            )
+            self.reference = ref.to(self.device).eval().requires_grad_(False)
         self.optim_config = optim or OptimConfig()
         self.loss_config = loss or LossConfig()
         self.max_tokens = max_tokens_per_micro_batch
@@ -126,16 +133,17 @@ class TorchBackend:
 
     # -- forward -------------------------------------------------------------------------
     def _forward(
-        self, batch: Sequence[_Item], *, with_entropy: bool
+        self, batch: Sequence[_Item], *, with_entropy: bool, model: Any = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: log-probs of its completion tokens (and their entropies)."""
+        model = model if model is not None else self.model
         width = max(len(it.ids) for it in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         attention = torch.zeros(len(batch), width, dtype=torch.long)
         for row, it in enumerate(batch):
             ids[row, : len(it.ids)] = it.ids
             attention[row, : len(it.ids)] = 1
-        hidden = self.model.get_decoder()(
+        hidden = model.get_decoder()(
             input_ids=ids.to(self.device), attention_mask=attention.to(self.device)
         ).last_hidden_state
         # The hidden state at position t predicts token t + 1.
@@ -147,7 +155,7 @@ class TorchBackend:
             targets.append(it.ids[it.start :])
         h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
         target = torch.cat(targets).to(self.device)
-        head = self.model.get_output_embeddings()
+        head = model.get_output_embeddings()
         logps, ents = [], []
         differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
         if torch.is_grad_enabled() and self.dtype != torch.float32 and not differentiable_entropy:
@@ -180,12 +188,16 @@ class TorchBackend:
         return list(torch.split(logp, sizes)), entropy
 
     @torch.no_grad()
-    def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        """The current policy's log-probs (float32, CPU) of each sample's completion tokens."""
+    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+        """The current policy's (or, with ``reference``, the frozen reference model's)
+        log-probs, float32 on CPU, of each sample's completion tokens."""
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        model = self.reference if reference else self.model
         items = _items(samples)
         out: list[torch.Tensor | None] = [None] * len(items)
         for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
-            lps, _ = self._forward([items[i] for i in group], with_entropy=False)
+            lps, _ = self._forward([items[i] for i in group], with_entropy=False, model=model)
             for i, lp in zip(group, lps, strict=True):
                 out[i] = lp.float().cpu()
         return [t for t in out if t is not None]
@@ -264,7 +276,9 @@ class TorchBackend:
         norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip if clip > 0 else float("inf")
         )
-        self.optimizer.step()
+        skipped = not math.isfinite(float(norm))
+        if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         t3 = time.perf_counter()
@@ -273,6 +287,7 @@ class TorchBackend:
         weight = sums.pop("weight", 0.0) or 1.0
         metrics = {k: v if k in ("loss", "pg_loss") else v / weight for k, v in sums.items()}
         metrics.update(
+            skipped_nonfinite=float(skipped),
             ratio_max=ratio_max,
             ratio_min=ratio_min,
             grad_norm=float(norm),

@@ -192,3 +192,43 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
         b.load_checkpoint(tmp_path / "ckpt")
     with pytest.raises(ConfigError, match="is not a trainer checkpoint"):
         b.load_checkpoint(tmp_path / "nowhere")
+
+
+def test_kl_to_a_frozen_reference_several_steps_per_rollout_and_evaluation(
+    tmp_path: Path,
+) -> None:
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    env = GoodTokensEnv()
+    backend = TorchBackend(
+        model, optim=OptimConfig(lr=1e-2), loss=LossConfig(kl_coef=0.1, kl_type="k3")
+    )
+    config = GRPOConfig(
+        num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=4, global_batch_size=8,
+        num_steps_per_rollout=2,
+        sampling=SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True),
+    )  # fmt: skip
+    evaluations = 0
+
+    async def go() -> list[dict[str, float]]:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+
+            async def evaluate() -> float:
+                nonlocal evaluations
+                evaluations += 1
+                return 0.5
+
+            return await run_grpo(
+                env, env.tasks(), backend, e, tokenizer, config,
+                evaluate=evaluate, eval_interval=1,
+            )  # fmt: skip
+
+    history = anyio.run(go)
+    assert evaluations == 2 and all(h["eval/reward_mean"] == 0.5 for h in history)
+    # The second optimizer step of a rollout sees a policy that already moved: the ratio
+    # departs from 1, and the KL to the frozen starting model grows from 0.
+    assert history[0]["train/ratio_max"] > 1.0 or history[0]["train/ratio_min"] < 1.0
+    assert history[1]["train/kl"] > 0
+    assert backend.reference is not None
+    with pytest.raises(ConfigError, match="no reference model"):
+        TorchBackend(model).logprobs([], reference=True)
