@@ -7,6 +7,7 @@ here are shared by every backend (plain torch on one machine, megatron-core on G
 
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._batching import pack_by_tokens
+from trainer._data import load_prompt_data
 from trainer._loop import GRPOConfig, run_grpo
 from trainer._losses import (
     AGGREGATIONS,
@@ -28,6 +29,7 @@ __all__ = [
     "TorchBackend",
     "compute_advantages",
     "kl_estimate",
+    "load_prompt_data",
     "pack_by_tokens",
     "policy_loss",
     "run_grpo",

@@ -18,12 +18,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 
-from agentenv import ConfigError
+from agentenv import ConfigError, Task
 
 __all__ = ["TrainConfig", "add_parser"]
 
@@ -38,6 +39,13 @@ class TrainConfig(pydantic.BaseModel):
         default_factory=dict, description="JSON object of keyword arguments for the environment"
     )
     hf_checkpoint: str = pydantic.Field("smollm2-135m", description="model name or HF directory")
+    prompt_data: Path | None = pydantic.Field(
+        None, description="JSONL of training prompts (default: the environment's train split)"
+    )
+    input_key: str = pydantic.Field("prompt", description="the prompt's key in --prompt-data")
+    label_key: str | None = pydantic.Field(
+        "label", description="the answer's key in --prompt-data (the reward compares with it)"
+    )
     save: Path | None = pydantic.Field(
         None, description="directory for metrics, checkpoints (SAVE/checkpoint) and the model"
     )
@@ -165,7 +173,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
         grad_clip=config.clip_grad,
     )
     env = load_environment(config.env, config.env_args)
-    train_tasks = env.tasks("train")
+    train_tasks: Sequence[Task]
+    if config.prompt_data is not None:
+        from trainer._data import load_prompt_data
+
+        train_tasks = load_prompt_data(
+            config.prompt_data, input_key=config.input_key, label_key=config.label_key
+        )
+    else:
+        train_tasks = env.tasks("train")
     eval_tasks = env.tasks("test")[: config.n_eval]
     tokenizer = ChatTokenizer.load(config.hf_checkpoint)
     started = time.perf_counter()
