@@ -25,6 +25,7 @@ import warnings
 from sandboxes._cgroup import JobCgroup, cgroups_available
 from sandboxes._protocol import (
     GRACE_S,
+    JOB_UID,
     LINE_LIMIT,
     WORKER,
     failed,
@@ -35,8 +36,6 @@ from sandboxes._protocol import (
 from sandboxes._types import Job, Result, SandboxError, SandboxUnavailable
 
 __all__ = ["BwrapBackend"]
-
-JOB_UID = 1000
 
 
 class BwrapBackend:

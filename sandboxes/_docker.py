@@ -31,6 +31,7 @@ from typing import Any
 
 from sandboxes._protocol import (
     GRACE_S,
+    JOB_UID,
     LINE_LIMIT,
     WORKER,
     failed,
@@ -44,7 +45,6 @@ from sandboxes._types import Job, Limits, Result, SandboxError, SandboxUnavailab
 __all__ = ["DockerBackend", "docker_available"]
 
 IMAGE = "agentenv-sandbox:2"
-JOB_UID = 1000
 LABEL = "agentenv.sandbox"
 # Memory and pids the worker, init and sleep need beside the job's own.
 _WORKER_MB = 48

@@ -153,7 +153,11 @@ def _decode(data: bytes, pos: int, depth: int) -> tuple[object, int]:
 
 def send(fd: int, message: object) -> None:
     """One message: its length in decimal, a newline, the encoded bytes."""
-    data = dumps(message)
+    send_encoded(fd, dumps(message))
+
+
+def send_encoded(fd: int, data: bytes) -> None:
+    """:func:`send` of a message :func:`dumps` encoded already."""
     frame = b"%d\n" % len(data) + data
     while frame:
         frame = frame[os.write(fd, frame) :]
@@ -220,9 +224,7 @@ def serve(path: str, entry_point: str, channel: Channel, wfd: int) -> None:
             data = dumps(reply)  # may raise Unrepresentable for a lying return value
         except BaseException as e:
             data = dumps({"error": _describe(e)})
-        frame = b"%d\n" % len(data) + data
-        while frame:
-            frame = frame[os.write(wfd, frame) :]
+        send_encoded(wfd, data)
 
 
 def _describe(e: BaseException) -> str:

@@ -15,6 +15,7 @@ WORKER = Path(__file__).with_name("_worker.py")
 # Job lines carry the files, result lines the output (JSON escapes can make it 6x larger).
 LINE_LIMIT = 1 << 30
 GRACE_S = 5.0  # how long past a job's timeout the host waits for the worker's answer
+JOB_UID = 1000  # the user jobs run as, in every backend
 
 
 def job_line(job: Job, **extra: Any) -> bytes:

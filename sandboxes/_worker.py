@@ -92,26 +92,20 @@ def _uid_pids(uid: int) -> list[int]:
     return out
 
 
-def _kill_all(uid: int | None, gid: int | None) -> None:
-    """SIGKILL every process of the job's uid (daemons and orphans included)."""
-    if uid is None:
-        return
-    for _ in range(50):
-        _as_user(uid, gid, lambda: os.kill(-1, signal.SIGKILL))
-        left = _uid_pids(uid)
-        if not left:
+def _kill_others(uid: int) -> None:
+    """As ``uid``: SIGKILL every other process of the user (daemons and orphans
+    included) until none is left."""
+    for _ in range(200):
+        os.kill(-1, signal.SIGKILL)  # never signals the caller itself
+        if not _uid_pids(uid):
             return
         time.sleep(0.002)
 
 
 def _reset(uid: int) -> None:
-    """After a job, as its user in one child: kill every other process of the user until
-    none is left, then empty the writable directories (nothing can write them anymore)."""
-    for _ in range(200):
-        os.kill(-1, signal.SIGKILL)  # never signals the caller itself
-        if not _uid_pids(uid):
-            break
-        time.sleep(0.002)
+    """After a job, as its user in one child: kill every other process of the user, then
+    empty the writable directories (nothing can write them anymore)."""
+    _kill_others(uid)
     _scrub()
 
 
@@ -341,7 +335,7 @@ def main(argv: list[str]) -> None:
         if uid is not None:
             _as_user(uid, gid, lambda: _reset(uid))
             if _uid_pids(uid):  # only if the reset could not finish (a fork bomb's race)
-                _kill_all(uid, gid)
+                _as_user(uid, gid, lambda: _kill_others(uid))
         else:
             _scrub()
         channel.write(json.dumps({"ready": True}) + "\n")
