@@ -168,8 +168,7 @@ class TorchBackend:
                 with torch.no_grad():
                     for lo in range(0, h.shape[0], self.logit_chunk):
                         chunk = logits[lo : lo + self.logit_chunk].float()
-                        logz = torch.logsumexp(chunk, dim=-1)
-                        ents.append(logz - (torch.softmax(chunk, -1) * chunk).sum(-1))
+                        ents.append(_entropy(chunk, torch.logsumexp(chunk, dim=-1)))
         else:
             for lo in range(0, h.shape[0], self.logit_chunk):
                 hs, ts = h[lo : lo + self.logit_chunk], target[lo : lo + self.logit_chunk]
@@ -396,12 +395,13 @@ def _token_logprobs(
     logits = head(hidden).float()
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, target[:, None])[:, 0] - logz
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = logz - (probs * logits).sum(-1)
-    else:
-        entropy = logp.new_zeros(0)
+    entropy = _entropy(logits, logz) if with_entropy else logp.new_zeros(0)
     return logp, entropy
+
+
+def _entropy(logits: torch.Tensor, logz: torch.Tensor) -> torch.Tensor:
+    """Per-row entropy of ``softmax(logits)`` (fp32 logits, their log-normaliser)."""
+    return logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
 class _TokenLogprob(torch.autograd.Function):

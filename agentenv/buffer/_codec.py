@@ -95,7 +95,6 @@ def _check_finite(values: array.array[float]) -> None:
 _ONE_ID = array.array("I", [0])
 _NO_IDS = array.array("I")
 _OPTIONAL_STRINGS = ("group_id", "role", "id", "task_id", "reason", "error_type")
-_MASK_BITS = b"\x00\x01"
 
 
 def decode_sample(data: bytes | memoryview) -> Sample:
@@ -166,9 +165,6 @@ def decode_sample(data: bytes | memoryview) -> Sample:
         raise SampleError("weight_versions must be a list of strings")
     if type(metadata) is not dict:
         raise SampleError(f"metadata must be a JSON object, got {type(metadata).__name__}")
-    if mask.translate(None, _MASK_BITS):  # anything left is neither 0 nor 1
-        bad = next(b for b in mask if b > 1)
-        raise SampleError(f"loss_mask must contain only the ints 0 and 1, got {bad}")
     if lp is not None:
         if not _LITTLE:
             lp.byteswap()
@@ -195,7 +191,7 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     sample.prompt_ids = ids[:n_prompt]
     sample.completion_ids = ids[n_prompt:]
     sample.loss_mask = (
-        array.array("B", bytes([1]) * n_completion) if all_ones else array.array("B", mask)
+        array.array("B", bytes([1]) * n_completion) if all_ones else mask_array(mask, n_completion)
     )
     sample.rollout_logprobs = lp
     return sample
