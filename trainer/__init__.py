@@ -8,7 +8,7 @@ here are shared by every backend (plain torch on one machine, megatron-core on G
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._batching import pack_by_tokens
 from trainer._data import load_prompt_data
-from trainer._loop import GRPOConfig, run_grpo
+from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
 from trainer._losses import (
     AGGREGATIONS,
     KL_TYPES,
@@ -17,16 +17,21 @@ from trainer._losses import (
     policy_loss,
     token_weights,
 )
+from trainer._sync import DiskSync, InProcessSync, WeightSync
 from trainer._torch import OptimConfig, TorchBackend
 
 __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "KL_TYPES",
+    "SCHEDULES",
+    "DiskSync",
     "GRPOConfig",
+    "InProcessSync",
     "LossConfig",
     "OptimConfig",
     "TorchBackend",
+    "WeightSync",
     "compute_advantages",
     "kl_estimate",
     "load_prompt_data",

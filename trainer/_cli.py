@@ -2,14 +2,22 @@
 
     agentenv train --env arithmetic --hf-checkpoint smollm2-135m --num-rollout 10 \\
         --rollout-batch-size 8 --n-samples-per-prompt 4 --lr 1e-6 --save runs/a --json
+    agentenv train --config run.yaml --schedule async --rollout-engine sglang \\
+        --sglang-mem-fraction-static 0.5      # SGLang's own flags, passed through
 
-Flags use slime's names. The configuration (the batch identity included) is validated
-before anything heavy loads. The run evaluates held-out tasks before and after training
-(greedy by default), prints one progress line per rollout step, writes every step's
-metrics to ``SAVE/metrics.jsonl``, a checkpoint (model, optimizer, RNG, position) to
-``SAVE/checkpoint`` every ``--save-interval`` steps, and the trained model to
-``SAVE/model``. Run the same command again (or pass ``--load RUN``) and it resumes after
-the last checkpoint, as if it had never stopped.
+Flags use slime's names; ``--config FILE`` (YAML, JSON or TOML) holds any of them and
+flags override it. The configuration (the batch identity included) is validated before
+anything heavy loads. The run evaluates held-out tasks before and after training (greedy
+by default), shows a progress bar (step, reward, time split), writes every step's metrics
+to ``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
+optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps, the
+trained model to ``SAVE/model`` and a plot to ``SAVE/metrics.png``. Run the same command
+again (or pass ``--load RUN``) and it resumes after the last checkpoint.
+
+Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
+weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
+(``serve``, ``sglang``; every ``--sglang-*`` flag goes to SGLang), or on running servers
+(``--rollout-url``); servers get the weights through ``/update_weights_from_disk``.
 """
 
 from __future__ import annotations
@@ -17,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 
-from agentenv import ConfigError, Task
+from agentenv import ConfigError
 
 __all__ = ["TrainConfig", "add_parser"]
 
@@ -85,7 +91,56 @@ class TrainConfig(pydantic.BaseModel):
     adam_beta1: float = pydantic.Field(0.9, ge=0.0, lt=1.0, description="Adam beta1")
     adam_beta2: float = pydantic.Field(0.98, ge=0.0, lt=1.0, description="Adam beta2")
     clip_grad: float = pydantic.Field(1.0, ge=0.0, description="gradient norm clip (0: off)")
+    optimizer: Literal["adam", "sgd"] = pydantic.Field("adam", description="optimizer")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = pydantic.Field(
+        "constant", description="learning-rate decay from --lr to --min-lr"
+    )
+    lr_warmup_iters: int = pydantic.Field(0, ge=0, description="optimizer steps of warm-up")
+    lr_decay_iters: int | None = pydantic.Field(
+        None, ge=1, description="optimizer steps of the decay (default: the whole run)"
+    )
+    min_lr: float = pydantic.Field(0.0, ge=0.0, description="the decay's final learning rate")
+    adam_eps: float = pydantic.Field(1e-8, gt=0.0, description="Adam epsilon")
+    use_dynamic_batch_size: bool = pydantic.Field(
+        True, description="pack micro-batches by --max-tokens-per-gpu (always on: torch backend)"
+    )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
+    backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
+    schedule: Literal["sync", "one_step_off", "async"] = pydantic.Field(
+        "sync", description="sync, one_step_off (rollout overlaps training) or async"
+    )
+    max_staleness: int = pydantic.Field(
+        1, ge=0, description="async: oldest policy version a batch may hold, behind the trainer"
+    )
+    over_sampling_batch_size: int | None = pydantic.Field(
+        None, ge=1, description="prompts started per round (>= --rollout-batch-size)"
+    )
+    dynamic_sampling_filter_path: str | None = pydantic.Field(
+        None,
+        description="group filter, module:function or module.function (samples -> keep?); "
+        "'agentenv.buffer.RewardStdFilter' drops groups with equal rewards",
+    )
+    rollout_shuffle: bool = pydantic.Field(True, description="reshuffle tasks at each pass")
+    apply_chat_template: bool = pydantic.Field(
+        True, description="render prompts with the model's chat template (else raw text)"
+    )
+    rollout_engine: Literal["embedded", "serve", "sglang"] = pydantic.Field(
+        "embedded",
+        description="embedded (in this process), serve (an agentenv serve process) or "
+        "sglang (python -m sglang.launch_server with the --sglang-* flags)",
+    )
+    rollout_url: str | None = pydantic.Field(
+        None, description="use this running server (SGLang or agentenv serve) for rollouts"
+    )
+    rollout_device: str | None = pydantic.Field(
+        None, description="the launched/embedded engine's device (default: --device)"
+    )
+    use_tensorboard: bool = pydantic.Field(
+        True, description="write TensorBoard event files to SAVE/tensorboard"
+    )
+    sglang_args: list[str] = pydantic.Field(
+        default_factory=list, description="flags for SGLang (from --sglang-* on the command line)"
+    )
     n_eval: int = pydantic.Field(64, ge=0, description="held-out tasks evaluated before/after")
     eval_interval: int = pydantic.Field(
         0, ge=0, description="also evaluate every N rollout steps (0: only before and after)"
@@ -101,6 +156,15 @@ class TrainConfig(pydantic.BaseModel):
             raise ValueError(
                 f"--eps-clip-high ({self.eps_clip_high}) must be >= --eps-clip ({self.eps_clip})"
             )
+        if self.min_lr > self.lr:
+            raise ValueError(f"--min-lr ({self.min_lr}) must be <= --lr ({self.lr})")
+        if self.sglang_args and self.rollout_engine != "sglang":
+            raise ValueError(
+                f"--sglang-* flags ({' '.join(self.sglang_args)}) need --rollout-engine sglang"
+            )
+        url = self.rollout_url
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"--rollout-url must start with http:// or https://, got {url!r}")
         return self
 
 
@@ -113,15 +177,19 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, TrainConfig)
+    add_model_arguments(parser, TrainConfig, config_file=True, exclude=("sglang_args",))
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(handler=_main)
+    parser.set_defaults(handler=_main, sglang_passthrough=True)
 
 
 def _main(args: argparse.Namespace) -> int:
     from agentenv.cli._config import build_config
 
+    if not args.sglang_args:
+        del args.sglang_args  # the config file's (if any) apply
     config = build_config(TrainConfig, args)
+    from trainer._train import train
+
     try:
         result = train(config)
     except ConfigError as e:
@@ -130,167 +198,3 @@ def _main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
-
-
-def train(config: TrainConfig) -> dict[str, Any]:
-    """Run ``config``; returns the summary (rewards before and after, timings)."""
-    import anyio
-    import torch
-
-    from agentenv import ChatTokenizer, RolloutConfig, SamplingParams, load_environment
-    from agentenv import run_rollouts as rollouts
-    from agentenv.engine import Engine
-    from trainer._loop import GRPOConfig, run_grpo
-    from trainer._losses import LossConfig
-    from trainer._torch import OptimConfig, TorchBackend
-
-    sampling = SamplingParams(
-        max_new_tokens=config.rollout_max_response_len, temperature=config.rollout_temperature
-    )
-    grpo = GRPOConfig(  # checks the batch identity before anything heavy loads
-        num_rollout=config.num_rollout,
-        rollout_batch_size=config.rollout_batch_size,
-        n_samples_per_prompt=config.n_samples_per_prompt,
-        global_batch_size=config.global_batch_size,
-        num_steps_per_rollout=config.num_steps_per_rollout,
-        advantage_estimator=config.advantage_estimator,
-        sampling=sampling,
-        seed=config.rollout_seed,
-    )
-    loss = LossConfig(
-        eps_clip=config.eps_clip,
-        eps_clip_high=config.eps_clip_high,
-        entropy_coef=config.entropy_coef,
-        aggregation="per_token" if config.calculate_per_token_loss else "per_sample",
-        kl_coef=config.kl_loss_coef if config.use_kl_loss else 0.0,
-        kl_type=config.kl_loss_type,
-        use_tis=config.use_tis,
-    )
-    optim = OptimConfig(
-        lr=config.lr,
-        betas=(config.adam_beta1, config.adam_beta2),
-        weight_decay=config.weight_decay,
-        grad_clip=config.clip_grad,
-    )
-    env = load_environment(config.env, config.env_args)
-    train_tasks: Sequence[Task]
-    if config.prompt_data is not None:
-        from trainer._data import load_prompt_data
-
-        train_tasks = load_prompt_data(
-            config.prompt_data, input_key=config.input_key, label_key=config.label_key
-        )
-    else:
-        train_tasks = env.tasks("train")
-    eval_tasks = env.tasks("test")[: config.n_eval]
-    tokenizer = ChatTokenizer.load(config.hf_checkpoint)
-    started = time.perf_counter()
-    backend = TorchBackend(
-        config.hf_checkpoint,
-        device=config.device,
-        optim=optim,
-        loss=loss,
-        max_tokens_per_micro_batch=config.max_tokens_per_gpu,
-    )
-    metrics_file = None
-    checkpoint = None
-    if config.save is not None:
-        config.save.mkdir(parents=True, exist_ok=True)
-        checkpoint = config.save / "checkpoint"
-        source = (config.load or config.save) / "checkpoint"
-        if config.load is not None and not source.is_dir():
-            raise ConfigError(f"--load {str(config.load)!r} has no checkpoint directory")
-        if source != checkpoint and source.is_dir():
-            import shutil
-
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            shutil.copytree(source, checkpoint)
-        resuming = checkpoint.is_dir()
-        metrics_file = (config.save / "metrics.jsonl").open("a" if resuming else "w")
-    elif config.load is not None:
-        raise ConfigError("--load needs --save (where the resumed run writes)")
-
-    def report(m: dict[str, float]) -> None:
-        line = (
-            f"step {int(m['step']) + 1}/{config.num_rollout}  reward {m['reward_mean']:.3f}  "
-            f"rollout {m['time_rollout_s']:.1f}s  train {m['time_train_s']:.1f}s  "
-            f"sync {m['time_sync_s']:.2f}s"
-        )
-        print(line, file=sys.stderr, flush=True)
-        if metrics_file is not None:
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
-
-    async def evaluate(engine: Any) -> float | None:
-        if not eval_tasks:
-            return None
-        stats = await rollouts(
-            env,
-            eval_tasks,
-            engine,
-            tokenizer=tokenizer,
-            config=RolloutConfig(
-                n_samples_per_prompt=1,
-                sampling=SamplingParams(
-                    max_new_tokens=config.rollout_max_response_len,
-                    temperature=config.eval_temperature,
-                ),
-                seed=12345,
-                progress=False,
-            ),
-        )
-        return stats.reward_mean
-
-    async def go() -> dict[str, Any]:
-        dtype = torch.bfloat16 if config.device.startswith("cuda") else torch.float32
-        async with Engine(
-            config.hf_checkpoint, device=config.device, dtype=dtype, tokenizer=tokenizer
-        ) as engine:
-            before = await evaluate(engine)
-            print(f"held-out reward before: {before}", file=sys.stderr, flush=True)
-            history = await run_grpo(
-                env, train_tasks, backend, engine, tokenizer, grpo, on_step=report,
-                checkpoint=checkpoint, save_interval=config.save_interval,
-                evaluate=lambda: evaluate(engine), eval_interval=config.eval_interval,
-            )  # fmt: skip
-            after = await evaluate(engine)
-            print(f"held-out reward after: {after}", file=sys.stderr, flush=True)
-        return {"before": before, "after": after, "history": history}
-
-    try:
-        out = anyio.run(go)
-    finally:
-        if metrics_file is not None:
-            metrics_file.close()
-    before, after = out["before"], out["after"]
-    plot = None
-    if config.save is not None:
-        backend.model.save_pretrained(config.save / "model", safe_serialization=True)
-        if out["history"]:
-            try:
-                from trainer._plot import plot_run
-
-                plot = str(
-                    plot_run(
-                        out["history"],
-                        config.save / "metrics.png",
-                        title=f"GRPO on {config.env}",
-                        eval_before=before,
-                        eval_after=after,
-                    )
-                )
-                print(f"plot: {plot}", file=sys.stderr)
-            except ImportError:
-                print("no plot: matplotlib is not installed (agentenv[train])", file=sys.stderr)
-    return {
-        "env": config.env,
-        "steps": config.num_rollout,
-        "eval_tasks": len(eval_tasks),
-        "eval_reward_before": before,
-        "eval_reward_after": after,
-        "eval_gain": None if before is None or after is None else after - before,
-        "train_reward_first": out["history"][0]["reward_mean"] if out["history"] else None,
-        "train_reward_last": out["history"][-1]["reward_mean"] if out["history"] else None,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "plot": plot,
-    }

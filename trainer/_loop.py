@@ -1,37 +1,44 @@
-"""The synchronous GRPO loop: roll out with the current weights, train, sync, repeat.
+"""The GRPO loop: roll out, train, sync the weights, repeat -- on one of three schedules.
 
-Each rollout step plays ``rollout_batch_size`` tasks ``n_samples_per_prompt`` times on the
-engine, through the Data Buffer (groups, the failed-sample policy, the batch identity),
-takes the batch, computes advantages, runs ``num_steps_per_rollout`` optimizer steps of
-``global_batch_size`` samples, installs the new weights in the engine in-process (tokens
-generated after it carry the new weight version), and acknowledges the batch.
+* ``sync``: roll out with the current weights, train on that batch, sync, repeat. Every
+  sample is on-policy.
+* ``one_step_off``: the rollout for step ``k + 1`` runs while step ``k`` trains (with the
+  weights of step ``k - 1``); the weights are synced between rollouts. Samples lag by one
+  version; the loss's importance ratio (and ``use_tis``) corrects for it.
+* ``async``: rounds of rollouts run continuously; the trainer takes a batch whenever one is
+  ready and syncs after every step, also while episodes are in flight (tokens carry the
+  version that produced them). The Buffer's staleness bound keeps every group within
+  ``max_staleness`` versions of the policy that trains on it: its admission control holds
+  back new rounds, and groups that still went stale are dropped.
+
+Each step takes ``rollout_batch_size`` kept groups from the Data Buffer (failed samples
+and dynamic-sampling filters drop groups; ``over_sampling_batch_size`` prompts per round
+make up for them), computes advantages, runs ``num_steps_per_rollout`` optimizer steps of
+``global_batch_size`` samples, syncs the weights (``WeightSync``: in-process or through
+``/update_weights_from_disk``) and acknowledges the batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
-from agentenv import (
-    ConfigError,
-    Environment,
-    RolloutConfig,
-    SamplingParams,
-    Task,
-    Tokenizer,
-    run_rollouts,
-)
-from agentenv.buffer import Buffer, BufferConfig
+from agentenv import ConfigError, Environment, Sample, SamplingParams, Task, Tokenizer
+from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
+from trainer._producer import Producer, RoundStats, TaskStream
+from trainer._sync import InProcessSync, WeightSync
 from trainer._torch import TorchBackend
 
-__all__ = ["GRPOConfig", "run_grpo"]
+__all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
+
+Schedule = Literal["sync", "one_step_off", "async"]
+SCHEDULES: tuple[str, ...] = ("sync", "one_step_off", "async")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +48,17 @@ class GRPOConfig:
     ``rollout_batch_size × n_samples_per_prompt`` must equal
     ``global_batch_size × num_steps_per_rollout``: every sample of a rollout is trained
     on exactly once.
+
+    Args:
+        schedule: ``sync``, ``one_step_off`` or ``async`` (see the module docstring).
+        max_staleness: ``async`` only: a batch trained at version ``v`` holds no group
+            begun by a version older than ``v - max_staleness``.
+        over_sampling_batch_size: prompts started per round (default
+            ``rollout_batch_size``); more make up for groups the filters drop.
+        filters: dynamic-sampling group filters (e.g. ``RewardStdFilter()``).
+        max_rounds: ``sync``/``one_step_off``: rounds per step at most while filters drop
+            groups; a step then trains on the groups it has.
+        shuffle: reshuffle the tasks (seeded) at each pass over them.
     """
 
     num_rollout: int = 10
@@ -54,9 +72,15 @@ class GRPOConfig:
     )
     concurrency: int = 64
     seed: int = 0
+    schedule: Schedule = "sync"
+    max_staleness: int = 1
+    over_sampling_batch_size: int | None = None
+    filters: Sequence[GroupFilter] = ()
+    max_rounds: int = 8
+    shuffle: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt"):
+        for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.advantage_estimator not in ESTIMATORS:
@@ -64,42 +88,37 @@ class GRPOConfig:
                 f"unknown advantage estimator {self.advantage_estimator!r}; "
                 f"valid: {', '.join(ESTIMATORS)}"
             )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be at least 0, got {self.max_staleness}")
+        over = self.over_sampling_batch_size
+        if over is not None and over < self.rollout_batch_size:
+            raise ConfigError(
+                f"over_sampling_batch_size ({over}) must be at least rollout_batch_size "
+                f"({self.rollout_batch_size})"
+            )
         self.buffer_config()  # checks the batch identity, naming the four numbers
 
     @property
     def samples_per_step(self) -> int:
         return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
 
+    @property
+    def round_size(self) -> int:
+        return self.over_sampling_batch_size or self.rollout_batch_size
+
     def buffer_config(self) -> BufferConfig:
+        rounds_ahead = self.max_staleness + 2 if self.schedule == "async" else 2
         return BufferConfig(
             n_samples_per_prompt=self.n_samples_per_prompt,
             rollout_batch_size=self.rollout_batch_size,
             global_batch_size=self.samples_per_step,
             num_steps_per_rollout=self.num_steps_per_rollout,
+            filters=self.filters,
+            max_staleness=self.max_staleness if self.schedule == "async" else None,
+            capacity=max(self.round_size, self.rollout_batch_size) * rounds_ahead,
         )
-
-
-def _task_stream(tasks: Sequence[Task], seed: int) -> Callable[[int], list[Task]]:
-    """Take ``n`` tasks at a time, reshuffling (seeded) at each pass over the data."""
-    rng = random.Random(seed)
-    order: list[Task] = []
-
-    def take(n: int) -> list[Task]:
-        out: list[Task] = []
-        ids: set[str] = set()
-        while len(out) < n:
-            if not order:
-                order.extend(tasks)
-                rng.shuffle(order)
-            task = order.pop()
-            if task.id in ids:  # a new pass began mid-batch: keep it for the next batch
-                order.insert(0, task)
-                continue
-            ids.add(task.id)
-            out.append(task)
-        return out
-
-    return take
 
 
 async def run_grpo(
@@ -110,29 +129,37 @@ async def run_grpo(
     tokenizer: Tokenizer,
     config: GRPOConfig | None = None,
     *,
+    sync: WeightSync | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     save_interval: int = 1,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
 ) -> list[dict[str, float]]:
-    """Train ``backend``'s model on ``env`` with samples from ``engine`` (an embedded
-    :class:`~agentenv.engine.Engine`, whose weights follow the trainer's after every
-    rollout step). Returns one metrics dict per rollout step run.
+    """Train ``backend``'s model on ``env`` with samples from ``engine`` (any generator:
+    an embedded :class:`~agentenv.engine.Engine` or an
+    :class:`~agentenv.sglang.SGLangClient`). Returns one metrics dict per rollout step.
 
-    With ``checkpoint``, the model, optimizer, RNG state and the loop's position are saved
-    there every ``save_interval`` steps (and after the last); a run that finds a
-    checkpoint there resumes after its step, as if it had never stopped. Resuming with
-    another batch schedule is refused. ``evaluate`` (e.g. the reward on held-out tasks)
-    runs every ``eval_interval`` steps, into that step's ``eval/reward_mean``.
+    ``sync`` pushes the new weights after every step (default: in-process into an
+    embedded engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the
+    model, optimizer, RNG state and the loop's position are saved there every
+    ``save_interval`` steps (and after the last); a run that finds a checkpoint there
+    resumes after its step. On the ``sync`` schedule (without over-sampling) it continues
+    exactly as if it had never stopped; on ``one_step_off`` the rollout that was in flight
+    is played again with the checkpoint's weights; on ``async`` the tasks in flight are
+    skipped until the next pass over the data. Resuming with another batch schedule is
+    refused. ``evaluate`` (e.g. the reward on held-out tasks) runs every ``eval_interval``
+    steps, into that step's ``eval/reward_mean``.
     """
     config = config or GRPOConfig()
-    if len({t.id for t in tasks}) < config.rollout_batch_size:
+    distinct = len({t.id for t in tasks})
+    if distinct < config.round_size:
         raise ConfigError(
-            f"rollout_batch_size is {config.rollout_batch_size} but there are only "
-            f"{len({t.id for t in tasks})} distinct tasks"
+            f"{config.round_size} prompts per round (rollout_batch_size or "
+            f"over_sampling_batch_size) but there are only {distinct} distinct tasks"
         )
-    take = _task_stream(tasks, config.seed)
+    sync = sync or InProcessSync(engine)
+    stream = TaskStream(tasks, seed=config.seed, shuffle=config.shuffle)
     history: list[dict[str, float]] = []
     first = 0
     schedule = _schedule(config)
@@ -144,65 +171,76 @@ async def run_grpo(
                 f"{saved.get('schedule')}, this run has {schedule}"
             )
         first = int(saved["step"]) + 1
-        for _ in range(first):  # the task stream is seeded: replay its position
-            take(config.rollout_batch_size)
-        await engine.update_weights(backend.state_dict(), weight_version=str(first))
-    async with Buffer(config.buffer_config()) as buffer:
+        stream.restore(saved["tasks"])
+    # The engines serve the trainer's weights, stamped with integer versions (staleness).
+    await sync(backend, first)
+    # What a checkpoint after step k saves: the task position before step k + 1's rounds.
+    positions: dict[int, dict[str, Any]] = {first: stream.state()}
+    async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
+        await buffer.set_policy_version(first)
+        producer = Producer(
+            env, stream, engine, tokenizer, buffer,
+            round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
+            sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
+            max_rounds=config.max_rounds,
+        )  # fmt: skip
+        if config.schedule == "async":
+            tg.start_soon(producer.run_forever)
+        ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
         for step in range(first, config.num_rollout):
             t0 = time.perf_counter()
-            rollout = await run_rollouts(
-                env,
-                take(config.rollout_batch_size),
-                engine,
-                tokenizer=tokenizer,
-                sink=buffer,
-                config=RolloutConfig(
-                    n_samples_per_prompt=config.n_samples_per_prompt,
-                    sampling=config.sampling,
-                    concurrency=config.concurrency,
-                    seed=config.seed + step,
-                    progress=False,
-                ),
-            )
-            # Every group of this rollout is in the Buffer now, kept or dropped (failed
-            # samples, filters): take what was kept, never wait for groups that will not come.
-            ready = (await buffer.statistics()).ready
-            batch = await buffer.get_batch(ready) if ready else None
+            batch: Batch | None
+            if config.schedule == "async":
+                batch = await buffer.get_batch(config.rollout_batch_size, policy_version=step)
+            else:
+                if ahead is None:
+                    await producer.fill(step, config.rollout_batch_size)
+                else:
+                    await ahead.wait()
+                ready = (await buffer.statistics()).ready
+                # Whatever the filters kept (at most a batch): never wait for groups
+                # that will not come.
+                n = min(ready, config.rollout_batch_size)
+                batch = await buffer.get_batch(n) if n else None
+            rounds = producer.take_stats()
+            positions[step + 1] = stream.state()
+            if config.schedule == "one_step_off" and step + 1 < config.num_rollout:
+                ahead = anyio.Event()
+                tg.start_soon(_fill_then_set, producer, step + 1, config, ahead)
             samples = [s for s in batch.samples if s.trainable] if batch else []
             t1 = time.perf_counter()
-            metrics: dict[str, float] = {
-                "step": float(step),
-                "reward_mean": rollout.reward_mean,
-                "samples": float(len(samples)),
-                "failed_episodes": float(sum(rollout.failed.values())),
-            }
+            metrics = _rollout_metrics(step, rounds, samples)
             if samples:
                 adv = compute_advantages(
                     [s.reward for s in samples],
                     [s.group_id for s in samples],
                     config.advantage_estimator,
                 )
-                per = config.samples_per_step
-                # Several steps per rollout: the old policy is the one that sampled, so its
-                # log-probs are taken before the first update (one step: train_step does it
-                # with its own micro-batches, which makes the ratio exactly 1).
-                old = backend.logprobs(samples) if len(samples) > per else None
-                ref = backend.logprobs(samples, reference=True) if backend.reference else None
-                for k in range(0, len(samples), per):
-                    part = backend.train_step(
-                        samples[k : k + per],
-                        adv[k : k + per],
-                        old_logprobs=old[k : k + per] if old is not None else None,
-                        ref_logprobs=ref[k : k + per] if ref is not None else None,
+                # The backend's work runs on a worker thread: the event loop keeps serving
+                # the episodes of the rollouts running meanwhile.
+                metrics.update(
+                    await anyio.to_thread.run_sync(
+                        _train, backend, samples, list(adv), config.samples_per_step
                     )
-                    for name, value in part.items():
-                        metrics[f"train/{name}" if "/" not in name else name] = value
+                )
             t2 = time.perf_counter()
-            await engine.update_weights(backend.state_dict(), weight_version=str(step + 1))
+            if ahead is not None:
+                await ahead.wait()  # one_step_off: weights change between rollouts only
+            t3 = time.perf_counter()
+            await sync(backend, step + 1)
+            await buffer.set_policy_version(step + 1)
             if batch is not None:
                 await buffer.ack(batch, step=step)
-            t3 = time.perf_counter()
-            metrics.update(time_rollout_s=t1 - t0, time_train_s=t2 - t1, time_sync_s=t3 - t2)
+            t4 = time.perf_counter()
+            tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+            metrics.update(
+                time_rollout_s=t1 - t0,
+                time_train_s=t2 - t1,
+                time_wait_s=t3 - t2,
+                time_sync_s=t4 - t3,
+                time_step_s=t4 - t0,
+                **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
+            )
             if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                 held_out = await evaluate()
                 if held_out is not None:
@@ -210,11 +248,71 @@ async def run_grpo(
             if checkpoint is not None and (
                 (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
             ):
-                backend.save_checkpoint(checkpoint, {"step": step, "schedule": schedule})
+                extra = {"step": step, "schedule": schedule, "tasks": positions[step + 1]}
+                await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
+            positions.pop(step, None)
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
+        tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
+
+
+async def _fill_then_set(
+    producer: Producer, step: int, config: GRPOConfig, done: anyio.Event
+) -> None:
+    try:
+        await producer.fill(step, config.rollout_batch_size)
+    finally:
+        done.set()
+
+
+def _train(
+    backend: TorchBackend, samples: list[Sample], adv: list[float], per: int
+) -> dict[str, float]:
+    """``len(samples) / per`` optimizer steps; the last step's metrics."""
+    import torch
+
+    advantages = torch.tensor(adv, dtype=torch.float64)
+    # Several steps per rollout: the old policy is the one before the first update, so
+    # its log-probs are taken first (one step: train_step does it with its own
+    # micro-batches, which makes the ratio exactly 1 on fresh on-policy data).
+    old = backend.logprobs(samples) if len(samples) > per else None
+    ref = backend.logprobs(samples, reference=True) if backend.reference else None
+    metrics: dict[str, float] = {}
+    for k in range(0, len(samples), per):
+        part = backend.train_step(
+            samples[k : k + per],
+            advantages[k : k + per],
+            old_logprobs=old[k : k + per] if old is not None else None,
+            ref_logprobs=ref[k : k + per] if ref is not None else None,
+        )
+        for name, value in part.items():
+            metrics[f"train/{name}" if "/" not in name else name] = value
+    return metrics
+
+
+def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> dict[str, float]:
+    rewards = [s.reward for s in samples]
+    versions = [int(v) for s in samples for v in s.weight_versions if v.isdigit()]
+    gen = rounds.busy_s
+    batch_reward = sum(rewards) / len(rewards) if rewards else 0.0
+    played = sum(rounds.rewards) / len(rounds.rewards) if rounds.rewards else batch_reward
+    return {
+        "step": float(step),
+        # What was played for this step (async: the rounds finished since the last step);
+        # batch/ is what trains: the kept groups, maybe played a step earlier.
+        "reward_mean": played,
+        "batch/reward_mean": batch_reward,
+        "samples": float(len(samples)),
+        "failed_episodes": float(rounds.failed),
+        "rollout/busy_s": gen,
+        "rollout/rounds": float(rounds.rounds),
+        "rollout/prompts": float(rounds.prompts),
+        "rollout/completion_tokens": float(rounds.completion_tokens),
+        "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
+        "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
+    }
 
 
 def _schedule(config: GRPOConfig) -> dict[str, Any]:

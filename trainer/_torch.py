@@ -25,34 +25,77 @@ from agentenv import ConfigError, Sample
 from trainer._batching import pack_by_tokens
 from trainer._losses import LossConfig, policy_loss, token_weights
 
-__all__ = ["OptimConfig", "TorchBackend"]
+__all__ = ["LR_DECAY_STYLES", "OPTIMIZERS", "OptimConfig", "TorchBackend"]
+
+
+OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
+LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class OptimConfig:
-    """AdamW settings (slime's names in brackets).
+    """Optimizer and learning-rate schedule (slime's names in brackets).
 
     Args:
-        lr: learning rate [--lr].
+        optimizer: ``adam`` (AdamW: decoupled weight decay) or ``sgd`` [--optimizer].
+        lr: peak learning rate [--lr].
         betas: Adam's betas [--adam-beta1, --adam-beta2].
         weight_decay: decoupled weight decay [--weight-decay].
         grad_clip: clip the global gradient norm to this (0: off) [--clip-grad].
-        eps: Adam's epsilon.
+        eps: Adam's epsilon [--adam-eps].
+        lr_decay_style: ``constant``, ``linear`` or ``cosine`` decay from ``lr`` to
+            ``min_lr`` over ``lr_decay_iters`` optimizer steps [--lr-decay-style].
+        lr_warmup_iters: linear warm-up from 0 over this many steps [--lr-warmup-iters].
+        lr_decay_iters: steps of the decay (default: constant lr) [--lr-decay-iters].
+        min_lr: the floor of the decay [--min-lr].
     """
 
+    optimizer: str = "adam"
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     eps: float = 1e-8
+    lr_decay_style: str = "constant"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"
+            )
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ConfigError(
+                f"unknown lr_decay_style {self.lr_decay_style!r}; "
+                f"valid: {', '.join(LR_DECAY_STYLES)}"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a positive number, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"min_lr must be in [0, lr ({self.lr})], got {self.min_lr}")
         if not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"adam betas must be in [0, 1), got {self.betas}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("weight_decay and grad_clip must be >= 0")
+        decay = self.lr_decay_iters
+        if self.lr_warmup_iters < 0 or (decay is not None and decay < 1):
+            raise ConfigError("lr_warmup_iters must be >= 0 and lr_decay_iters >= 1")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        if step < self.lr_warmup_iters:
+            return self.lr * (step + 1) / self.lr_warmup_iters
+        if self.lr_decay_style == "constant" or self.lr_decay_iters is None:
+            return self.lr
+        span = max(self.lr_decay_iters - self.lr_warmup_iters, 1)
+        done = min(max(step - self.lr_warmup_iters, 0) / span, 1.0)
+        if self.lr_decay_style == "linear":
+            factor = 1.0 - done
+        else:
+            factor = 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.min_lr + (self.lr - self.min_lr) * factor
 
 
 @dataclasses.dataclass(slots=True)
@@ -126,9 +169,17 @@ class TorchBackend:
         self.logit_chunk = logit_chunk
         self.entropy_metric = entropy_metric
         o = self.optim_config
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-        )
+        self.optimizer: torch.optim.Optimizer
+        if o.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(
+                self.model.parameters(), lr=o.lr, weight_decay=o.weight_decay
+            )
+        else:
+            # CUDA: one fused kernel for the whole update instead of a few per tensor.
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                weight_decay=o.weight_decay, fused=self.device.type == "cuda",
+            )  # fmt: skip
         self.steps = 0
 
     # -- forward -------------------------------------------------------------------------
@@ -276,7 +327,10 @@ class TorchBackend:
             self.model.parameters(), clip if clip > 0 else float("inf")
         )
         skipped = not math.isfinite(float(norm))
+        lr = self.optim_config.lr_at(self.steps)
         if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
@@ -290,6 +344,7 @@ class TorchBackend:
             ratio_max=ratio_max,
             ratio_min=ratio_min,
             grad_norm=float(norm),
+            lr=lr,
             micro_batches=float(len(groups)),
             time_old_logprobs_s=t1 - t0,
             time_forward_backward_s=t2 - t1,
@@ -304,6 +359,11 @@ class TorchBackend:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights (for the engine's in-process update or a safetensors save)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_hf(self, directory: str | os.PathLike[str]) -> None:
+        """The current weights as an HF model directory (config + safetensors), e.g. for a
+        server's ``/update_weights_from_disk``."""
+        self.model.save_pretrained(directory, safe_serialization=True)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:

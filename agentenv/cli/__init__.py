@@ -49,8 +49,22 @@ def add_plugins(sub: object, group: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from agentenv.sglang._launcher import split_passthrough
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after "--": a command's own
+    try:
+        ours, server_flags, router_flags = split_passthrough(argv[:cut])
+    except AgentEnvError as e:
+        parser.error(str(e))
+    args = parser.parse_args(ours + argv[cut:])
+    if (server_flags or router_flags) and not getattr(args, "sglang_passthrough", False):
+        parser.error(
+            f"--sglang-* and --router-* flags are passed to SGLang by commands that launch "
+            f"it (agentenv train --rollout-engine sglang), not by {args.command!r}"
+        )
+    args.sglang_args, args.router_args = server_flags, router_flags
     try:
         code: int = args.handler(args)
     except AgentEnvError as e:

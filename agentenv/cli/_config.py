@@ -10,6 +10,8 @@ import argparse
 import json
 import types
 import typing
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pydantic
@@ -33,9 +35,28 @@ def _json_object(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, model: type[pydantic.BaseModel]) -> None:
-    """Add one flag per field of ``model``; values default to ``SUPPRESS`` (model defaults win)."""
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    model: type[pydantic.BaseModel],
+    *,
+    config_file: bool = False,
+    exclude: Collection[str] = (),
+) -> None:
+    """Add one flag per field of ``model`` (but ``exclude``); values default to ``SUPPRESS``
+    (model defaults win). With ``config_file``, ``--config FILE`` reads any of the fields
+    from a YAML, JSON or TOML file; flags on the command line override it."""
+    if config_file:
+        parser.add_argument(
+            "--config",
+            dest="config_file",
+            type=Path,
+            metavar="FILE",
+            default=argparse.SUPPRESS,
+            help="settings from a .yaml, .json or .toml file (flags override them)",
+        )
     for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
         annotation = _unwrap_optional(field.annotation)
@@ -60,10 +81,52 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[pydantic.Ba
         parser.add_argument(flag, dest=key, **kwargs)
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A settings file's top-level mapping, keys with ``-`` or ``_``; errors name the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"agentenv: error: cannot read --config {str(path)!r}: {e}") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise SystemExit(
+                    "agentenv: error: YAML config files need PyYAML (pip install pyyaml); "
+                    "or write the file as .json or .toml"
+                ) from None
+            data = yaml.safe_load(text)
+        else:
+            raise SystemExit(
+                f"agentenv: error: --config {str(path)!r}: expected a .yaml, .yml, .json or "
+                ".toml file"
+            )
+    except SystemExit:
+        raise
+    except Exception as e:  # each parser has its own error type
+        raise SystemExit(f"agentenv: error: --config {str(path)!r} does not parse: {e}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"agentenv: error: --config {str(path)!r} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
 def build_config(model: type[M], namespace: argparse.Namespace) -> M:
-    """Validate parsed flags into ``model``; errors name the flag."""
+    """Validate parsed flags (over ``--config``'s settings) into ``model``; errors name
+    the flag."""
     keys = {field.alias or name for name, field in model.model_fields.items()}
-    values = {k: v for k, v in vars(namespace).items() if k in keys}
+    values: dict[str, Any] = {}
+    config_file = getattr(namespace, "config_file", None)
+    if config_file is not None:
+        values.update(read_config_file(config_file))
+    values.update({k: v for k, v in vars(namespace).items() if k in keys})
     try:
         return model.model_validate(values)
     except pydantic.ValidationError as e:

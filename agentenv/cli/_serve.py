@@ -51,6 +51,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser, ServeConfig)
+    parser.add_argument(  # SGLang's name: launchers can start either server
+        "--model-path", dest="model", default=argparse.SUPPRESS, help="same as --model"
+    )
     parser.set_defaults(handler=run)
 
 

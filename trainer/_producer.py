@@ -1,0 +1,180 @@
+"""The data side of the training loop: tasks in a seeded order, rollouts into the Buffer.
+
+:class:`TaskStream` hands out tasks (optionally shuffled each pass over the data) and can
+save and restore its position, so a resumed run plays the tasks the original would have.
+:class:`Producer` plays rounds of tasks into the Buffer: ``fill`` until a batch of kept
+groups is ready (over-sampling and dynamic-sampling filters drop groups, so it may take
+several rounds), or ``run_forever`` for the asynchronous schedule, where the Buffer's
+admission control keeps every group within the staleness bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from agentenv import Environment, RolloutConfig, SamplingParams, Task, Tokenizer, run_rollouts
+from agentenv.buffer import Buffer
+
+__all__ = ["Producer", "RoundStats", "TaskStream"]
+
+
+class TaskStream:
+    """Takes ``n`` distinct tasks at a time, in order or reshuffled (seeded) at each pass."""
+
+    def __init__(self, tasks: Sequence[Task], *, seed: int, shuffle: bool) -> None:
+        self.tasks = {t.id: t for t in tasks}
+        self.shuffle = shuffle
+        self._rng = random.Random(seed)
+        self._order: list[str] = []  # what is left of the current pass, next task last
+
+    def take(self, n: int) -> list[Task]:
+        out: list[Task] = []
+        ids: set[str] = set()
+        while len(out) < n:
+            if not self._order:
+                order = list(self.tasks)
+                if self.shuffle:
+                    self._rng.shuffle(order)
+                else:
+                    order.reverse()
+                self._order = order
+            task_id = self._order.pop()
+            if task_id in ids:  # a new pass began mid-batch: keep it for the next batch
+                self._order.insert(0, task_id)
+                continue
+            ids.add(task_id)
+            out.append(self.tasks[task_id])
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """A JSON-able position (for checkpoints)."""
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": list(self._order)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._order = [t for t in state["order"] if t in self.tasks]
+
+
+@dataclasses.dataclass(slots=True)
+class RoundStats:
+    """What the rounds behind one batch produced (reset by :meth:`Producer.take_stats`)."""
+
+    rounds: int = 0
+    prompts: int = 0
+    episodes: int = 0
+    completion_tokens: int = 0
+    failed: int = 0
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    busy_s: float = 0.0  # wall time with at least one round running
+
+
+class Producer:
+    """Plays rounds of ``round_size`` tasks into ``buffer`` with the current policy."""
+
+    def __init__(
+        self,
+        env: Environment,
+        stream: TaskStream,
+        policy: Any,
+        tokenizer: Tokenizer,
+        buffer: Buffer,
+        *,
+        round_size: int,
+        n_samples_per_prompt: int,
+        sampling: SamplingParams,
+        concurrency: int,
+        seed: int,
+        max_rounds: int = 8,
+    ) -> None:
+        self.env, self.stream, self.policy, self.tokenizer = env, stream, policy, tokenizer
+        self.buffer = buffer
+        self.round_size = round_size
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.sampling = sampling
+        self.concurrency = concurrency
+        self.seed = seed
+        self.max_rounds = max_rounds
+        self.stats = RoundStats()
+        self._running = 0
+        self._busy_since = 0.0
+
+    def take_stats(self) -> RoundStats:
+        out = self.stats
+        if self._running:  # split the busy time of rounds still running
+            now = time.perf_counter()
+            out.busy_s += now - self._busy_since
+            self._busy_since = now
+        self.stats = RoundStats()
+        return out
+
+    async def play(self, tasks: Sequence[Task], seed: int) -> None:
+        """One round: every task ``n_samples_per_prompt`` times, groups into the Buffer."""
+        if self._running == 0:
+            self._busy_since = time.perf_counter()
+        self._running += 1
+        try:
+            result = await run_rollouts(
+                self.env,
+                tasks,
+                self.policy,
+                tokenizer=self.tokenizer,
+                sink=self.buffer,
+                config=RolloutConfig(
+                    n_samples_per_prompt=self.n_samples_per_prompt,
+                    sampling=self.sampling,
+                    concurrency=self.concurrency,
+                    seed=seed,
+                    progress=False,
+                ),
+            )
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self.stats.busy_s += time.perf_counter() - self._busy_since
+        s = self.stats
+        s.rounds += 1
+        s.prompts += len(tasks)
+        s.episodes += result.episodes
+        s.completion_tokens += result.completion_tokens
+        s.failed += sum(result.failed.values())
+        s.rewards.extend(result.rewards)
+
+    async def fill(self, step: int, groups: int) -> None:
+        """Play rounds until ``groups`` kept groups are ready (at most ``max_rounds``).
+
+        The first round's seed is ``seed + step`` (a run without filters reproduces the
+        plain synchronous loop); later rounds of a step get seeds of their own.
+        """
+        for k in range(self.max_rounds):
+            if (await self.buffer.statistics()).ready >= groups:
+                return
+            missing = await self.buffer.prompts_to_start(groups)
+            n = max(self.round_size, missing) if k else self.round_size
+            await self.play(self.stream.take(n), self.seed + step + k * 1_000_003)
+
+    async def run_forever(self) -> None:
+        """Start rounds as fast as the Buffer admits them (the asynchronous schedule)."""
+        k = 0
+        async with anyio.create_task_group() as tg:
+            while True:
+                await self.buffer.reserve(self.round_size)
+                tasks = self.stream.take(self.round_size)
+                tg.start_soon(self._admitted_round, tasks, self.seed + 7_919 * k)
+                k += 1
+
+    async def _admitted_round(self, tasks: Sequence[Task], seed: int) -> None:
+        try:
+            await self.play(tasks, seed)
+        except BaseException:
+            # Reservations of groups that never arrived go back (cancelled at the end).
+            stats = await self.buffer.statistics()
+            await self.buffer.release(min(stats.in_flight, len(tasks)))
+            raise

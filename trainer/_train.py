@@ -1,0 +1,327 @@
+"""What ``agentenv train`` runs: a validated :class:`~trainer._cli.TrainConfig` wired into
+the backend, the rollout engines, the loop and the reports."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentenv import ConfigError, Task
+
+if TYPE_CHECKING:
+    from agentenv import Tokenizer
+    from agentenv.buffer import GroupFilter
+    from trainer._cli import TrainConfig
+    from trainer._sync import WeightSync
+
+__all__ = ["train"]
+
+# Prompts as they are, no chat markers (--no-apply-chat-template).
+RAW_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def load_filter(path: str) -> GroupFilter:
+    """``module:name`` or ``module.name``: a group filter, or a class built without
+    arguments (``agentenv.buffer.RewardStdFilter``)."""
+    module, sep, name = path.partition(":")
+    if not sep:
+        module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise ConfigError(
+            f"--dynamic-sampling-filter-path {path!r}: expected module:function or module.function"
+        )
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"--dynamic-sampling-filter-path {path!r}: {e}") from None
+    if isinstance(found, type):
+        found = found()
+    if not callable(found):
+        raise ConfigError(f"--dynamic-sampling-filter-path {path!r} is not callable")
+    filt: GroupFilter = found
+    return filt
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def rollout_engine(
+    config: TrainConfig, tokenizer: Tokenizer, weights_dir: Path
+) -> AsyncIterator[tuple[Any, WeightSync]]:
+    """The policy that plays the episodes and how the trainer's weights reach it."""
+    import torch
+
+    from agentenv.engine import Engine, resolve_model
+    from agentenv.sglang import Launcher, SGLangClient, server_command
+    from trainer._sync import DiskSync, InProcessSync
+
+    device = config.rollout_device or config.device
+    if config.rollout_url is not None:
+        async with SGLangClient(config.rollout_url) as client:
+            await client.wait_healthy(timeout=60.0)
+            yield client, DiskSync([client], weights_dir)
+    elif config.rollout_engine == "embedded":
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        async with Engine(
+            config.hf_checkpoint, device=device, dtype=dtype, tokenizer=tokenizer
+        ) as engine:
+            yield engine, InProcessSync(engine)
+    else:
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        model = str(resolve_model(config.hf_checkpoint))
+        if config.rollout_engine == "serve":
+            program = [sys.executable, "-m", "agentenv", "serve"]
+            command = server_command(model, port=port, program=program, extra=["--device", device])
+        else:
+            command = server_command(model, port=port, extra=config.sglang_args)
+        print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
+        async with Launcher(command, url), SGLangClient(url) as client:
+            yield client, DiskSync([client], weights_dir)
+
+
+class Reporter:
+    """Per step: a progress bar (a line per step when stderr is no terminal), a JSONL line
+    and TensorBoard scalars."""
+
+    def __init__(self, config: TrainConfig, save: Path | None, resuming: bool) -> None:
+        self.total = config.num_rollout
+        self.metrics_file = None
+        self.writer: Any = None
+        self.bar: Any = None
+        if save is not None:
+            self.metrics_file = (save / "metrics.jsonl").open("a" if resuming else "w")
+            if config.use_tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError:
+                    print(
+                        "no TensorBoard: the tensorboard package is not installed "
+                        "(agentenv[train])",
+                        file=sys.stderr,
+                    )
+                else:
+                    self.writer = SummaryWriter(str(save / "tensorboard"))
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc="train", unit="step", file=sys.stderr)
+
+    def __call__(self, m: dict[str, float]) -> None:
+        step = int(m["step"])
+        split = (
+            f"rollout {m['time_rollout_s']:.1f}s  train {m['time_train_s']:.1f}s  "
+            f"sync {m['time_sync_s']:.2f}s"
+        )
+        if self.bar is not None:
+            self.bar.n = step + 1
+            self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}")
+        else:
+            line = f"step {step + 1}/{self.total}  reward {m['reward_mean']:.3f}  {split}"
+            print(line, file=sys.stderr, flush=True)
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps(m) + "\n")
+            self.metrics_file.flush()
+        if self.writer is not None:
+            for name, value in m.items():
+                if name != "step":
+                    self.writer.add_scalar(name, value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        for thing in (self.bar, self.metrics_file, self.writer):
+            if thing is not None:
+                thing.close()
+
+
+def _checkpoint_dir(config: TrainConfig) -> tuple[Path | None, bool]:
+    """``SAVE/checkpoint`` (seeded from ``--load``'s) and whether it resumes."""
+    if config.save is None:
+        if config.load is not None:
+            raise ConfigError("--load needs --save (where the resumed run writes)")
+        return None, False
+    config.save.mkdir(parents=True, exist_ok=True)
+    checkpoint = config.save / "checkpoint"
+    source = (config.load or config.save) / "checkpoint"
+    if config.load is not None and not source.is_dir():
+        raise ConfigError(f"--load {str(config.load)!r} has no checkpoint directory")
+    if source != checkpoint and source.is_dir():
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        shutil.copytree(source, checkpoint)
+    return checkpoint, checkpoint.is_dir()
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run ``config``; returns the summary (rewards before and after, timings)."""
+    import anyio
+
+    from agentenv import ChatTokenizer, RolloutConfig, SamplingParams, load_environment
+    from agentenv import run_rollouts as rollouts
+    from trainer._loop import GRPOConfig, run_grpo
+    from trainer._losses import LossConfig
+    from trainer._torch import OptimConfig, TorchBackend
+
+    if config.backend == "megatron":
+        raise ConfigError(
+            "--backend megatron: the megatron-core training backend is not part of this "
+            "version yet; use --backend torch"
+        )
+    sampling = SamplingParams(
+        max_new_tokens=config.rollout_max_response_len, temperature=config.rollout_temperature
+    )
+    grpo = GRPOConfig(  # checks the batch identity before anything heavy loads
+        num_rollout=config.num_rollout,
+        rollout_batch_size=config.rollout_batch_size,
+        n_samples_per_prompt=config.n_samples_per_prompt,
+        global_batch_size=config.global_batch_size,
+        num_steps_per_rollout=config.num_steps_per_rollout,
+        advantage_estimator=config.advantage_estimator,
+        sampling=sampling,
+        seed=config.rollout_seed,
+        schedule=config.schedule,
+        max_staleness=config.max_staleness,
+        over_sampling_batch_size=config.over_sampling_batch_size,
+        filters=[load_filter(config.dynamic_sampling_filter_path)]
+        if config.dynamic_sampling_filter_path
+        else (),
+        shuffle=config.rollout_shuffle,
+    )
+    loss = LossConfig(
+        eps_clip=config.eps_clip,
+        eps_clip_high=config.eps_clip_high,
+        entropy_coef=config.entropy_coef,
+        aggregation="per_token" if config.calculate_per_token_loss else "per_sample",
+        kl_coef=config.kl_loss_coef if config.use_kl_loss else 0.0,
+        kl_type=config.kl_loss_type,
+        use_tis=config.use_tis,
+    )
+    optim = OptimConfig(
+        optimizer=config.optimizer,
+        lr=config.lr,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        grad_clip=config.clip_grad,
+        lr_decay_style=config.lr_decay_style,
+        lr_warmup_iters=config.lr_warmup_iters,
+        lr_decay_iters=config.lr_decay_iters or config.num_rollout * config.num_steps_per_rollout,
+        min_lr=config.min_lr,
+    )
+    env = load_environment(config.env, config.env_args)
+    train_tasks: Sequence[Task]
+    if config.prompt_data is not None:
+        from trainer._data import load_prompt_data
+
+        train_tasks = load_prompt_data(
+            config.prompt_data, input_key=config.input_key, label_key=config.label_key
+        )
+    else:
+        train_tasks = env.tasks("train")
+    eval_tasks = env.tasks("test")[: config.n_eval]
+    tokenizer = ChatTokenizer.load(config.hf_checkpoint)
+    if not config.apply_chat_template:
+        tokenizer = tokenizer.with_template(RAW_TEMPLATE)
+    checkpoint, resuming = _checkpoint_dir(config)
+    started = time.perf_counter()
+    backend = TorchBackend(
+        config.hf_checkpoint,
+        device=config.device,
+        optim=optim,
+        loss=loss,
+        max_tokens_per_micro_batch=config.max_tokens_per_gpu,
+    )
+    report = Reporter(config, config.save, resuming)
+
+    async def evaluate(policy: Any) -> float | None:
+        if not eval_tasks:
+            return None
+        stats = await rollouts(
+            env,
+            eval_tasks,
+            policy,
+            tokenizer=tokenizer,
+            config=RolloutConfig(
+                n_samples_per_prompt=1,
+                sampling=SamplingParams(
+                    max_new_tokens=config.rollout_max_response_len,
+                    temperature=config.eval_temperature,
+                ),
+                seed=12345,
+                progress=False,
+            ),
+        )
+        return stats.reward_mean
+
+    async def go(weights_dir: Path) -> dict[str, Any]:
+        async with rollout_engine(config, tokenizer, weights_dir) as (policy, sync):
+            before = await evaluate(policy)
+            print(f"held-out reward before: {before}", file=sys.stderr, flush=True)
+            history = await run_grpo(
+                env, train_tasks, backend, policy, tokenizer, grpo, sync=sync, on_step=report,
+                checkpoint=checkpoint, save_interval=config.save_interval,
+                evaluate=lambda: evaluate(policy), eval_interval=config.eval_interval,
+            )  # fmt: skip
+            after = await evaluate(policy)
+            print(f"held-out reward after: {after}", file=sys.stderr, flush=True)
+        return {"before": before, "after": after, "history": history}
+
+    try:
+        if config.save is not None:
+            out = anyio.run(go, config.save / "weights")
+        else:
+            with tempfile.TemporaryDirectory(prefix="agentenv-weights-") as tmp:
+                out = anyio.run(go, Path(tmp))
+    finally:
+        report.close()
+    before, after = out["before"], out["after"]
+    plot = None
+    if config.save is not None:
+        shutil.rmtree(config.save / "weights", ignore_errors=True)
+        backend.save_hf(config.save / "model")
+        if out["history"]:
+            try:
+                from trainer._plot import plot_run
+
+                plot = str(
+                    plot_run(
+                        out["history"],
+                        config.save / "metrics.png",
+                        title=f"GRPO on {config.env}",
+                        eval_before=before,
+                        eval_after=after,
+                    )
+                )
+                print(f"plot: {plot}", file=sys.stderr)
+            except ImportError:
+                print("no plot: matplotlib is not installed (agentenv[train])", file=sys.stderr)
+    history = out["history"]
+    return {
+        "env": config.env,
+        "steps": config.num_rollout,
+        "schedule": config.schedule,
+        "eval_tasks": len(eval_tasks),
+        "eval_reward_before": before,
+        "eval_reward_after": after,
+        "eval_gain": None if before is None or after is None else after - before,
+        "train_reward_first": history[0]["reward_mean"] if history else None,
+        "train_reward_last": history[-1]["reward_mean"] if history else None,
+        "time_rollout_s": round(sum(h["time_rollout_s"] for h in history), 1),
+        "time_train_s": round(sum(h["time_train_s"] for h in history), 1),
+        "time_sync_s": round(sum(h["time_sync_s"] for h in history), 2),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "plot": plot,
+    }
