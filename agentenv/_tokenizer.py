@@ -269,7 +269,12 @@ class ChatTokenizer:
             ids.extend(hit)
         return ids
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` (special tokens included unless skipped, as in
+        ``tokenizers.Tokenizer.decode``)."""
+        if skip_special_tokens:
+            skipped: str = self._tok.decode(list(ids), skip_special_tokens=True)
+            return skipped
         if len(ids) == 1:  # end-of-turn tokens are decoded on every turn
             token = ids[0]
             cached = self._token_text.get(token)

@@ -34,6 +34,8 @@ class TaskStream:
         self._order: list[str] = []  # what is left of the current pass, next task last
 
     def take(self, n: int) -> list[Task]:
+        """The next ``n`` tasks (at most one of each: ``n`` is capped at their number)."""
+        n = min(n, len(self.tasks))
         out: list[Task] = []
         ids: set[str] = set()
         while len(out) < n:

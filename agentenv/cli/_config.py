@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import types
 import typing
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import pydantic
 
@@ -64,7 +65,7 @@ def add_model_arguments(
         if not field.is_required():
             help_text += f" (default: {field.default})"
         kwargs: dict[str, Any] = {"help": help_text, "default": argparse.SUPPRESS}
-        if field.is_required():
+        if field.is_required() and not config_file:  # else the file may hold it
             kwargs["required"] = True
         if annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -86,7 +87,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"agentenv: error: cannot read --config {str(path)!r}: {e}") from None
+        _usage_error(f"cannot read --config {str(path)!r}: {e}")
     suffix = path.suffix.lower()
     try:
         if suffix == ".json":
@@ -99,22 +100,19 @@ def read_config_file(path: Path) -> dict[str, Any]:
             try:
                 import yaml
             except ImportError:
-                raise SystemExit(
-                    "agentenv: error: YAML config files need PyYAML (pip install pyyaml); "
+                _usage_error(
+                    "YAML config files need PyYAML (pip install pyyaml); "
                     "or write the file as .json or .toml"
-                ) from None
+                )
             data = yaml.safe_load(text)
         else:
-            raise SystemExit(
-                f"agentenv: error: --config {str(path)!r}: expected a .yaml, .yml, .json or "
-                ".toml file"
-            )
+            _usage_error(f"--config {str(path)!r}: expected a .yaml, .yml, .json or .toml file")
     except SystemExit:
         raise
     except Exception as e:  # each parser has its own error type
-        raise SystemExit(f"agentenv: error: --config {str(path)!r} does not parse: {e}") from None
+        _usage_error(f"--config {str(path)!r} does not parse: {e}")
     if not isinstance(data, dict):
-        raise SystemExit(f"agentenv: error: --config {str(path)!r} must hold a mapping of settings")
+        _usage_error(f"--config {str(path)!r} must hold a mapping of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
@@ -131,7 +129,15 @@ def build_config(model: type[M], namespace: argparse.Namespace) -> M:
         return model.model_validate(values)
     except pydantic.ValidationError as e:
         problems = "; ".join(
-            f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" if err["loc"] else err["msg"]
+            f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}"
+            if err["loc"]
+            else err["msg"].removeprefix("Value error, ")
             for err in e.errors()
         )
-        raise SystemExit(f"agentenv: error: {problems}") from None
+        _usage_error(problems)
+
+
+def _usage_error(message: str) -> NoReturn:
+    """Exit like argparse does on a bad flag: the message on stderr, status 2."""
+    print(f"agentenv: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

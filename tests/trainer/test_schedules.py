@@ -1,0 +1,195 @@
+"""The loop's schedules (one-step-off, async with a staleness bound), weight sync to a server
+through /update_weights_from_disk, over-sampling with a dynamic-sampling filter, and the
+training CLI's config file, rollout engines and reports -- on a tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from agentenv import ChatTokenizer, Sample, SamplingParams
+from agentenv.engine import Engine, EngineServer
+from agentenv.sglang import SGLangClient
+from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
+from trainer import DiskSync, GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+
+
+class Recording(TorchBackend):
+    """Remembers what every optimizer step trained on."""
+
+    trained: list[list[Sample]]
+
+    def train_step(self, samples: Sequence[Sample], *args: Any, **kw: Any) -> dict[str, float]:
+        self.trained = [*getattr(self, "trained", []), list(samples)]
+        return super().train_step(samples, *args, **kw)
+
+
+def run(model: Path, config: GRPOConfig, backend: TorchBackend) -> list[dict[str, float]]:
+    tokenizer = ChatTokenizer.load(model)
+
+    async def go() -> list[dict[str, float]]:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+            return await run_grpo(GoodTokensEnv(), GoodTokensEnv().tasks(), backend, e,
+                                  tokenizer, config)  # fmt: skip
+
+    return anyio.run(go)
+
+
+def test_one_step_off_trains_on_samples_one_version_behind(model: Path) -> None:
+    backend = Recording(model, optim=OptimConfig(lr=1e-2), loss=LossConfig(use_tis=True))
+    config = GRPOConfig(
+        num_rollout=4, rollout_batch_size=4, n_samples_per_prompt=4, sampling=SAMPLING,
+        schedule="one_step_off",
+    )  # fmt: skip
+    history = run(model, config, backend)
+    assert len(history) == 4
+    # Step k trains on a rollout made with the weights of step k - 1 (version k - 1 after
+    # the first): exactly one version behind, never more.
+    versions = [{v for s in batch for v in s.weight_versions} for batch in backend.trained]
+    assert versions == [{"0"}, {"0"}, {"1"}, {"2"}]
+    assert [h["rollout/staleness_max"] for h in history] == [0, 1, 1, 1]
+    # The trainer's old log-probs are its own (the ratio starts at 1); the sampling
+    # policy's differ from them once the samples lag a version behind (TIS corrects it).
+    diff = [h["train/rollout_train_logprob_abs_diff"] for h in history]
+    assert diff[0] <= 1e-4 and diff[1] > 1e-3, diff
+    assert all(h["samples"] == 16 for h in history)
+
+
+def test_async_keeps_every_batch_within_the_staleness_bound(model: Path) -> None:
+    backend = Recording(model, optim=OptimConfig(lr=1e-2))
+    config = GRPOConfig(
+        num_rollout=5, rollout_batch_size=2, n_samples_per_prompt=4, sampling=SAMPLING,
+        schedule="async", max_staleness=1, concurrency=4,
+    )  # fmt: skip
+    history = run(model, config, backend)
+    assert len(history) == 5 and all(h["samples"] == 8 for h in history)
+    for step, batch in enumerate(backend.trained):
+        oldest = min(int(v) for s in batch for v in s.weight_versions)
+        assert step - oldest <= 1, (step, oldest)
+    # The producer ran ahead of the trainer (data was waiting for some step).
+    assert any(h["time_rollout_s"] < 0.05 for h in history[1:])
+
+
+def test_over_sampling_and_a_dynamic_filter_train_only_kept_groups(model: Path) -> None:
+    backend = Recording(model, optim=OptimConfig(lr=1e-3))
+
+    def odd_tasks(samples: Sequence[Sample]) -> bool:
+        return int((samples[0].task_id or "t0")[1:]) % 2 == 1
+
+    config = GRPOConfig(
+        num_rollout=3, rollout_batch_size=2, n_samples_per_prompt=2, sampling=SAMPLING,
+        over_sampling_batch_size=4, filters=[odd_tasks],
+    )  # fmt: skip
+    history = run(model, config, backend)
+    trained = [s.task_id for batch in backend.trained for s in batch]
+    assert trained and all(int((t or "")[1:]) % 2 == 1 for t in trained)
+    assert all(h["samples"] == 4 for h in history)  # two kept groups of two every step
+    assert sum(h["rollout/prompts"] for h in history) >= 3 * 4
+
+
+def test_weights_reach_a_server_through_update_weights_from_disk(
+    model: Path, tmp_path: Path
+) -> None:
+    tokenizer = ChatTokenizer.load(model)
+    backend = TorchBackend(model, optim=OptimConfig(lr=1e-2))
+    config = GRPOConfig(num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=4,
+                        sampling=SAMPLING)  # fmt: skip
+
+    async def go() -> None:
+        async with (
+            Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as engine,
+            EngineServer(engine) as server,
+            SGLangClient(server.url) as client,
+        ):
+            sync = DiskSync([client], tmp_path / "weights")
+            history = await run_grpo(GoodTokensEnv(), GoodTokensEnv().tasks(), backend, client,
+                                     tokenizer, config, sync=sync)  # fmt: skip
+            assert len(history) == 2 and history[-1]["time_sync_s"] > 0
+            assert await client.weight_version() == "2"
+            # Only the newest weights stay on disk.
+            assert [p.name for p in (tmp_path / "weights").iterdir()] == ["step_2"]
+            # The server generates with the trainer's weights: same log-probs.
+            c = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+            sample = Sample(prompt_ids=[1, 2, 3], completion_ids=c.output_ids, reward=0.0)
+            mine = backend.logprobs([sample])[0].double()
+            assert torch.allclose(mine, torch.tensor(c.logprobs, dtype=torch.float64), atol=1e-4)
+
+    anyio.run(go)
+
+
+def _train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentenv", "train", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_agentenv_train_with_a_config_file_a_served_engine_and_tensorboard(
+    model: Path, tmp_path: Path
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "env: tests.trainer.test_loop:GoodTokensEnv\n"
+        f"hf-checkpoint: {model}\n"
+        "num_rollout: 3\nrollout_batch_size: 2\nn_samples_per_prompt: 4\n"
+        "rollout_max_response_len: 6\nn_eval: 2\nlr: 1.0e-2\n"
+        "lr_decay_style: linear\nmin_lr: 1.0e-3\nschedule: one_step_off\n"
+    )
+    out = _train("--config", str(config), "--rollout-engine", "serve", "--num-rollout", "4",
+                 "--save", str(tmp_path / "run"), "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["steps"] == 4 and summary["schedule"] == "one_step_off"  # flag > file
+    assert "agentenv serve --model-path" in out.stderr
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [m["train/lr"] for m in metrics]
+    assert lrs[0] == pytest.approx(1e-2) and lrs == sorted(lrs, reverse=True)
+    assert lrs[-1] == pytest.approx(1e-3 + (1e-2 - 1e-3) / 4)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [0, 1, 2, 3]
+    assert "time_sync_s" in events.Tags()["scalars"]
+    assert (tmp_path / "run" / "metrics.png").exists()
+    assert not (tmp_path / "run" / "weights").exists()  # the sync directories are gone
+
+
+def test_agentenv_train_refuses_bad_settings_before_loading_anything(
+    model: Path, tmp_path: Path
+) -> None:
+    base = ["--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model)]
+    out = _train(*base, "--sglang-mem-fraction-static", "0.5")
+    assert out.returncode == 2 and "need --rollout-engine sglang" in out.stderr
+    out = _train(*base, "--backend", "megatron")
+    assert out.returncode == 2 and "megatron" in out.stderr and "--backend torch" in out.stderr
+    out = _train(*base, "--rollout-batch-size", "8", "--over-sampling-batch-size", "4")
+    assert out.returncode == 2 and "over_sampling_batch_size (4) must be at least" in out.stderr
+    out = _train(*base, "--dynamic-sampling-filter-path", "nowhere.filter")
+    assert out.returncode == 2 and "No module named 'nowhere'" in out.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('env = "arithmetic"\nlearning_rate = 1.0\n')
+    out = _train("--config", str(bad))
+    assert out.returncode != 0 and "--learning-rate" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", "--env", "arithmetic", "--model", "x",
+         "--sglang-tp", "2"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "not by 'eval'" in out.stderr
