@@ -132,6 +132,9 @@ class TrainConfig(pydantic.BaseModel):
     rollout_url: str | None = pydantic.Field(
         None, description="use this running server (SGLang or agentenv serve) for rollouts"
     )
+    rollout_max_running: int = pydantic.Field(
+        128, ge=1, description="embedded/serve engine: requests decoded in one batch"
+    )
     rollout_device: str | None = pydantic.Field(
         None, description="the launched/embedded engine's device (default: --device)"
     )

@@ -77,8 +77,9 @@ async def rollout_engine(
     elif config.rollout_engine == "embedded":
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         async with Engine(
-            config.hf_checkpoint, device=device, dtype=dtype, tokenizer=tokenizer
-        ) as engine:
+            config.hf_checkpoint, device=device, dtype=dtype, tokenizer=tokenizer,
+            max_running=config.rollout_max_running,
+        ) as engine:  # fmt: skip
             yield engine, InProcessSync(engine)
     else:
         port = _free_port()
@@ -86,7 +87,8 @@ async def rollout_engine(
         model = str(resolve_model(config.hf_checkpoint))
         if config.rollout_engine == "serve":
             program = [sys.executable, "-m", "agentenv", "serve"]
-            command = server_command(model, port=port, program=program, extra=["--device", device])
+            extra = ["--device", device, "--max-running", str(config.rollout_max_running)]
+            command = server_command(model, port=port, program=program, extra=extra)
         else:
             command = server_command(model, port=port, extra=config.sglang_args)
         print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)

@@ -83,7 +83,11 @@ class DecodeGraphs:
                 model._decode(ids, pos, cache, cache.capacity)
             torch.cuda.current_stream(model.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=side):
+            # thread_local: a trainer on another thread of this process may launch work
+            # on the same GPU meanwhile; only this thread's calls may break the capture.
+            with torch.cuda.graph(
+                graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
+            ):
                 out = model._decode(ids, pos, cache, cache.capacity)
         self.captures += 1
         return graph, out
