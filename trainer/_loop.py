@@ -11,9 +11,10 @@
   ``max_staleness`` versions of the policy that trains on it: its admission control holds
   back new rounds, and groups that still went stale are dropped.
 
-Each step takes ``rollout_batch_size`` kept groups from the Data Buffer (failed samples
-and dynamic-sampling filters drop groups; ``over_sampling_batch_size`` prompts per round
-make up for them), computes advantages, runs ``num_steps_per_rollout`` optimizer steps of
+Each step takes the kept groups of ``rollout_batch_size`` prompts from the Data Buffer
+(failed samples and dynamic-sampling filters drop groups; ``over_sampling_batch_size``
+prompts per round make up for them; a multi-agent episode gives one group per role, each
+with its own baseline), computes advantages, runs ``num_steps_per_rollout`` optimizer steps of
 ``global_batch_size`` samples, syncs the weights (``WeightSync``: in-process or through
 ``/update_weights_from_disk``) and acknowledges the batch.
 """
@@ -191,7 +192,9 @@ async def run_grpo(
             t0 = time.perf_counter()
             batch: Batch | None
             if config.schedule == "async":
-                batch = await buffer.get_batch(config.rollout_batch_size, policy_version=step)
+                await producer.first_put.wait()
+                groups = config.rollout_batch_size * producer.groups_per_prompt
+                batch = await buffer.get_batch(groups, policy_version=step)
             else:
                 if ahead is None:
                     await producer.fill(step, config.rollout_batch_size)
@@ -200,7 +203,7 @@ async def run_grpo(
                 ready = (await buffer.statistics()).ready
                 # Whatever the filters kept (at most a batch): never wait for groups
                 # that will not come.
-                n = min(ready, config.rollout_batch_size)
+                n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
                 batch = await buffer.get_batch(n) if n else None
             rounds = producer.take_stats()
             positions[step + 1] = stream.state()
@@ -211,16 +214,17 @@ async def run_grpo(
             t1 = time.perf_counter()
             metrics = _rollout_metrics(step, rounds, samples)
             if samples:
+                # One baseline per (prompt, role): in a game each seat is its own group.
                 adv = compute_advantages(
                     [s.reward for s in samples],
-                    [s.group_id for s in samples],
+                    [(s.group_id, s.role) for s in samples],
                     config.advantage_estimator,
                 )
                 # The backend's work runs on a worker thread: the event loop keeps serving
                 # the episodes of the rollouts running meanwhile.
                 metrics.update(
                     await anyio.to_thread.run_sync(
-                        _train, backend, samples, list(adv), config.samples_per_step
+                        _train, backend, samples, list(adv), config.num_steps_per_rollout
                     )
                 )
             t2 = time.perf_counter()
@@ -268,11 +272,13 @@ async def _fill_then_set(
 
 
 def _train(
-    backend: TorchBackend, samples: list[Sample], adv: list[float], per: int
+    backend: TorchBackend, samples: list[Sample], adv: list[float], steps: int
 ) -> dict[str, float]:
-    """``len(samples) / per`` optimizer steps; the last step's metrics."""
+    """``steps`` optimizer steps on equal shares of ``samples`` (``global_batch_size``
+    each when every episode gives one sample); the last step's metrics."""
     import torch
 
+    per = -(-len(samples) // steps)
     advantages = torch.tensor(adv, dtype=torch.float64)
     # Several steps per rollout: the old policy is the one before the first update, so
     # its log-probs are taken first (one step: train_step does it with its own

@@ -18,7 +18,15 @@ from typing import Any
 
 import anyio
 
-from agentenv import Environment, RolloutConfig, SamplingParams, Task, Tokenizer, run_rollouts
+from agentenv import (
+    Environment,
+    RolloutConfig,
+    Sample,
+    SamplingParams,
+    Task,
+    Tokenizer,
+    run_rollouts,
+)
 from agentenv.buffer import Buffer
 
 __all__ = ["Producer", "RoundStats", "TaskStream"]
@@ -105,8 +113,17 @@ class Producer:
         self.seed = seed
         self.max_rounds = max_rounds
         self.stats = RoundStats()
+        self.groups_per_prompt = 1  # the Buffer keeps one group per role of an episode
+        self.first_put = anyio.Event()
         self._running = 0
         self._busy_since = 0.0
+
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        """The runner's sink: counts the roles of a prompt's group, then into the Buffer."""
+        roles = len({s.role for s in samples if s.role is not None})
+        self.groups_per_prompt = max(self.groups_per_prompt, roles)
+        await self.buffer.put_group(samples)
+        self.first_put.set()
 
     def take_stats(self) -> RoundStats:
         out = self.stats
@@ -128,7 +145,7 @@ class Producer:
                 tasks,
                 self.policy,
                 tokenizer=self.tokenizer,
-                sink=self.buffer,
+                sink=self,
                 config=RolloutConfig(
                     n_samples_per_prompt=self.n_samples_per_prompt,
                     sampling=self.sampling,
@@ -150,15 +167,17 @@ class Producer:
         s.rewards.extend(result.rewards)
 
     async def fill(self, step: int, groups: int) -> None:
-        """Play rounds until ``groups`` kept groups are ready (at most ``max_rounds``).
+        """Play rounds until the kept groups of ``groups`` prompts are ready (at most
+        ``max_rounds``).
 
         The first round's seed is ``seed + step`` (a run without filters reproduces the
         plain synchronous loop); later rounds of a step get seeds of their own.
         """
         for k in range(self.max_rounds):
-            if (await self.buffer.statistics()).ready >= groups:
+            wanted = groups * self.groups_per_prompt
+            if (await self.buffer.statistics()).ready >= wanted:
                 return
-            missing = await self.buffer.prompts_to_start(groups)
+            missing = await self.buffer.prompts_to_start(wanted) // self.groups_per_prompt
             n = max(self.round_size, missing) if k else self.round_size
             await self.play(self.stream.take(n), self.seed + step + k * 1_000_003)
 

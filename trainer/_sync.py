@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import anyio
 
+from trainer._files import replace_dir
+
 __all__ = ["DiskSync", "InProcessSync", "WeightSync"]
 
 
@@ -79,11 +81,8 @@ class DiskSync:
 
 
 def _save(backend: _Exportable, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    backend.save_hf(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)  # a server never sees a half-written directory
+    with replace_dir(path) as tmp:  # a server never sees a half-written directory
+        backend.save_hf(tmp)
 
 
 async def _load(client: Any, path: str, version: str) -> None:

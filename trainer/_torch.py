@@ -380,34 +380,23 @@ class TorchBackend:
         """Model (HF safetensors), optimizer, RNG states and ``extra`` (the loop's position)
         into ``directory``, replacing it atomically (a crash mid-save keeps the old one)."""
         import json
-        import shutil
 
-        final = Path(directory)
-        tmp = final.with_name(final.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "model", safe_serialization=True)
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "steps": self.steps,
-            },
-            tmp / "trainer_state.pt",
-        )
-        (tmp / "checkpoint.json").write_text(
-            json.dumps({"model": self._identity(), "extra": extra}, indent=1)
-        )
-        old = final.with_name(final.name + ".old")
-        if final.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            final.rename(old)
-        tmp.rename(final)
-        if old.exists():
-            shutil.rmtree(old)
+        from trainer._files import replace_dir
+
+        with replace_dir(directory) as tmp:
+            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                    "steps": self.steps,
+                },
+                tmp / "trainer_state.pt",
+            )
+            (tmp / "checkpoint.json").write_text(
+                json.dumps({"model": self._identity(), "extra": extra}, indent=1)
+            )
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore :meth:`save_checkpoint`'s state; returns its ``extra``. A checkpoint of

@@ -15,7 +15,7 @@ import anyio
 import pytest
 import torch
 
-from agentenv import ChatTokenizer, Sample, SamplingParams
+from agentenv import ChatTokenizer, Game, GameEnv, Message, Sample, SamplingParams
 from agentenv.engine import Engine, EngineServer
 from agentenv.sglang import SGLangClient
 from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
@@ -35,10 +35,14 @@ class Recording(TorchBackend):
     """Remembers what every optimizer step trained on."""
 
     trained: list[list[Sample]]
+    advantages: list[list[float]]
 
-    def train_step(self, samples: Sequence[Sample], *args: Any, **kw: Any) -> dict[str, float]:
+    def train_step(
+        self, samples: Sequence[Sample], advantages: Any, *args: Any, **kw: Any
+    ) -> dict[str, float]:
         self.trained = [*getattr(self, "trained", []), list(samples)]
-        return super().train_step(samples, *args, **kw)
+        self.advantages = [*getattr(self, "advantages", []), [float(a) for a in advantages]]
+        return super().train_step(samples, advantages, *args, **kw)
 
 
 def run(model: Path, config: GRPOConfig, backend: TorchBackend) -> list[dict[str, float]]:
@@ -193,3 +197,58 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
          "--sglang-tp", "2"], capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "not by 'eval'" in out.stderr
+
+
+class Duel(Game):
+    """Each of two players says something once; the longer text wins (zero-sum)."""
+
+    name = "duel"
+    roles = ("a", "b")
+
+    def reset(self, seed: int) -> None:
+        self.said: list[str] = []
+
+    def current_role(self) -> str | None:
+        return self.roles[len(self.said)] if len(self.said) < 2 else None
+
+    def observation(self, role: str) -> list[Message]:
+        return [{"role": "user", "content": f"You are {role}. Say something."}]
+
+    def parse(self, text: str) -> str:
+        return text
+
+    def apply(self, action: str) -> None:
+        self.said.append(action)
+
+    def returns(self) -> dict[str, float]:
+        a, b = (len(t) for t in self.said)
+        win = 1.0 if a > b else -1.0 if a < b else 0.0
+        return {"a": win, "b": -win}
+
+
+def test_self_play_trains_each_role_against_its_own_baseline(model: Path) -> None:
+    env = GameEnv(Duel, n_train=4, n_test=1)
+    tokenizer = ChatTokenizer.load(model)
+    backend = Recording(model, optim=OptimConfig(lr=1e-3))
+    config = GRPOConfig(num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=4,
+                        sampling=SAMPLING)  # fmt: skip
+
+    async def go() -> None:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+            await run_grpo(env, env.tasks(), backend, e, tokenizer, config)
+
+    anyio.run(go)
+    uncentred = 0
+    for samples, adv in zip(backend.trained, backend.advantages, strict=True):
+        # Every step trains both seats of its 2 prompts: 2 x 4 episodes x 2 roles.
+        assert len(samples) == 16 and {s.role for s in samples} == {"a", "b"}
+        groups: dict[tuple[str | None, str | None], list[tuple[float, float]]] = {}
+        for sample, a in zip(samples, adv, strict=True):
+            groups.setdefault((sample.group_id, sample.role), []).append((sample.reward, a))
+        assert len(groups) == 4
+        for members in groups.values():
+            # Each (prompt, role) group is centred on its own mean reward ...
+            assert abs(sum(a for _, a in members)) < 1e-5, members
+            # ... which is not the prompt's (0 in a zero-sum game) when one seat won more.
+            uncentred += abs(sum(r for r, _ in members)) > 0
+    assert uncentred > 0
