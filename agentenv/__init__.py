@@ -2,7 +2,8 @@
 
 Write an :class:`Environment` (or a :class:`SingleTurnEnv`, :class:`MultiTurnEnv`,
 :class:`ToolEnv`), test it offline with a :class:`ScriptedModel`, run it at scale with
-:func:`run_rollouts`. Samples are token-exact: see :class:`Transcript`.
+:func:`run_rollouts`. Samples are token-exact: see :class:`Transcript`. Multi-agent
+games: a :class:`Game` holds the rules, :class:`GameEnv` plays it (``agentenv.games``).
 """
 
 from agentenv._environment import DEFAULT_ROLE, Environment, Episode, Limits, Task
@@ -15,8 +16,10 @@ from agentenv._errors import (
     EpisodeTruncated,
     GenerationError,
     HistoryRewriteError,
+    IllegalMoveError,
     MessageError,
     ModelNotFoundError,
+    OpponentError,
     RewardError,
     SampleError,
     TemplateError,
@@ -40,6 +43,17 @@ from agentenv._scripted import Rule, ScriptedModel
 from agentenv._tokenizer import ChatTokenizer, Tokenizer
 from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallParser, run_tool_calls, tool
 from agentenv._transcript import Transcript
+from agentenv.games import (
+    Game,
+    GameEnv,
+    InvalidMove,
+    ModelPlayer,
+    Player,
+    RandomPlayer,
+    RoleBaseline,
+    StrategyPlayer,
+    play_match,
+)
 
 __version__ = "0.1.0"
 
@@ -56,18 +70,27 @@ __all__ = [
     "EpisodeAborted",
     "EpisodeTruncated",
     "FinishReason",
+    "Game",
+    "GameEnv",
     "GenerationError",
     "Generator",
     "HermesParser",
     "HistoryRewriteError",
+    "IllegalMoveError",
+    "InvalidMove",
     "JsonlSink",
     "Limits",
     "ListSink",
     "Message",
     "MessageError",
     "ModelNotFoundError",
+    "ModelPlayer",
     "MultiTurnEnv",
+    "OpponentError",
+    "Player",
+    "RandomPlayer",
     "RewardError",
+    "RoleBaseline",
     "RolloutConfig",
     "RolloutStats",
     "Rubric",
@@ -80,6 +103,7 @@ __all__ = [
     "SingleTurnEnv",
     "State",
     "Status",
+    "StrategyPlayer",
     "Task",
     "TemplateError",
     "Tokenizer",
@@ -90,6 +114,7 @@ __all__ = [
     "ToolEnv",
     "Transcript",
     "load_environment",
+    "play_match",
     "register",
     "reward",
     "run_rollouts",

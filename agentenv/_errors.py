@@ -15,6 +15,8 @@ Every error the SDK raises on purpose derives from :class:`AgentEnvError`::
     ├── EpisodeTruncated       control flow: the episode hit a turn or context limit
     ├── EpisodeAborted         control flow: the generator aborted the request
     ├── ModelNotFoundError     a model name or path could not be resolved (also a LookupError)
+    ├── IllegalMoveError       a game was given a move its rules forbid now (also a ValueError)
+    ├── OpponentError          a fixed player in a game raised or chose an illegal move
     └── ClosedResourceError    a resource was used after ``aclose()``
 
 Inside an episode, errors are data: the rollout runner turns an exception into a
@@ -34,8 +36,10 @@ __all__ = [
     "EpisodeTruncated",
     "GenerationError",
     "HistoryRewriteError",
+    "IllegalMoveError",
     "MessageError",
     "ModelNotFoundError",
+    "OpponentError",
     "RewardError",
     "SampleError",
     "TemplateError",
@@ -109,6 +113,18 @@ class EpisodeAborted(AgentEnvError):
 
 class ModelNotFoundError(AgentEnvError, LookupError):
     """A model name or path could not be resolved to a local model."""
+
+
+class IllegalMoveError(AgentEnvError, ValueError):
+    """A game was asked to play a move its rules forbid: out of turn, not a legal action,
+    or after the game ended. The game's state is unchanged."""
+
+
+class OpponentError(AgentEnvError):
+    """A fixed player (scripted or a frozen model's seat) raised, or chose an illegal move.
+
+    The episode fails with this error as data; its siblings carry on.
+    """
 
 
 class ClosedResourceError(AgentEnvError):

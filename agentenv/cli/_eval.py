@@ -2,6 +2,11 @@
 
     agentenv eval --env arithmetic --model scripted:examples/scripts/arithmetic_oracle.py \
         --n 50 --n-samples-per-prompt 4 --out samples.jsonl --json
+
+Game environments also report win/draw/loss per seat with 95 % confidence intervals and
+the invalid-move rate; ``--opponent`` picks who the model plays against:
+
+    agentenv eval --env tictactoe --model smollm2-135m --opponent optimal --n 100 --json
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import anyio
 import pydantic
 
 from agentenv._environment import Limits
+from agentenv._errors import ConfigError, ModelNotFoundError
 from agentenv._generator import SamplingParams
 from agentenv._policies import open_policy
 from agentenv._registry import load_environment
 from agentenv._runner import JsonlSink, ListSink, RolloutConfig, SampleSink, run_rollouts
 from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.games import GameEnv, ModelPlayer, TallySink
 
 
 class EvalConfig(pydantic.BaseModel):
@@ -56,6 +63,15 @@ class EvalConfig(pydantic.BaseModel):
         600.0, gt=0, description="seconds per episode before it fails"
     )
     seed: int = pydantic.Field(0, description="base seed")
+    opponent: str | None = pydantic.Field(
+        None,
+        description="game environments: self-play, a named player of the game (random, "
+        "optimal) or a frozen model (same forms as --model) in the other seats",
+    )
+    seat: str | None = pydantic.Field(
+        None,
+        description="game environments with an opponent: alternate, random or a role name",
+    )
     out: Path | None = pydantic.Field(
         None,
         description="keep the samples: a .jsonl file, or a directory for a durable Data Buffer",
@@ -80,8 +96,35 @@ def add_parser(sub: Any) -> None:
 async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation ``cfg`` describes and return its summary."""
     env = load_environment(cfg.env, cfg.env_args)
-    async with open_policy(cfg.model, tokenizer=cfg.tokenizer) as (policy, tokenizer):
+    if (cfg.opponent is not None or cfg.seat is not None) and not isinstance(env, GameEnv):
+        raise ConfigError(
+            f"--opponent and --seat are for game environments; {cfg.env!r} "
+            f"({type(env).__name__}) is not a GameEnv"
+        )
+    async with contextlib.AsyncExitStack() as stack:
+        policy, tokenizer = await stack.enter_async_context(
+            open_policy(cfg.model, tokenizer=cfg.tokenizer)
+        )
+        if isinstance(env, GameEnv) and (cfg.opponent is not None or cfg.seat is not None):
+            await _set_opponent(cfg, env, stack)
         return await _evaluate(cfg, env, policy, tokenizer)
+
+
+async def _set_opponent(cfg: EvalConfig, env: GameEnv, stack: contextlib.AsyncExitStack) -> None:
+    spec = cfg.opponent
+    if spec is None or spec in env.players or spec in ("self", "self-play"):
+        env.set_opponent(spec if spec is not None else env.opponent, seat=cfg.seat)
+        return
+    try:
+        generator, tokenizer = await stack.enter_async_context(
+            open_policy(spec, tokenizer=cfg.tokenizer)
+        )
+    except (ConfigError, ModelNotFoundError) as e:
+        raise ConfigError(
+            f"--opponent {spec!r} is neither a player of {cfg.env} ({sorted(env.players)}, "
+            f"self-play) nor a model: {e}"
+        ) from None
+    env.set_opponent(ModelPlayer(generator, tokenizer=tokenizer, name=spec), seat=cfg.seat)
 
 
 async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> dict[str, Any]:
@@ -101,12 +144,19 @@ async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> d
         progress=cfg.progress,
     )
     async with _open_sink(cfg, len(tasks)) as sink:
+        tally = TallySink(sink) if isinstance(env, GameEnv) else None
         stats = await run_rollouts(
-            env, tasks, policy, tokenizer=tokenizer, sink=sink, config=config
+            env, tasks, policy, tokenizer=tokenizer, sink=tally or sink, config=config
         )
     summary = stats.to_dict()
     summary["env"] = cfg.env
     summary["model"] = cfg.model
+    if tally is not None:
+        assert isinstance(env, GameEnv)
+        games = tally.tally.summary()
+        summary["opponent"] = env.opponent_name
+        summary["seat_episodes"] = games.pop("episodes")
+        summary.update(games)
     if cfg.out:
         summary["out"] = str(cfg.out)
     return summary
@@ -153,7 +203,25 @@ def _table(summary: dict[str, Any]) -> str:
         ("failed", ", ".join(f"{k}={v}" for k, v in summary["failed"].items()) or "0"),
         ("wall", f"{summary['wall_s']:.2f} s"),
     ]
+    if "seats" in summary:
+        rows.append(("opponent", summary["opponent"]))
+        rows.append(("all seats", _seat_line(summary, summary["seat_episodes"])))
+        for role, seat in summary["seats"].items():
+            rows.append((role, _seat_line(seat, seat["episodes"])))
+        rows.append(("invalid moves", _rate(summary, "invalid_move_rate")))
     if "out" in summary:
         rows.append(("samples file", summary["out"]))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _rate(stats: dict[str, Any], key: str) -> str:
+    lo, hi = stats[f"{key}_ci"]
+    return f"{stats[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _seat_line(stats: dict[str, Any], n: int) -> str:
+    parts = [f"{k} {_rate(stats, f'{k}_rate')}" for k in ("win", "draw", "loss")]
+    if stats["truncated_rate"]:
+        parts.append(f"truncated {stats['truncated_rate']:.3f}")
+    return f"{', '.join(parts)}  (n={n})"

@@ -1,0 +1,156 @@
+"""The game protocol: the rules of a turn-based game as plain synchronous code.
+
+A :class:`Game` object holds one match. It knows its roles, whose turn it is, what each
+role may see (as chat messages), which moves are legal and what each role gets at the
+end. No model is involved: :class:`~agentenv.GameEnv` asks the game whose turn it is,
+shows that role its observation, parses the completion into a move with
+:meth:`Game.parse` and plays it with :meth:`Game.play`.
+
+Moves are strings: the canonical text of a move (``"5"`` for a TicTacToe cell, ``"bet"``
+in Kuhn Poker, ``"2 3"`` in Nim). Players write their move in square brackets; the last
+``[...]`` of a completion is the move, so a model may reason before it.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+import re
+from typing import ClassVar, Self
+
+from agentenv._errors import IllegalMoveError
+from agentenv._messages import Message
+
+__all__ = ["Game", "InvalidMove", "last_bracketed"]
+
+_BRACKETED = re.compile(r"\[([^\[\]\n]{1,64})\]")
+
+
+def last_bracketed(text: str) -> str | None:
+    """The stripped text inside the last ``[...]`` of ``text`` (one line, at most 64
+    characters), or ``None`` when there is none."""
+    found = _BRACKETED.findall(text)
+    return found[-1].strip() if found else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvalidMove:
+    """What :meth:`Game.parse` returns for a completion that is not a legal move now.
+
+    Args:
+        reason: what was wrong and how to write a legal move; shown to the player when
+            it may retry.
+        text: the move as the player wrote it, when one was found.
+    """
+
+    reason: str
+    text: str | None = None
+
+
+class Game(abc.ABC):
+    """The rules of a turn-based game for one or more roles; one object is one match.
+
+    Implement :meth:`reset`, :meth:`current_role`, :meth:`observation`, :meth:`apply` and
+    :meth:`returns`, and usually :meth:`legal_actions` (random and scripted players need
+    it; :meth:`parse` then rejects illegal moves itself). Chance (a deal, a dice roll)
+    comes from the game's own ``random.Random(seed)`` made in :meth:`reset`, never from
+    the global ``random`` module, so a match is reproducible from its seed.
+
+    Class attributes:
+        name: a short name (``"tictactoe"``); it keys per-game statistics and baselines.
+        roles: the seats, in order (``("x", "o")``).
+
+    ``name`` and ``roles`` may also be set per instance (adapters do).
+        move_hint: an example of a well-formed move, shown when a reply has none.
+    """
+
+    name: str = ""
+    roles: tuple[str, ...] = ()
+    move_hint: ClassVar[str] = "[move]"
+
+    @abc.abstractmethod
+    def reset(self, seed: int) -> None:
+        """Start a new match; all of its chance comes from ``random.Random(seed)``."""
+
+    @abc.abstractmethod
+    def current_role(self) -> str | None:
+        """The role to move now, or ``None`` once the match is over."""
+
+    @abc.abstractmethod
+    def observation(self, role: str) -> list[Message]:
+        """The chat messages ``role`` is prompted with now: the rules, its private
+        information and the public history of moves -- never another role's private
+        information."""
+
+    def legal_actions(self) -> list[str] | None:
+        """The moves the current role may play now (``None``: the game does not list them,
+        and :meth:`apply` raises :class:`IllegalMoveError` for an illegal one)."""
+        return None
+
+    @abc.abstractmethod
+    def apply(self, action: str) -> None:
+        """Play ``action`` for the current role. An illegal move raises
+        :class:`IllegalMoveError` and leaves the state unchanged."""
+
+    @abc.abstractmethod
+    def returns(self) -> dict[str, float]:
+        """Each role's return once the match is over (e.g. +1 win, -1 loss, 0 draw)."""
+
+    # -- provided ------------------------------------------------------------------------
+    def normalize(self, text: str) -> str:
+        """The canonical move for what a player wrote in brackets (default: lower case,
+        single spaces)."""
+        return " ".join(text.lower().split())
+
+    def parse(self, text: str) -> str | InvalidMove:
+        """The move in a completion (its last ``[...]``), or an :class:`InvalidMove` saying
+        what was wrong: no move found, or a move that is not legal now."""
+        found = last_bracketed(text)
+        if found is None:
+            return InvalidMove(
+                f"no move found: end your reply with your move in square brackets, "
+                f"e.g. {self.move_hint}."
+            )
+        action = self.normalize(found)
+        legal = self.legal_actions()
+        if legal is not None and action not in legal:
+            return InvalidMove(
+                f"[{found}] is not a legal move now; legal moves: "
+                f"{', '.join(f'[{a}]' for a in legal)}.",
+                text=found,
+            )
+        return action
+
+    def play(self, role: str, action: str) -> None:
+        """Play ``action`` for ``role``, checking first that the match is on, that it is
+        ``role``'s turn and (when the game lists them) that the move is legal.
+
+        Raises:
+            IllegalMoveError: naming the role, the move and what is allowed instead.
+        """
+        current = self.current_role()
+        if role not in self.roles:
+            raise IllegalMoveError(f"unknown role {role!r}; {self.name} has roles {self.roles}")
+        if current is None:
+            raise IllegalMoveError(
+                f"the {self.name} match is over; {role!r} cannot play {action!r}"
+            )
+        if role != current:
+            raise IllegalMoveError(
+                f"{role!r} played {action!r} out of turn: it is the turn of {current!r}"
+            )
+        legal = self.legal_actions()
+        if legal is not None and action not in legal:
+            raise IllegalMoveError(
+                f"{action!r} is not a legal move for {role!r} now; legal: {legal}"
+            )
+        self.apply(action)
+
+    def is_over(self) -> bool:
+        """Whether the match has ended."""
+        return self.current_role() is None
+
+    def clone(self) -> Self:
+        """An independent copy of the match (default: a deep copy), for search."""
+        return copy.deepcopy(self)
