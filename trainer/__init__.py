@@ -6,6 +6,7 @@ here are shared by every backend (plain torch on one machine, megatron-core on G
 """
 
 from trainer._advantages import ESTIMATORS, compute_advantages
+from trainer._backend import Backend, OptimConfig
 from trainer._batching import pack_by_tokens
 from trainer._data import load_prompt_data
 from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
@@ -18,13 +19,14 @@ from trainer._losses import (
     token_weights,
 )
 from trainer._sync import DiskSync, InProcessSync, WeightSync
-from trainer._torch import OptimConfig, TorchBackend
+from trainer._torch import TorchBackend
 
 __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "KL_TYPES",
     "SCHEDULES",
+    "Backend",
     "DiskSync",
     "GRPOConfig",
     "InProcessSync",

@@ -47,6 +47,11 @@ def add_parser(sub: Any) -> None:
         default=False,
         help="ours: also compute the entropy metric (the HF side does not)",
     )
+    parser.add_argument(
+        "--megatron",
+        action="store_true",
+        help="also time the megatron backend's step on the same model (needs megatron-core)",
+    )
     parser.add_argument("--tokenizer-dir", help="where tokenizer.json is (default: smollm2-135m's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main)
@@ -131,7 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from trainer._advantages import compute_advantages
-    from trainer._torch import OptimConfig, TorchBackend
+    from trainer._backend import OptimConfig
+    from trainer._torch import TorchBackend
 
     device = args.device
     out: dict[str, Any] = {"bench": "train", "device": device}
@@ -154,19 +160,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         n_params = sum(p.numel() for p in backend.model.parameters())
         out["params"] = n_params
-        old = backend.logprobs(samples)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for i in range(args.steps + 1):
-            _sync(device)
-            t = time.perf_counter()
-            backend.train_step(samples, adv, old_logprobs=old)
-            _sync(device)
-            if i:  # the first step warms up
-                times.append(time.perf_counter() - t)
-        ours = sorted(times)[len(times) // 2]
+        ours = _median_step(backend, samples, adv, args.steps, device)
         out["ours"] = _side(ours, tokens_per_step, n_params, peak, _peak_mem(device))
+        if args.megatron:
+            del backend  # the device to the megatron side
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            from trainer.megatron import MegatronBackend
+
+            mega = MegatronBackend(
+                root, device=device, optim=OptimConfig(lr=1e-6),
+                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
+            )  # fmt: skip
+            step = _median_step(mega, samples, adv, args.steps, device)
+            out["megatron"] = _side(step, tokens_per_step, n_params, peak, _peak_mem(device))
+            out["megatron_vs_ours"] = round(ours / step, 3)
+            del mega
+            torch.cuda.empty_cache()
+            backend = TorchBackend(root, device=device)  # for the weight sync below
         # -- weight sync into the engine on the same device --
         from agentenv.engine import Engine
 
@@ -224,6 +237,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def _median_step(backend: Any, samples: Any, adv: Any, steps: int, device: str) -> float:
+    """The median seconds of ``steps`` train steps after one warm-up (old log-probs given,
+    so one forward and backward per step)."""
+    import torch
+
+    old = backend.logprobs(samples)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(steps + 1):
+        _sync(device)
+        t = time.perf_counter()
+        backend.train_step(samples, adv, old_logprobs=old)
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
 
 
 def _side(

@@ -144,6 +144,10 @@ class TrainConfig(pydantic.BaseModel):
     sglang_args: list[str] = pydantic.Field(
         default_factory=list, description="flags for SGLang (from --sglang-* on the command line)"
     )
+    megatron_args: list[str] = pydantic.Field(
+        default_factory=list,
+        description="megatron's own flags (--tensor-model-parallel-size ...), --backend megatron",
+    )
     n_eval: int = pydantic.Field(64, ge=0, description="held-out tasks evaluated before/after")
     eval_interval: int = pydantic.Field(
         0, ge=0, description="also evaluate every N rollout steps (0: only before and after)"
@@ -165,6 +169,14 @@ class TrainConfig(pydantic.BaseModel):
             raise ValueError(
                 f"--sglang-* flags ({' '.join(self.sglang_args)}) need --rollout-engine sglang"
             )
+        if self.megatron_args:
+            if self.backend != "megatron":
+                raise ValueError(
+                    f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
+                )
+            from trainer.megatron import parse_megatron_flags
+
+            parse_megatron_flags(self.megatron_args)  # names and values, before anything loads
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"--rollout-url must start with http:// or https://, got {url!r}")
@@ -180,16 +192,19 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, TrainConfig, config_file=True, exclude=("sglang_args",))
+    add_model_arguments(
+        parser, TrainConfig, config_file=True, exclude=("sglang_args", "megatron_args")
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(handler=_main, sglang_passthrough=True)
+    parser.set_defaults(handler=_main, sglang_passthrough=True, megatron_passthrough=True)
 
 
 def _main(args: argparse.Namespace) -> int:
     from agentenv.cli._config import build_config
 
-    if not args.sglang_args:
-        del args.sglang_args  # the config file's (if any) apply
+    for name in ("sglang_args", "megatron_args"):
+        if not getattr(args, name, None):
+            vars(args).pop(name, None)  # the config file's (if any) apply
     config = build_config(TrainConfig, args)
     from trainer._train import train
 

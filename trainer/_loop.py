@@ -32,9 +32,9 @@ import anyio
 from agentenv import ConfigError, Environment, Sample, SamplingParams, Task, Tokenizer
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
+from trainer._backend import Backend
 from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._sync import InProcessSync, WeightSync
-from trainer._torch import TorchBackend
 
 __all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
 
@@ -125,7 +125,7 @@ class GRPOConfig:
 async def run_grpo(
     env: Environment,
     tasks: Sequence[Task],
-    backend: TorchBackend,
+    backend: Backend,
     engine: Any,
     tokenizer: Tokenizer,
     config: GRPOConfig | None = None,
@@ -272,7 +272,7 @@ async def _fill_then_set(
 
 
 def _train(
-    backend: TorchBackend, samples: list[Sample], adv: list[float], steps: int
+    backend: Backend, samples: list[Sample], adv: list[float], steps: int
 ) -> dict[str, float]:
     """``steps`` optimizer steps on equal shares of ``samples`` (``global_batch_size``
     each when every episode gives one sample); the last step's metrics."""

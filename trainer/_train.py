@@ -173,15 +173,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     from agentenv import ChatTokenizer, RolloutConfig, SamplingParams, load_environment
     from agentenv import run_rollouts as rollouts
+    from trainer._backend import Backend, OptimConfig
     from trainer._loop import GRPOConfig, run_grpo
     from trainer._losses import LossConfig
-    from trainer._torch import OptimConfig, TorchBackend
+    from trainer._torch import TorchBackend
 
-    if config.backend == "megatron":
-        raise ConfigError(
-            "--backend megatron: the megatron-core training backend is not part of this "
-            "version yet; use --backend torch"
-        )
     sampling = SamplingParams(
         max_new_tokens=config.rollout_max_response_len, temperature=config.rollout_temperature
     )
@@ -239,13 +235,26 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tokenizer = tokenizer.with_template(RAW_TEMPLATE)
     checkpoint, resuming = _checkpoint_dir(config)
     started = time.perf_counter()
-    backend = TorchBackend(
-        config.hf_checkpoint,
-        device=config.device,
-        optim=optim,
-        loss=loss,
-        max_tokens_per_micro_batch=config.max_tokens_per_gpu,
-    )
+    backend: Backend
+    if config.backend == "megatron":
+        from trainer.megatron import MegatronBackend, parse_megatron_flags
+
+        backend = MegatronBackend(
+            config.hf_checkpoint,
+            device=config.device,
+            optim=optim,
+            loss=loss,
+            max_tokens_per_micro_batch=config.max_tokens_per_gpu,
+            parallel=parse_megatron_flags(config.megatron_args),
+        )
+    else:
+        backend = TorchBackend(
+            config.hf_checkpoint,
+            device=config.device,
+            optim=optim,
+            loss=loss,
+            max_tokens_per_micro_batch=config.max_tokens_per_gpu,
+        )
     report = Reporter(config, config.save, resuming)
 
     async def evaluate(policy: Any) -> float | None:

@@ -58,7 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours, server_flags, router_flags = split_passthrough(argv[:cut])
     except AgentEnvError as e:
         parser.error(str(e))
-    args = parser.parse_args(ours + argv[cut:])
+    args, extra = parser.parse_known_args(ours + argv[cut:])
+    if extra and not getattr(args, "megatron_passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.megatron_args = extra  # e.g. agentenv train --backend megatron --sequence-parallel
     if (server_flags or router_flags) and not getattr(args, "sglang_passthrough", False):
         parser.error(
             f"--sglang-* and --router-* flags are passed to SGLang by commands that launch "

@@ -182,8 +182,17 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     base = ["--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model)]
     out = _train(*base, "--sglang-mem-fraction-static", "0.5")
     assert out.returncode == 2 and "need --rollout-engine sglang" in out.stderr
-    out = _train(*base, "--backend", "megatron")
-    assert out.returncode == 2 and "megatron" in out.stderr and "--backend torch" in out.stderr
+    out = _train(*base, "--backend", "megatron")  # megatron-core is not installed here
+    assert out.returncode == 2 and "pip install 'agentenv[megatron]'" in out.stderr
+    out = _train(*base, "--tensor-model-parallel-size", "2")
+    assert out.returncode == 2 and "need --backend megatron" in out.stderr
+    out = _train(*base, "--backend", "megatron", "--tensor-parallel", "2")
+    assert out.returncode == 2 and "unsupported megatron flag(s) ['--tensor-par" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", "--env", "x", "--model", "y", "--bogus"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
     out = _train(*base, "--rollout-batch-size", "8", "--over-sampling-batch-size", "4")
     assert out.returncode == 2 and "over_sampling_batch_size (4) must be at least" in out.stderr
     out = _train(*base, "--dynamic-sampling-filter-path", "nowhere.filter")

@@ -17,6 +17,7 @@ this package): :func:`model_provider`, :func:`load_weights`, :func:`megatron_arg
     load_weights(model, hf_to_megatron(load_hf_weights("path/to/hf"), cfg, tp_rank=rank))
 """
 
+from trainer.megatron._backend import MegatronBackend
 from trainer.megatron._config import SUPPORTED_ARCHITECTURES, MegatronModelConfig, padded_vocab_size
 from trainer.megatron._convert import (
     hf_to_megatron,
@@ -47,6 +48,7 @@ __all__ = [
     "EXTRA",
     "MEGATRON_FLAGS",
     "SUPPORTED_ARCHITECTURES",
+    "MegatronBackend",
     "MegatronModelConfig",
     "MegatronNotInstalledError",
     "ParallelConfig",

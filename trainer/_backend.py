@@ -1,0 +1,330 @@
+"""What every trainer backend shares: the optimizer settings and the GRPO step.
+
+A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
+:class:`~trainer.megatron.MegatronBackend` for megatron-core) supplies the model's forward
+pass -- per sample, the log-probs of its completion tokens (and their entropies) -- and
+the weight export; :class:`Backend` does the rest the same way for all of them: it packs
+samples into micro-batches by a token budget, computes the old policy's log-probs with
+the same micro-batches (so the ratio is exactly 1 on fresh on-policy data), weights every
+token by its share of the step's loss (:func:`trainer.token_weights`, so packing does not
+change the gradients), runs the loss and backward per micro-batch, clips the gradient
+norm, skips a non-finite update and steps the optimizer at the scheduled learning rate.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from agentenv import ConfigError, Sample
+from trainer._batching import pack_by_tokens
+from trainer._losses import LossConfig, policy_loss, token_weights
+
+__all__ = ["LR_DECAY_STYLES", "OPTIMIZERS", "Backend", "OptimConfig"]
+
+
+OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
+LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (slime's names in brackets).
+
+    Args:
+        optimizer: ``adam`` (AdamW: decoupled weight decay) or ``sgd`` [--optimizer].
+        lr: peak learning rate [--lr].
+        betas: Adam's betas [--adam-beta1, --adam-beta2].
+        weight_decay: decoupled weight decay [--weight-decay].
+        grad_clip: clip the global gradient norm to this (0: off) [--clip-grad].
+        eps: Adam's epsilon [--adam-eps].
+        lr_decay_style: ``constant``, ``linear`` or ``cosine`` decay from ``lr`` to
+            ``min_lr`` over ``lr_decay_iters`` optimizer steps [--lr-decay-style].
+        lr_warmup_iters: linear warm-up from 0 over this many steps [--lr-warmup-iters].
+        lr_decay_iters: steps of the decay (default: constant lr) [--lr-decay-iters].
+        min_lr: the floor of the decay [--min-lr].
+    """
+
+    optimizer: str = "adam"
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eps: float = 1e-8
+    lr_decay_style: str = "constant"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"
+            )
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ConfigError(
+                f"unknown lr_decay_style {self.lr_decay_style!r}; "
+                f"valid: {', '.join(LR_DECAY_STYLES)}"
+            )
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a positive number, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"min_lr must be in [0, lr ({self.lr})], got {self.min_lr}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"adam betas must be in [0, 1), got {self.betas}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("weight_decay and grad_clip must be >= 0")
+        decay = self.lr_decay_iters
+        if self.lr_warmup_iters < 0 or (decay is not None and decay < 1):
+            raise ConfigError("lr_warmup_iters must be >= 0 and lr_decay_iters >= 1")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        if step < self.lr_warmup_iters:
+            return self.lr * (step + 1) / self.lr_warmup_iters
+        if self.lr_decay_style == "constant" or self.lr_decay_iters is None:
+            return self.lr
+        span = max(self.lr_decay_iters - self.lr_warmup_iters, 1)
+        done = min(max(step - self.lr_warmup_iters, 0) / span, 1.0)
+        if self.lr_decay_style == "linear":
+            factor = 1.0 - done
+        else:
+            factor = 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.min_lr + (self.lr - self.min_lr) * factor
+
+
+@dataclasses.dataclass(slots=True)
+class Item:
+    ids: torch.Tensor  # prompt + completion
+    start: int  # index in ids of the first completion token
+    mask: torch.Tensor  # loss mask over the completion, float64
+
+
+def to_items(samples: Sequence[Sample]) -> list[Item]:
+    out = []
+    for i, s in enumerate(samples):
+        n = len(s.completion_ids)
+        if not s.prompt_ids or n == 0:
+            raise ConfigError(f"sample {i} has no prompt or no completion: nothing to train on")
+        ids = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
+        mask = torch.tensor(list(s.loss_mask or [1] * n), dtype=torch.float64)
+        out.append(Item(ids, len(s.prompt_ids), mask))
+    return out
+
+
+class Backend(abc.ABC):
+    """A model being trained with the GRPO loss; subclasses provide :meth:`_forward`
+    and the weight export.
+
+    Attributes set by :meth:`_configure` (subclasses call it): ``optim_config``,
+    ``loss_config``, ``max_tokens`` (the micro-batch token budget), ``entropy_metric``,
+    ``steps``; the subclass sets ``device``, ``dtype``, ``model``, ``reference`` (a
+    frozen copy when ``loss.kl_coef > 0``, else ``None``) and then calls
+    :meth:`_make_optimizer`.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    model: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
+
+    def _configure(
+        self,
+        optim: OptimConfig | None,
+        loss: LossConfig | None,
+        max_tokens_per_micro_batch: int,
+        entropy_metric: bool,
+    ) -> None:
+        if max_tokens_per_micro_batch < 1:
+            raise ConfigError(
+                f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}"
+            )
+        self.optim_config = optim or OptimConfig()
+        self.loss_config = loss or LossConfig()
+        self.max_tokens = max_tokens_per_micro_batch
+        self.entropy_metric = entropy_metric
+        self.steps = 0
+
+    def _make_optimizer(self) -> None:
+        o = self.optim_config
+        params = [p for p in self.parameters() if p.requires_grad]
+        if o.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+        else:
+            # CUDA: one fused kernel for the whole update instead of a few per tensor.
+            self.optimizer = torch.optim.AdamW(
+                params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                fused=self.device.type == "cuda",
+            )  # fmt: skip
+
+    def parameters(self) -> Iterable[torch.nn.Parameter]:
+        """The trained parameters."""
+        params: Iterable[torch.nn.Parameter] = self.model.parameters()
+        return params
+
+    @abc.abstractmethod
+    def _forward(
+        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per item of one micro-batch: the log-probs of its completion tokens (float32,
+        differentiable when grad is enabled) and, with ``with_entropy``, their entropies.
+        ``model`` defaults to the trained one (the reference model for KL)."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-named weights (for an engine's in-process update)."""
+
+    @abc.abstractmethod
+    def save_hf(self, directory: str | os.PathLike[str]) -> None:
+        """The current weights as an HF model directory (config + safetensors)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
+        """Model, optimizer, RNG states and ``extra`` into ``directory``, atomically."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore :meth:`save_checkpoint`'s state; returns its ``extra``."""
+
+    # -- shared by every backend ----------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "steps": self.steps,
+        }
+
+    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.steps = int(state["steps"])
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+        """The current policy's (or, with ``reference``, the frozen reference model's)
+        log-probs, float32 on CPU, of each sample's completion tokens."""
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        model = self.reference if reference else self.model
+        items = to_items(samples)
+        out: list[torch.Tensor | None] = [None] * len(items)
+        for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
+            lps, _ = self._forward([items[i] for i in group], with_entropy=False, model=model)
+            for i, lp in zip(group, lps, strict=True):
+                out[i] = lp.float().cpu()
+        return [t for t in out if t is not None]
+
+    # -- training -------------------------------------------------------------------------
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on ``samples`` (one per advantage); returns its metrics."""
+        cfg = self.loss_config
+        items = to_items(samples)
+        adv = torch.as_tensor(advantages, dtype=torch.float64).flatten()
+        if adv.numel() != len(items):
+            raise ConfigError(f"{len(items)} samples but {adv.numel()} advantages")
+        if cfg.kl_coef > 0 and ref_logprobs is None:
+            raise ConfigError("kl_coef > 0 needs ref_logprobs")
+        groups = pack_by_tokens([len(it.ids) for it in items], self.max_tokens)
+        t0 = time.perf_counter()
+        if old_logprobs is None:
+            # With the same micro-batches as the update: at the first step on fresh data
+            # the ratio is then exactly 1.
+            old: list[torch.Tensor | None] = [None] * len(items)
+            with torch.no_grad():
+                for group in groups:
+                    lps, _ = self._forward([items[i] for i in group], with_entropy=False)
+                    for i, lp in zip(group, lps, strict=True):
+                        old[i] = lp.detach()
+            old_logprobs = [t for t in old if t is not None]
+        t1 = time.perf_counter()
+        weights = token_weights(
+            [len(it.mask) for it in items],
+            [it.mask for it in items],
+            cfg,
+            total_samples=len(items),
+            total_tokens=int(sum(float(it.mask.sum()) for it in items)),
+        )
+        sums: dict[str, float] = {}
+        ratio_max, ratio_min = -math.inf, math.inf
+        want_entropy = self.entropy_metric or cfg.entropy_coef > 0
+        for group in groups:
+            lps, ents = self._forward([items[i] for i in group], with_entropy=want_entropy)
+            dev = lps[0].device
+
+            def cat(parts: Sequence[torch.Tensor], dev: torch.device = dev) -> torch.Tensor:
+                return torch.cat([p.to(dev, torch.float32) for p in parts])
+
+            rollout = [samples[i].rollout_logprobs for i in group]
+            has_rollout = all(r is not None for r in rollout)
+            loss, part = policy_loss(
+                cat(lps),
+                cat([old_logprobs[i] for i in group]),
+                cat([adv[i].expand(len(items[i].mask)) for i in group]),
+                cat([weights[i] for i in group]),
+                cfg,
+                ref_logp=cat([ref_logprobs[i] for i in group]) if ref_logprobs else None,
+                rollout_logp=cat([torch.tensor(list(r or ())) for r in rollout])
+                if has_rollout
+                else None,
+                entropy=cat(ents) if ents is not None else None,
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+            for k, v in part.items():
+                if k == "ratio_max":
+                    ratio_max = max(ratio_max, float(v))
+                elif k == "ratio_min":
+                    ratio_min = min(ratio_min, float(v))
+                else:
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        t2 = time.perf_counter()
+        clip = self.optim_config.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip > 0 else float("inf")
+        )
+        skipped = not math.isfinite(float(norm))
+        lr = self.optim_config.lr_at(self.steps)
+        if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        t3 = time.perf_counter()
+        # Metric sums are weighted like the loss; divided by the total weight they are means
+        # (the loss itself is already the step's).
+        weight = sums.pop("weight", 0.0) or 1.0
+        metrics = {k: v if k in ("loss", "pg_loss") else v / weight for k, v in sums.items()}
+        metrics.update(
+            skipped_nonfinite=float(skipped),
+            ratio_max=ratio_max,
+            ratio_min=ratio_min,
+            grad_norm=float(norm),
+            lr=lr,
+            micro_batches=float(len(groups)),
+            time_old_logprobs_s=t1 - t0,
+            time_forward_backward_s=t2 - t1,
+            time_optimizer_s=t3 - t2,
+        )
+        if "rollout_train_logprob_abs_diff" in metrics:
+            metrics["train/rollout_train_logprob_abs_diff"] = metrics.pop(
+                "rollout_train_logprob_abs_diff"
+            )
+        return metrics
