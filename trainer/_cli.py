@@ -57,7 +57,7 @@ class TrainConfig(pydantic.BaseModel):
     )
     save_interval: int = pydantic.Field(1, ge=1, description="rollout steps between checkpoints")
     load: Path | None = pydantic.Field(
-        None, description="resume from this run directory's checkpoint (default: --save's)"
+        None, description="start from this run directory's checkpoint (until --save has one)"
     )
     num_rollout: int = pydantic.Field(10, ge=1, description="rollout steps")
     rollout_batch_size: int = pydantic.Field(8, ge=1, description="prompts per rollout step")
@@ -202,6 +202,13 @@ def add_parser(sub: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     from agentenv.cli._config import build_config
 
+    if args.router_args:
+        print(
+            "agentenv train: error: --router-* flags: agentenv train launches no router "
+            "(point --rollout-url at a running one)",
+            file=sys.stderr,
+        )
+        return 2
     for name in ("sglang_args", "megatron_args"):
         if not getattr(args, name, None):
             vars(args).pop(name, None)  # the config file's (if any) apply

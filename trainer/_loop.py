@@ -1,13 +1,15 @@
 """The GRPO loop: roll out, train, sync the weights, repeat -- on one of three schedules.
 
 * ``sync``: roll out with the current weights, train on that batch, sync, repeat. Every
-  sample is on-policy.
+  sample is on-policy, except kept groups left over from over-sampling, which wait for
+  the next step (``max_staleness`` bounds how old they may get).
 * ``one_step_off``: the rollout for step ``k + 1`` runs while step ``k`` trains (with the
   weights of step ``k - 1``); the weights are synced between rollouts. Samples lag by one
   version; the loss's importance ratio (and ``use_tis``) corrects for it.
 * ``async``: rounds of rollouts run continuously; the trainer takes a batch whenever one is
   ready and syncs after every step, also while episodes are in flight (tokens carry the
-  version that produced them). The Buffer's staleness bound keeps every group within
+  version that produced them; an SGLang server applies a disk update once its running
+  requests finish). The Buffer's staleness bound keeps every group within
   ``max_staleness`` versions of the policy that trains on it: its admission control holds
   back new rounds, and groups that still went stale are dropped.
 
@@ -28,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import anyio
+import torch
 
 from agentenv import ConfigError, Environment, Sample, SamplingParams, Task, Tokenizer
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
@@ -52,13 +55,15 @@ class GRPOConfig:
 
     Args:
         schedule: ``sync``, ``one_step_off`` or ``async`` (see the module docstring).
-        max_staleness: ``async`` only: a batch trained at version ``v`` holds no group
-            begun by a version older than ``v - max_staleness``.
+        max_staleness: a batch trained at version ``v`` holds no group begun by a version
+            older than ``v - max_staleness`` (older ones are dropped); at least 1 for
+            ``one_step_off``, whose samples are one version old by design.
         over_sampling_batch_size: prompts started per round (default
             ``rollout_batch_size``); more make up for groups the filters drop.
         filters: dynamic-sampling group filters (e.g. ``RewardStdFilter()``).
-        max_rounds: ``sync``/``one_step_off``: rounds per step at most while filters drop
-            groups; a step then trains on the groups it has.
+        max_rounds: rounds per step at most while filters drop groups: ``sync`` and
+            ``one_step_off`` then train on the groups they have; ``async`` stops with an
+            error after that many rounds in a row keep nothing.
         shuffle: reshuffle the tasks (seeded) at each pass over them.
     """
 
@@ -93,6 +98,11 @@ class GRPOConfig:
             raise ConfigError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be at least 0, got {self.max_staleness}")
+        if self.schedule == "one_step_off" and self.max_staleness < 1:
+            raise ConfigError(
+                "one_step_off trains on samples one version old: max_staleness must be at "
+                f"least 1, got {self.max_staleness}"
+            )
         over = self.over_sampling_batch_size
         if over is not None and over < self.rollout_batch_size:
             raise ConfigError(
@@ -110,15 +120,16 @@ class GRPOConfig:
         return self.over_sampling_batch_size or self.rollout_batch_size
 
     def buffer_config(self) -> BufferConfig:
-        rounds_ahead = self.max_staleness + 2 if self.schedule == "async" else 2
         return BufferConfig(
             n_samples_per_prompt=self.n_samples_per_prompt,
             rollout_batch_size=self.rollout_batch_size,
             global_batch_size=self.samples_per_step,
             num_steps_per_rollout=self.num_steps_per_rollout,
             filters=self.filters,
-            max_staleness=self.max_staleness if self.schedule == "async" else None,
-            capacity=max(self.round_size, self.rollout_batch_size) * rounds_ahead,
+            max_staleness=self.max_staleness,
+            # Memory is bounded by the rounds (and, async, by admission control), not by
+            # backpressure: a full Buffer would stall the round that must fill a batch.
+            capacity=1 << 30,
         )
 
 
@@ -145,14 +156,58 @@ async def run_grpo(
     embedded engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the
     model, optimizer, RNG state and the loop's position are saved there every
     ``save_interval`` steps (and after the last); a run that finds a checkpoint there
-    resumes after its step. On the ``sync`` schedule (without over-sampling) it continues
-    exactly as if it had never stopped; on ``one_step_off`` the rollout that was in flight
-    is played again with the checkpoint's weights; on ``async`` the tasks in flight are
-    skipped until the next pass over the data. Resuming with another batch schedule is
-    refused. ``evaluate`` (e.g. the reward on held-out tasks) runs every ``eval_interval``
-    steps, into that step's ``eval/reward_mean``.
+    resumes after its step. On the ``sync`` schedule (without over-sampling or filters,
+    whose leftover groups live in memory) it continues exactly as if it had never
+    stopped; on ``one_step_off`` the rollout that was in flight is played again with the
+    checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
+    pass over the data. Resuming with another batch schedule is refused. ``evaluate``
+    (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps, into that
+    step's ``eval/reward_mean``.
     """
-    config = config or GRPOConfig()
+    try:
+        return await _run(
+            env, tasks, backend, engine, tokenizer, config or GRPOConfig(), sync=sync,
+            on_step=on_step, checkpoint=checkpoint, save_interval=save_interval,
+            evaluate=evaluate, eval_interval=eval_interval,
+        )  # fmt: skip
+    except BaseExceptionGroup as group:
+        # The producer runs in a task group: surface a lone error as itself (a ConfigError
+        # found at run time is then reported like one found before the start).
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _advantage_scale(sample: Sample) -> float:
+    """``metadata["advantage_scale"]`` (e.g. a game's discount for an early turn), else 1:
+    applied after the group normalisation, so it weighs a sample without moving its sign."""
+    scale = sample.metadata.get("advantage_scale", 1.0)
+    return float(scale) if isinstance(scale, (int, float)) else 1.0
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
+async def _run(
+    env: Environment,
+    tasks: Sequence[Task],
+    backend: Backend,
+    engine: Any,
+    tokenizer: Tokenizer,
+    config: GRPOConfig,
+    *,
+    sync: WeightSync | None = None,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    save_interval: int = 1,
+    evaluate: Callable[[], Awaitable[float | None]] | None = None,
+    eval_interval: int = 0,
+) -> list[dict[str, float]]:
     distinct = len({t.id for t in tasks})
     if distinct < config.round_size:
         raise ConfigError(
@@ -186,7 +241,7 @@ async def run_grpo(
             max_rounds=config.max_rounds,
         )  # fmt: skip
         if config.schedule == "async":
-            tg.start_soon(producer.run_forever)
+            tg.start_soon(producer.run_forever, first)
         ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
         for step in range(first, config.num_rollout):
             t0 = time.perf_counter()
@@ -200,6 +255,7 @@ async def run_grpo(
                     await producer.fill(step, config.rollout_batch_size)
                 else:
                     await ahead.wait()
+                await buffer.drop_stale()
                 ready = (await buffer.statistics()).ready
                 # Whatever the filters kept (at most a batch): never wait for groups
                 # that will not come.
@@ -219,7 +275,7 @@ async def run_grpo(
                     [s.reward for s in samples],
                     [(s.group_id, s.role) for s in samples],
                     config.advantage_estimator,
-                )
+                ) * torch.tensor([_advantage_scale(s) for s in samples])
                 # The backend's work runs on a worker thread: the event loop keeps serving
                 # the episodes of the rollouts running meanwhile.
                 metrics.update(

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 
 from agentenv import (
+    ConfigError,
     Environment,
     RolloutConfig,
     Sample,
@@ -115,6 +116,7 @@ class Producer:
         self.stats = RoundStats()
         self.groups_per_prompt = 1  # the Buffer keeps one group per role of an episode
         self.first_put = anyio.Event()
+        self._barren = 0  # async: rounds in a row that kept no group
         self._running = 0
         self._busy_since = 0.0
 
@@ -134,8 +136,10 @@ class Producer:
         self.stats = RoundStats()
         return out
 
-    async def play(self, tasks: Sequence[Task], seed: int) -> None:
-        """One round: every task ``n_samples_per_prompt`` times, groups into the Buffer."""
+    async def play(self, tasks: Sequence[Task], seed: int) -> int:
+        """One round: every task ``n_samples_per_prompt`` times, groups into the Buffer.
+        Returns how many prompts' groups were put (all of them unless cancelled)."""
+        round_sink = _RoundSink(self)
         if self._running == 0:
             self._busy_since = time.perf_counter()
         self._running += 1
@@ -145,7 +149,7 @@ class Producer:
                 tasks,
                 self.policy,
                 tokenizer=self.tokenizer,
-                sink=self,
+                sink=round_sink,
                 config=RolloutConfig(
                     n_samples_per_prompt=self.n_samples_per_prompt,
                     sampling=self.sampling,
@@ -165,6 +169,7 @@ class Producer:
         s.completion_tokens += result.completion_tokens
         s.failed += sum(result.failed.values())
         s.rewards.extend(result.rewards)
+        return round_sink.put
 
     async def fill(self, step: int, groups: int) -> None:
         """Play rounds until the kept groups of ``groups`` prompts are ready (at most
@@ -175,27 +180,56 @@ class Producer:
         """
         for k in range(self.max_rounds):
             wanted = groups * self.groups_per_prompt
+            await self.buffer.drop_stale()  # leftovers too old to train on do not count
             if (await self.buffer.statistics()).ready >= wanted:
                 return
             missing = await self.buffer.prompts_to_start(wanted) // self.groups_per_prompt
             n = max(self.round_size, missing) if k else self.round_size
             await self.play(self.stream.take(n), self.seed + step + k * 1_000_003)
 
-    async def run_forever(self) -> None:
-        """Start rounds as fast as the Buffer admits them (the asynchronous schedule)."""
+    async def run_forever(self, start: int = 0) -> None:
+        """Start rounds as fast as the Buffer admits them (the asynchronous schedule),
+        from training step ``start`` (it seeds the rounds: a resumed run plays new ones).
+
+        Raises :class:`ConfigError` when ``max_rounds`` rounds in a row keep no group (a
+        filter that drops everything, or episodes that all fail)."""
         k = 0
         async with anyio.create_task_group() as tg:
             while True:
                 await self.buffer.reserve(self.round_size)
                 tasks = self.stream.take(self.round_size)
-                tg.start_soon(self._admitted_round, tasks, self.seed + 7_919 * k)
+                seed = self.seed + 1_000_003 * start + 7_919 * k
+                tg.start_soon(self._admitted_round, tasks, seed)
                 k += 1
 
     async def _admitted_round(self, tasks: Sequence[Task], seed: int) -> None:
+        kept = (await self.buffer.statistics()).kept
+        round_put = 0
         try:
-            await self.play(tasks, seed)
-        except BaseException:
-            # Reservations of groups that never arrived go back (cancelled at the end).
-            stats = await self.buffer.statistics()
-            await self.buffer.release(min(stats.in_flight, len(tasks)))
-            raise
+            round_put = await self.play(tasks, seed)
+        finally:
+            # Reservations of prompts that never arrived go back (cancelled at the end).
+            await self.buffer.release(max(0, len(tasks) - round_put))
+        if (await self.buffer.statistics()).kept > kept:
+            self._barren = 0
+        else:
+            self._barren += 1
+            if self._barren >= self.max_rounds:
+                stats = await self.buffer.statistics()
+                raise ConfigError(
+                    f"{self._barren} rounds in a row kept no group (dropped so far: "
+                    f"{dict(stats.dropped)}, failed episodes: {self.stats.failed}): check the "
+                    "dynamic-sampling filter and the episodes' errors"
+                )
+
+
+class _RoundSink:
+    """One round's sink: counts the prompts whose groups it put, then the producer's."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self.put = 0
+
+    async def put_group(self, samples: Sequence[Sample]) -> None:
+        await self.producer.put_group(samples)
+        self.put += 1

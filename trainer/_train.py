@@ -156,15 +156,21 @@ def _checkpoint_dir(config: TrainConfig) -> tuple[Path | None, bool]:
         if config.load is not None:
             raise ConfigError("--load needs --save (where the resumed run writes)")
         return None, False
+    from trainer._files import replace_dir
+
     config.save.mkdir(parents=True, exist_ok=True)
     checkpoint = config.save / "checkpoint"
-    source = (config.load or config.save) / "checkpoint"
-    if config.load is not None and not source.is_dir():
-        raise ConfigError(f"--load {str(config.load)!r} has no checkpoint directory")
-    if source != checkpoint and source.is_dir():
-        shutil.rmtree(checkpoint, ignore_errors=True)
-        shutil.copytree(source, checkpoint)
-    return checkpoint, checkpoint.is_dir()
+    if config.load is not None:
+        source = config.load / "checkpoint"
+        if not (source / "checkpoint.json").is_file():
+            raise ConfigError(f"--load {str(config.load)!r} has no checkpoint")
+        # This run's own checkpoint, once it has one, is newer than the one it began from.
+        if not (checkpoint / "checkpoint.json").is_file() and (
+            source.resolve() != checkpoint.resolve()
+        ):
+            with replace_dir(checkpoint) as tmp:
+                shutil.copytree(source, tmp, dirs_exist_ok=True)
+    return checkpoint, (checkpoint / "checkpoint.json").is_file()
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

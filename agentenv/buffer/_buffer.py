@@ -478,19 +478,23 @@ class Buffer:
     async def reserve(self, prompts: int = 1) -> None:
         """Admission control: wait until ``prompts`` more rollouts may start.
 
-        With ``max_staleness`` and ``rollout_batch_size`` set, the groups started are
-        bounded so that none can be older than ``max_staleness`` versions when its batch
-        is taken: at most ``(version + max_staleness + 1) * rollout_batch_size`` groups
-        (not counting dropped ones) may have been started when the trainer is at
-        ``version``. Without those settings it only counts the prompts in flight.
+        With ``max_staleness`` and ``rollout_batch_size`` set, the prompts alive -- in
+        flight or ready, not yet handed out -- are bounded by ``(max_staleness + 1) *
+        rollout_batch_size``, so every group started now is in one of the next
+        ``max_staleness + 1`` batches (at most ``max_staleness`` versions old when taken)
+        unless one that started later overtakes it. While fewer than a batch are alive a
+        reservation always passes (else a trainer short of groups that filters dropped
+        would wait forever; what then goes stale is dropped on the way out), and dropped
+        groups free their room at once. Without those settings it only counts
+        the prompts in flight.
         """
         self._check_open()
         limit = self.config.max_staleness
         per_step = self.config.rollout_batch_size
         while limit is not None and per_step is not None:
-            version = self._stats.policy_version or 0
-            live = self._admitted - sum(self._stats.dropped.values()) - self._stats.stale_dropped
-            if live + prompts <= (version + limit + 1) * per_step:
+            # In prompts: a multi-agent prompt leaves one ready group per role.
+            alive = self._stats.in_flight + len({g.group_id for g in self._ready})
+            if alive < per_step or alive + prompts <= (limit + 1) * per_step:
                 break
             changed = self._changed
             await changed.wait()
@@ -545,6 +549,14 @@ class Buffer:
         self._stats.batches += 1
         self._notify()  # room for producers
         return batch
+
+    async def drop_stale(self) -> int:
+        """Drop (or recycle) the ready groups too stale for the current policy version now,
+        rather than when a batch is next taken; returns how many went."""
+        self._check_open()
+        before = len(self._ready)
+        await self._drop_stale()
+        return before - len(self._ready)
 
     async def _drop_stale(self) -> None:
         if self.config.max_staleness is None:

@@ -9,9 +9,12 @@ in ``metadata["turn"]``. Each role only ever sees its own observation, which hol
 parsed moves, never another player's text.
 
 Rewards: the role's terminal return ``G`` (a forfeit after invalid moves gives the
-offender ``invalid_penalty`` and everyone else ``forfeit_reward``), discounted to turn
-``k`` of ``K`` as ``discount ** (K - 1 - k) * (G - b)`` where ``b`` is the
-:class:`RoleBaseline` when one is given, else 0. A match that reaches ``max_moves`` ends
+offender ``invalid_penalty`` and everyone else ``forfeit_reward``), minus ``b``, the
+:class:`RoleBaseline` when one is given (one snapshot per group), else 0. With
+``discount < 1`` turn ``k`` of ``K`` carries ``metadata["advantage_scale"] = discount **
+(K - 1 - k)``: the trainer scales that sample's advantage by it (discounting the reward
+itself would let GRPO's normalisation give the early moves of won matches negative
+advantages). A match that reaches ``max_moves`` ends
 truncated (reward 0), counted apart from draws.
 
 Samples keep the episode's ``group_id``: the Data Buffer forms one group per (task,
@@ -200,9 +203,33 @@ class GameEnv(Environment):
             raise ConfigError(f"split must be one of {sorted(self.sizes)}, got {split!r}")
         rng = random.Random(_SPLIT_SEEDS[split])
         return [
-            Task(id=f"{split}-{i}", info={"seed": rng.getrandbits(31), "index": i})
+            Task(id=f"{split}-{i}", info={"seed": rng.getrandbits(31), "index": i, "split": split})
             for i in range(self.sizes[split])
         ]
+
+    async def score_group(self, task: Task, samples: Sequence[Sample]) -> Sequence[Sample]:
+        """With a :class:`RoleBaseline`: every sample of a role in this group gets the same
+        baseline subtracted (one snapshot per group, so equal outcomes stay equal), then
+        the group's completed training matches update it (matches of the test split never
+        do)."""
+        if self.baseline is None:
+            return samples
+        out = list(samples)
+        for role in sorted({s.role for s in out if s.role is not None}):
+            base = self.baseline.value(self.game_name, role)
+            for i, s in enumerate(out):
+                if s.role == role:
+                    meta = {**s.metadata, "baseline": base}
+                    out[i] = dataclasses.replace(s, reward=s.reward - base, metadata=meta)
+        if task.info.get("split", "train") == "train":
+            seen: set[tuple[int | None, str]] = set()
+            for s in samples:
+                ret, key = s.metadata.get("return"), (s.episode, s.role or "")
+                done = s.status is Status.COMPLETED and isinstance(ret, (int, float))
+                if done and key not in seen:
+                    seen.add(key)
+                    self.baseline.update(self.game_name, key[1], float(ret))  # type: ignore[arg-type]
+        return out
 
     def trained_roles(self, task: Task, episode: Episode) -> tuple[str, ...]:
         """The roles the trained policy plays in this episode."""
@@ -306,16 +333,10 @@ class GameEnv(Environment):
         status: Status,
         reason: str | None,
     ) -> list[Sample]:
-        base = 0.0
-        if self.baseline is not None and status is Status.COMPLETED:
-            base = self.baseline.update(self.game_name, role, ret)
         common: dict[str, JSONValue] = {**meta, "return": ret, "outcome": outcome}
-        if self.baseline is not None:
-            common["baseline"] = base
         out: list[Sample] = []
         k_last = len(turns) - 1
         for k, turn in enumerate(turns):
-            reward = self.discount ** (k_last - k) * (ret - base)
             metadata: dict[str, JSONValue] = {
                 **common,
                 "turn": turn.move,
@@ -326,8 +347,12 @@ class GameEnv(Environment):
                 "attempts": turn.attempts,
                 "forfeit": forfeit == role and k == k_last,
             }
+            if self.discount < 1.0:
+                # Scales the advantage, not the reward: GRPO's normalisation would turn a
+                # discounted reward of a won match into a negative advantage.
+                metadata["advantage_scale"] = self.discount ** (k_last - k)
             out += episode.samples(
-                turn.transcript, reward, status=status, reason=reason, metadata=metadata
+                turn.transcript, ret, status=status, reason=reason, metadata=metadata
             )
         if not out:
             # The seat never generated (an opponent forfeited first, or a limit hit before
@@ -337,7 +362,7 @@ class GameEnv(Environment):
                 Sample(
                     prompt_ids=prompt.ids,
                     completion_ids=[],
-                    reward=ret - base,
+                    reward=ret,
                     group_id=episode.group_id,
                     role=role,
                     status=status,

@@ -15,7 +15,7 @@ import anyio
 import pytest
 import torch
 
-from agentenv import ChatTokenizer, Game, GameEnv, Message, Sample, SamplingParams
+from agentenv import ChatTokenizer, ConfigError, Game, GameEnv, Message, Sample, SamplingParams
 from agentenv.engine import Engine, EngineServer
 from agentenv.sglang import SGLangClient
 from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
@@ -261,3 +261,37 @@ def test_self_play_trains_each_role_against_its_own_baseline(model: Path) -> Non
             # ... which is not the prompt's (0 in a zero-sum game) when one seat won more.
             uncentred += abs(sum(r for r, _ in members)) > 0
     assert uncentred > 0
+
+
+def _odd(samples: Sequence[Sample]) -> bool:
+    return int((samples[0].task_id or "t0")[1:]) % 2 == 1
+
+
+@pytest.mark.parametrize(
+    ("schedule", "max_staleness", "over"),
+    [("async", 0, None), ("async", 1, 6), ("sync", 1, 6), ("one_step_off", 1, None)],
+)
+def test_schedules_finish_when_filters_drop_groups(
+    model: Path, schedule: str, max_staleness: int, over: int | None
+) -> None:
+    backend = Recording(model, optim=OptimConfig(lr=1e-3))
+    config = GRPOConfig(
+        num_rollout=3, rollout_batch_size=2, n_samples_per_prompt=2, sampling=SAMPLING,
+        schedule=schedule, max_staleness=max_staleness,  # type: ignore[arg-type]
+        over_sampling_batch_size=over, filters=[_odd],
+    )  # fmt: skip
+
+    history = run(model, config, backend)
+    assert len(history) == 3
+    trained = [s.task_id for batch in backend.trained for s in batch]
+    assert trained and all(int((t or "")[1:]) % 2 == 1 for t in trained)
+    assert all(h["rollout/staleness_max"] <= max(max_staleness, 1) for h in history)
+
+
+def test_async_stops_with_a_clear_error_when_nothing_is_ever_kept(model: Path) -> None:
+    config = GRPOConfig(
+        num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=2, sampling=SAMPLING,
+        schedule="async", filters=[lambda samples: False], max_rounds=2,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="2 rounds in a row kept no group"):
+        run(model, config, TorchBackend(model))

@@ -124,15 +124,41 @@ async def test_admission_control_bounds_started_rollouts() -> None:
     cfg = BufferConfig(n_samples_per_prompt=1, max_staleness=1, rollout_batch_size=2)
     async with Buffer(cfg) as b:
         await b.set_policy_version(0)
-        await b.reserve(4)  # (0 + 1 + 1) * 2 = 4 allowed at version 0
+        await b.reserve(4)  # (1 + 1) * 2 = 4 groups may be alive
         with anyio.move_on_after(0.2) as scope:
             await b.reserve(1)
         assert scope.cancelled_caught
+        for name in "abcd":
+            await b.put_group(group(name, [1]))
         async with anyio.create_task_group() as tg:
             tg.start_soon(b.reserve, 1)
             await anyio.sleep(0.05)
-            await b.set_policy_version(1)  # the trainer moved on: one more batch may start
-        assert (await b.statistics()).in_flight == 5
+            assert (await b.statistics()).in_flight == 0  # still waiting: 4 ready
+            await b.get_batch(2)  # the trainer took a batch: room for two more
+        assert (await b.statistics()).in_flight == 1
+        # The same after a resume at a later version: the bound is on what is alive.
+        await b.set_policy_version(50)
+        await b.reserve(1)
+        with anyio.move_on_after(0.2) as scope:
+            await b.reserve(1)
+        assert scope.cancelled_caught
+
+
+async def test_admission_lets_dropped_groups_free_their_room_and_never_starves() -> None:
+    cfg = BufferConfig(
+        n_samples_per_prompt=1, max_staleness=0, rollout_batch_size=2,
+        filters=[lambda samples: samples[0].reward > 0],
+    )  # fmt: skip
+    async with Buffer(cfg) as b:
+        await b.reserve(2)
+        await b.put_group(group("a", [0]))  # dropped by the filter: frees its room
+        await b.put_group(group("b", [1]))
+        with anyio.fail_after(1):
+            await b.reserve(1)
+        assert (await b.statistics()).in_flight == 1
+    async with Buffer(cfg) as b:
+        with anyio.fail_after(1):
+            await b.reserve(5)  # more than the bound, but nothing is alive: it starts
 
 
 async def test_backpressure_put_waits_when_full() -> None:

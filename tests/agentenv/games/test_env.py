@@ -93,16 +93,33 @@ async def test_self_play_one_sample_per_turn_per_role(smollm2: ChatTokenizer) ->
 async def test_discount_and_role_baseline(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, first_legal)
     x = by_role(await play(TicTacToeEnv(discount=0.5), model, smollm2), "x")
-    assert [s.reward for s in x] == [0.125, 0.25, 0.5, 1.0]
+    # The reward stays the return; the discount scales the advantage after normalisation
+    # (a discounted reward would give the first moves of a won match negative advantages).
+    assert [s.reward for s in x] == [1.0] * 4
+    assert [s.metadata["advantage_scale"] for s in x] == [0.125, 0.25, 0.5, 1.0]
     env = TicTacToeEnv(baseline=RoleBaseline(decay=0.5))
-    samples = await play(env, model, smollm2, n=2)
+    train = env.tasks("train")[:2]
+    samples = await play(env, model, smollm2, tasks=train)
     x_final = [s for s in by_role(samples, "x") if s.metadata.get("final")]
     assert [s.metadata["baseline"] for s in x_final] == [0.0, 0.5]
     assert [s.reward for s in x_final] == [1.0, 0.5]  # G - b, with b before its update
+    # One snapshot per group: every sample of a role in a group has the same baseline.
+    assert (
+        len(
+            {
+                s.metadata["baseline"]
+                for s in by_role(samples, "x")
+                if s.group_id == x_final[0].group_id
+            }
+        )
+        == 1
+    )
     assert env.baseline is not None and env.baseline.values() == {
         "tictactoe/o": -0.75,
         "tictactoe/x": 0.75,
     }
+    await play(env, model, smollm2, n=2)  # test matches never move the baseline
+    assert env.baseline.values() == {"tictactoe/o": -0.75, "tictactoe/x": 0.75}
 
 
 async def test_no_move_forfeits_with_the_penalty(smollm2: ChatTokenizer) -> None:
