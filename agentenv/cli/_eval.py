@@ -112,6 +112,10 @@ async def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
 async def _set_opponent(cfg: EvalConfig, env: GameEnv, stack: contextlib.AsyncExitStack) -> None:
     spec = cfg.opponent
+    if cfg.seat is not None and spec in (None, "self", "self-play") and env.opponent is None:
+        raise ConfigError(
+            f"--seat {cfg.seat} needs --opponent: in self-play the model plays every seat"
+        )
     if spec is None or spec in env.players or spec in ("self", "self-play"):
         env.set_opponent(spec if spec is not None else env.opponent, seat=cfg.seat)
         return

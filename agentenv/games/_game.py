@@ -90,8 +90,10 @@ class Game(abc.ABC):
 
     @abc.abstractmethod
     def apply(self, action: str) -> None:
-        """Play ``action`` for the current role. An illegal move raises
-        :class:`IllegalMoveError` and leaves the state unchanged."""
+        """Play ``action`` for the current role. :meth:`play` (which ``GameEnv`` and the
+        players go through) calls it only with a move checked against
+        :meth:`legal_actions`; a game that lists no legal actions must itself raise
+        :class:`IllegalMoveError` for an illegal move and leave the state unchanged."""
 
     @abc.abstractmethod
     def returns(self) -> dict[str, float]:

@@ -69,20 +69,30 @@ class OpenSpielGame(Game):
         return self.roles[int(self.state.current_player())]
 
     def _names(self) -> dict[str, int]:
+        # Case-sensitive: in chess "bxa6" (a pawn) and "Bxa6" (a bishop) are two moves.
         player = self.state.current_player()
         return {
-            self.state.action_to_string(player, a).strip().lower(): a
-            for a in self.state.legal_actions()
+            self.state.action_to_string(player, a).strip(): a for a in self.state.legal_actions()
         }
 
     def legal_actions(self) -> list[str] | None:
         return [] if self.state.is_terminal() else list(self._names())
 
     def normalize(self, text: str) -> str:
-        move = text.strip().lower()
-        if move.isdigit() and not self.state.is_terminal():
-            names = {a: name for name, a in self._names().items()}
-            return names.get(int(move), move)
+        """The legal move named ``text``: exactly, else by a case-insensitive match when
+        only one move matches, else by its action number."""
+        move = " ".join(text.split())
+        if self.state.is_terminal():
+            return move
+        names = self._names()
+        if move in names:
+            return move
+        folded = [name for name in names if name.lower() == move.lower()]
+        if len(folded) == 1:
+            return folded[0]
+        if move.isdigit():
+            by_number = {a: name for name, a in names.items()}
+            return by_number.get(int(move), move)
         return move
 
     def apply(self, action: str) -> None:

@@ -83,6 +83,10 @@ def test_self_play_and_a_frozen_model_opponent(capsys: pytest.CaptureFixture[str
             ["--env", TICTACTOE, "--opponent", "random", "--seat", "z"],
             "seat must be 'alternate', 'random' or a role of tictactoe ['x', 'o'], got 'z'",
         ),
+        (
+            ["--env", TICTACTOE, "--seat", "o"],
+            "--seat o needs --opponent: in self-play the model plays every seat",
+        ),
     ],
 )
 def test_bad_opponent_flags(

@@ -65,6 +65,21 @@ class TestOpenSpiel:
         game.reset(5)
         assert game.state.history_str() == first
 
+    def test_moves_differing_only_in_case_stay_apart(self) -> None:
+        from environments.games.openspiel import OpenSpielGame
+
+        game, rng = OpenSpielGame("chess"), random.Random(0)
+        game.reset(0)
+        for _ in range(60):  # random chess: names like "bxa6" and "Bxa6" both occur
+            legal = game.legal_actions() or []
+            assert len(legal) == len(game.state.legal_actions())
+            move = rng.choice(legal)
+            if move.lower() != move and sum(m.lower() == move.lower() for m in legal) == 1:
+                assert game.normalize(move.lower()) == move  # a unique match in any case
+            game.play(game.current_role() or "", move)
+            if game.is_over():
+                break
+
     def test_kuhn_random_play_value(self) -> None:
         from environments.games.openspiel import OpenSpielGame
 
