@@ -274,6 +274,8 @@ class GameEnv(Environment):
                     forfeit = role
                     break
                 moves += 1
+            if status is Status.COMPLETED and forfeit is None and game.truncated():
+                status, reason = Status.TRUNCATED, f"{self.game_name} cut the match short"
         except EpisodeTruncated as e:
             status, reason = Status.TRUNCATED, e.reason
         except EpisodeAborted as e:

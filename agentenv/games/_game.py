@@ -149,6 +149,11 @@ class Game(abc.ABC):
             )
         self.apply(action)
 
+    def truncated(self) -> bool:
+        """Whether the match, now over, was cut short by the game's own limit rather than
+        decided (default: never); ``GameEnv`` counts it as truncated, not as a draw."""
+        return False
+
     def is_over(self) -> bool:
         """Whether the match has ended."""
         return self.current_role() is None

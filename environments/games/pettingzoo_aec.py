@@ -56,10 +56,12 @@ class PettingZooGame(Game):
         self.rules = rules
         self.roles = tuple(self.env.possible_agents)
         self.totals: dict[str, float] = dict.fromkeys(self.roles, 0.0)
+        self._truncated = False
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed=seed)
         self.totals = dict.fromkeys(self.roles, 0.0)
+        self._truncated = False
         self._skip_done()
 
     def _skip_done(self) -> None:
@@ -67,7 +69,12 @@ class PettingZooGame(Game):
         while env.agents and (
             env.terminations[env.agent_selection] or env.truncations[env.agent_selection]
         ):
+            if env.truncations[env.agent_selection]:
+                self._truncated = True
             env.step(None)
+
+    def truncated(self) -> bool:
+        return self._truncated
 
     def current_role(self) -> str | None:
         return str(self.env.agent_selection) if self.env.agents else None

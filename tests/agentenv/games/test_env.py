@@ -28,7 +28,7 @@ from agentenv import (
     run_rollouts,
 )
 from agentenv._scripted import ScriptContext
-from agentenv.games import GameTally
+from agentenv.games import GameTally, TallySink
 from environments.games.tictactoe import TicTacToe, TicTacToeEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -466,3 +466,44 @@ async def test_a_failing_frozen_model_is_an_opponent_error(smollm2: ChatTokenize
     assert failed.reason == (
         "opponent 'endpoint' (as 'o', move 1 of tictactoe) raised RuntimeError: connection refused"
     )
+
+
+class _CutShort(Game):
+    """One move each, then the game's own limit ends the match undecided."""
+
+    name = "cut_short"
+    roles = ("a", "b")
+
+    def reset(self, seed: int) -> None:
+        self.moves: list[str] = []
+
+    def current_role(self) -> str | None:
+        return self.roles[len(self.moves)] if len(self.moves) < 2 else None
+
+    def observation(self, role: str) -> list[Message]:
+        return [{"role": "user", "content": f"You are {role}. Legal moves: [1]"}]
+
+    def legal_actions(self) -> list[str] | None:
+        return ["1"]
+
+    def apply(self, action: str) -> None:
+        self.moves.append(action)
+
+    def returns(self) -> dict[str, float]:
+        return {"a": 0.0, "b": 0.0}
+
+    def truncated(self) -> bool:
+        return True
+
+
+async def test_a_match_the_game_cuts_short_is_truncated_not_a_draw(
+    smollm2: ChatTokenizer,
+) -> None:
+    env = GameEnv(_CutShort, n_test=2)
+    sink = TallySink(ListSink())
+    model = ScriptedModel(smollm2, first_legal)
+    config = RolloutConfig(concurrency=1)
+    await run_rollouts(env, env.tasks("test"), model, tokenizer=smollm2, sink=sink, config=config)
+    summary = sink.tally.summary()
+    assert summary["truncated_rate"] == 1.0 and summary["draw_rate"] == 0.0
+    assert {s.status for s in sink.inner.samples} == {Status.TRUNCATED}  # type: ignore[attr-defined]

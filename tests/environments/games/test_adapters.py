@@ -131,6 +131,19 @@ class TestOpenSpiel:
 
 
 class TestPettingZoo:
+    def test_a_truncated_game_is_reported_truncated(self) -> None:
+        from pettingzoo.classic.rps import rps
+        from pettingzoo.classic.tictactoe import tictactoe
+
+        from environments.games.pettingzoo_aec import PettingZooGame
+
+        game, r = PettingZooGame(rps.env), RandomPlayer()
+        play_match(game, dict.fromkeys(game.roles, r), 0)
+        assert game.is_over() and game.truncated()  # rock-paper-scissors ends by its cap
+        tic = PettingZooGame(tictactoe.env)
+        play_match(tic, dict.fromkeys(tic.roles, r), 0)
+        assert tic.is_over() and not tic.truncated()
+
     def test_tictactoe_agrees_with_ours(self) -> None:
         from pettingzoo.classic.tictactoe import tictactoe
 
