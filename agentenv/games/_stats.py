@@ -78,12 +78,17 @@ class GameTally:
 
     def __init__(self) -> None:
         self.seats: dict[str, SeatStats] = {}
-        self.failed = 0
+        self._failed: set[tuple[str | None, int | None, str | None]] = set()
+
+    @property
+    def failed(self) -> int:
+        """Failed episodes (each counted once, whatever its number of samples)."""
+        return len(self._failed)
 
     def add(self, samples: Iterable[Sample]) -> None:
         for s in samples:
             if s.status is Status.FAILED:
-                self.failed += 1
+                self._failed.add((s.group_id, s.episode, s.id if s.episode is None else None))
                 continue
             meta = s.metadata
             if "outcome" not in meta or s.role is None:
@@ -101,7 +106,9 @@ class GameTally:
 
     def summary(self) -> dict[str, Any]:
         """Rates over all seats at the top level (see :meth:`SeatStats.to_dict`), each
-        seat's under ``seats``, and ``failed_episodes``."""
+        seat's under ``seats``, and ``failed_episodes``. The top level counts seat-episodes:
+        in self-play every match counts once per seat (its wins and losses mirror each
+        other), so read the per-seat figures there; against an opponent it is per match."""
         total = SeatStats()
         for seat in self.seats.values():
             total.add(seat)
