@@ -27,7 +27,16 @@ from agentenv import ConfigError, Sample
 from trainer._batching import pack_by_tokens
 from trainer._losses import LossConfig, policy_loss, token_weights
 
-__all__ = ["LR_DECAY_STYLES", "OPTIMIZERS", "Backend", "OptimConfig"]
+__all__ = [
+    "LR_DECAY_STYLES",
+    "OPTIMIZERS",
+    "Backend",
+    "Item",
+    "OptimConfig",
+    "pad",
+    "response_positions",
+    "to_items",
+]
 
 
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
@@ -117,6 +126,33 @@ def to_items(samples: Sequence[Sample]) -> list[Item]:
         mask = torch.tensor(list(s.loss_mask or [1] * n), dtype=torch.float64)
         out.append(Item(ids, len(s.prompt_ids), mask))
     return out
+
+
+def pad(batch: Sequence[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [b, s] of a micro-batch, right-padded with 0, and the attention mask
+    [b, s] (1 on real tokens)."""
+    width = max(len(it.ids) for it in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    attention = torch.zeros(len(batch), width, dtype=torch.long)
+    for row, it in enumerate(batch):
+        ids[row, : len(it.ids)] = it.ids
+        attention[row, : len(it.ids)] = 1
+    return ids, attention
+
+
+def response_positions(
+    batch: Sequence[Item],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Where each item's completion is predicted: rows [N] and columns [N] of the padded
+    batch (position t predicts token t + 1), the target ids [N], and each item's count."""
+    rows, cols, targets = [], [], []
+    for row, it in enumerate(batch):
+        n = len(it.ids) - it.start
+        rows.append(torch.full((n,), row, dtype=torch.long))
+        cols.append(torch.arange(it.start - 1, len(it.ids) - 1))
+        targets.append(it.ids[it.start :])
+    sizes = [len(it.ids) - it.start for it in batch]
+    return torch.cat(rows), torch.cat(cols), torch.cat(targets), sizes
 
 
 class Backend(abc.ABC):

@@ -19,7 +19,7 @@ import torch
 import torch.utils.checkpoint
 
 from agentenv import ConfigError
-from trainer._backend import Backend, Item, OptimConfig
+from trainer._backend import Backend, Item, OptimConfig, pad, response_positions
 from trainer._losses import LossConfig
 
 __all__ = ["TorchBackend"]
@@ -81,24 +81,13 @@ class TorchBackend(Backend):
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: log-probs of its completion tokens (and their entropies)."""
         model = model if model is not None else self.model
-        width = max(len(it.ids) for it in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        attention = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, it in enumerate(batch):
-            ids[row, : len(it.ids)] = it.ids
-            attention[row, : len(it.ids)] = 1
+        ids, attention = pad(batch)
         hidden = model.get_decoder()(
             input_ids=ids.to(self.device), attention_mask=attention.to(self.device)
         ).last_hidden_state
-        # The hidden state at position t predicts token t + 1.
-        rows, cols, targets = [], [], []
-        for row, it in enumerate(batch):
-            n = len(it.ids) - it.start
-            rows.append(torch.full((n,), row, dtype=torch.long))
-            cols.append(torch.arange(it.start - 1, len(it.ids) - 1))
-            targets.append(it.ids[it.start :])
-        h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
-        target = torch.cat(targets).to(self.device)
+        rows, cols, target, sizes = response_positions(batch)
+        h = hidden[rows.to(self.device), cols.to(self.device)]
+        target = target.to(self.device)
         head = model.get_output_embeddings()
         logps, ents = [], []
         differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
@@ -126,7 +115,6 @@ class TorchBackend(Backend):
                 logps.append(lp)
                 ents.append(ent)
         logp = torch.cat(logps)
-        sizes = [len(it.ids) - it.start for it in batch]
         entropy = list(torch.split(torch.cat(ents), sizes)) if with_entropy else None
         return list(torch.split(logp, sizes)), entropy
 

@@ -241,26 +241,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tokenizer = tokenizer.with_template(RAW_TEMPLATE)
     checkpoint, resuming = _checkpoint_dir(config)
     started = time.perf_counter()
+    common: dict[str, Any] = dict(
+        device=config.device, optim=optim, loss=loss,
+        max_tokens_per_micro_batch=config.max_tokens_per_gpu,
+    )  # fmt: skip
     backend: Backend
     if config.backend == "megatron":
         from trainer.megatron import MegatronBackend, parse_megatron_flags
 
-        backend = MegatronBackend(
-            config.hf_checkpoint,
-            device=config.device,
-            optim=optim,
-            loss=loss,
-            max_tokens_per_micro_batch=config.max_tokens_per_gpu,
-            parallel=parse_megatron_flags(config.megatron_args),
-        )
+        parallel = parse_megatron_flags(config.megatron_args)
+        backend = MegatronBackend(config.hf_checkpoint, parallel=parallel, **common)
     else:
-        backend = TorchBackend(
-            config.hf_checkpoint,
-            device=config.device,
-            optim=optim,
-            loss=loss,
-            max_tokens_per_micro_batch=config.max_tokens_per_gpu,
-        )
+        backend = TorchBackend(config.hf_checkpoint, **common)
     report = Reporter(config, config.save, resuming)
 
     async def evaluate(policy: Any) -> float | None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from agentenv import ConfigError
-from trainer._backend import Backend, Item, OptimConfig
+from trainer._backend import Backend, Item, OptimConfig, pad, response_positions
 from trainer._losses import LossConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_to_megatron, megatron_to_hf
@@ -148,28 +148,18 @@ class MegatronBackend(Backend):
         self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
-        width = max(len(it.ids) for it in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, it in enumerate(batch):
-            ids[row, : len(it.ids)] = it.ids  # right padding: causal attention ignores it
+        ids, _ = pad(batch)  # right padding: causal attention ignores it
         ids = ids.to(self.device)
-        positions = torch.arange(width, device=self.device).expand(len(batch), -1)
+        positions = torch.arange(ids.shape[1], device=self.device).expand(len(batch), -1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             logits = model(ids, positions, attention_mask=None)  # [b, s, Vp / tp]
-        # The logits at position t predict token t + 1.
-        rows, cols, targets = [], [], []
-        for row, it in enumerate(batch):
-            n = len(it.ids) - it.start
-            rows.append(torch.full((n,), row, dtype=torch.long))
-            cols.append(torch.arange(it.start - 1, len(it.ids) - 1))
-            targets.append(it.ids[it.start :])
-        picked = logits[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
-        target = torch.cat(targets).to(self.device)
+        rows, cols, target, sizes = response_positions(batch)
+        picked = logits[rows.to(self.device), cols.to(self.device)]
+        target = target.to(self.device)
         logp = vocab_parallel_logprobs(
             picked, target, vocab_size=self.cfg.vocab_size, tp_rank=self.tp_rank
         )
-        sizes = [len(it.ids) - it.start for it in batch]
         entropy = None
         if with_entropy:
             # TP 1: this rank holds the whole vocabulary; the padding columns are the last.
