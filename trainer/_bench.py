@@ -179,6 +179,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["megatron_vs_ours"] = round(ours / step, 3)
             del mega
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            local = MegatronBackend(
+                root, device=device, optim=OptimConfig(lr=1e-6), attention="local",
+                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
+            )  # fmt: skip
+            step = _median_step(local, samples, adv, args.steps, device)
+            out["megatron_local_attention"] = _side(
+                step, tokens_per_step, n_params, peak, _peak_mem(device)
+            )
+            del local
+            torch.cuda.empty_cache()
             backend = TorchBackend(root, device=device)  # for the weight sync below
         # -- weight sync into the engine on the same device --
         from agentenv.engine import Engine

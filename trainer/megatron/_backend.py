@@ -78,6 +78,8 @@ class MegatronBackend(Backend):
         parallel: megatron's parallelism flags (:func:`parse_megatron_flags`).
         entropy_metric: report the per-token entropy.
         seed: megatron's model-parallel RNG seed.
+        attention: ``sdpa`` (torch's fused kernels in megatron's layer spec) or ``local``
+            (megatron's own unfused attention).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class MegatronBackend(Backend):
         parallel: ParallelConfig | None = None,
         entropy_metric: bool = True,
         seed: int = 0,
+        attention: str = "sdpa",
     ) -> None:
         from agentenv.engine import resolve_model
 
@@ -104,6 +107,7 @@ class MegatronBackend(Backend):
         if dtype not in (torch.bfloat16, torch.float32):
             raise ConfigError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
         parallel = parallel or ParallelConfig()
+        self.attention = attention
         if parallel.model_parallel_size > 1:
             raise ConfigError(
                 f"the megatron training step runs tensor and pipeline parallel size 1 for "
@@ -136,7 +140,8 @@ class MegatronBackend(Backend):
         )
         with warnings.catch_warnings():  # megatron's notices about optional packages
             warnings.simplefilter("ignore")
-            model = model_provider(self.cfg, **overrides)().to(self.device)
+            model = model_provider(self.cfg, attention=self.attention, **overrides)()
+        model = model.to(self.device)
         hf = load_hf_weights(self.path)
         load_weights(model, hf_to_megatron(hf, self.cfg, tp_rank=self.tp_rank))
         if not train:

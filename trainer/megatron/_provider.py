@@ -55,16 +55,27 @@ def transformer_config(cfg: MegatronModelConfig, **overrides: Any) -> Any:
     return transformer.TransformerConfig(**cfg.transformer_config_kwargs(**overrides))
 
 
-def layer_spec(cfg: MegatronModelConfig) -> Any:
+def layer_spec(cfg: MegatronModelConfig, *, attention: str = "local") -> Any:
     """The decoder layer's ``ModuleSpec``: megatron's own modules for ``local``
-    (RMSNorm as a separate module), Transformer Engine's fused ones otherwise."""
+    (RMSNorm as a separate module), Transformer Engine's fused ones otherwise. With
+    ``attention="sdpa"`` the local spec's core attention is :class:`SDPAttention` (torch's
+    fused kernels) instead of megatron's unfused one."""
     gpt_layer_specs = require_megatron("megatron.core.models.gpt.gpt_layer_specs")
     if cfg.transformer_impl == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if attention == "sdpa":
+        from trainer.megatron._attention import SDPAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    elif attention != "local":
+        raise ValueError(f"attention must be 'local' or 'sdpa', got {attention!r}")
+    return spec
 
 
-def model_provider(cfg: MegatronModelConfig, **overrides: Any) -> Callable[..., Any]:
+def model_provider(
+    cfg: MegatronModelConfig, *, attention: str = "local", **overrides: Any
+) -> Callable[..., Any]:
     """A model provider in megatron's convention: ``provider(pre_process=True,
     post_process=True, vp_stage=None)`` builds this rank's ``GPTModel`` (call it after
     ``parallel_state.initialize_model_parallel``: the model uses its process groups).
@@ -75,7 +86,7 @@ def model_provider(cfg: MegatronModelConfig, **overrides: Any) -> Callable[..., 
     """
     gpt = require_megatron("megatron.core.models.gpt")
     config = transformer_config(cfg, **overrides)
-    spec = layer_spec(cfg)
+    spec = layer_spec(cfg, attention=attention)
 
     groups = require_megatron("megatron.core.process_groups_config")
 

@@ -68,15 +68,18 @@ def _samples(n: int = 8, seed: int = 0) -> list[Sample]:
     return out
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "local"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_logprobs_match_the_torch_backend(smollm2_shape: Path, dtype: torch.dtype) -> None:
+def test_logprobs_match_the_torch_backend(
+    smollm2_shape: Path, dtype: torch.dtype, attention: str
+) -> None:
     from trainer.megatron import MegatronBackend
 
     samples = _samples()
     theirs = TorchBackend(smollm2_shape, device="cuda", dtype=dtype).logprobs(samples)
-    mine = MegatronBackend(smollm2_shape, dtype=dtype).logprobs(samples)
+    mine = MegatronBackend(smollm2_shape, dtype=dtype, attention=attention).logprobs(samples)
     diff = torch.cat([(a - b).abs() for a, b in zip(mine, theirs, strict=True)])
-    print(f"\nlogprob parity {dtype}: max {diff.max():.3g} mean {diff.mean():.3g}")
+    print(f"\nlogprob parity {dtype} {attention}: max {diff.max():.3g} mean {diff.mean():.3g}")
     assert float(diff.max()) < (1e-3 if dtype == torch.float32 else 0.5)
     assert float(diff.mean()) < (1e-4 if dtype == torch.float32 else 0.05)
 
