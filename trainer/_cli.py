@@ -163,6 +163,11 @@ class TrainConfig(pydantic.BaseModel):
             raise ValueError(
                 f"--eps-clip-high ({self.eps_clip_high}) must be >= --eps-clip ({self.eps_clip})"
             )
+        if not self.use_dynamic_batch_size:
+            raise ValueError(
+                "--no-use-dynamic-batch-size: micro-batches are always packed by "
+                "--max-tokens-per-gpu (set it to the batch you want)"
+            )
         if self.min_lr > self.lr:
             raise ValueError(f"--min-lr ({self.min_lr}) must be <= --lr ({self.lr})")
         if self.sglang_args and self.rollout_engine != "sglang":

@@ -235,6 +235,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
         )
     else:
         train_tasks = env.tasks("train")
+    distinct = len({t.id for t in train_tasks})
+    if distinct < grpo.round_size:  # before the model loads and the first evaluation
+        raise ConfigError(
+            f"{grpo.round_size} prompts per round (--rollout-batch-size or "
+            f"--over-sampling-batch-size) but the training data has {distinct} distinct tasks"
+        )
     eval_tasks = env.tasks("test")[: config.n_eval]
     tokenizer = ChatTokenizer.load(config.hf_checkpoint)
     if not config.apply_chat_template:
