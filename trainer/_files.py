@@ -1,14 +1,16 @@
-"""Directories written whole or not at all (checkpoints, weight exports)."""
+"""Local resources: directories written whole or not at all (checkpoints, weight
+exports), and a free loopback port (servers and process groups started for a run)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["replace_dir"]
+__all__ = ["free_port", "replace_dir"]
 
 
 @contextlib.contextmanager
@@ -28,3 +30,11 @@ def replace_dir(directory: str | os.PathLike[str]) -> Iterator[Path]:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

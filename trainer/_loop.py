@@ -23,10 +23,11 @@ with its own baseline), computes advantages, runs ``num_steps_per_rollout`` opti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -119,6 +120,15 @@ class GRPOConfig:
     def round_size(self) -> int:
         return self.over_sampling_batch_size or self.rollout_batch_size
 
+    def check_tasks(self, tasks: Sequence[Task]) -> None:
+        """Refuse task lists with fewer distinct tasks than a round plays."""
+        distinct = len({t.id for t in tasks})
+        if distinct < self.round_size:
+            raise ConfigError(
+                f"{self.round_size} prompts per round (rollout_batch_size or "
+                f"over_sampling_batch_size) but there are only {distinct} distinct tasks"
+            )
+
     def buffer_config(self) -> BufferConfig:
         return BufferConfig(
             n_samples_per_prompt=self.n_samples_per_prompt,
@@ -164,56 +174,8 @@ async def run_grpo(
     (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps, into that
     step's ``eval/reward_mean``.
     """
-    try:
-        return await _run(
-            env, tasks, backend, engine, tokenizer, config or GRPOConfig(), sync=sync,
-            on_step=on_step, checkpoint=checkpoint, save_interval=save_interval,
-            evaluate=evaluate, eval_interval=eval_interval,
-        )  # fmt: skip
-    except BaseExceptionGroup as group:
-        # The producer runs in a task group: surface a lone error as itself (a ConfigError
-        # found at run time is then reported like one found before the start).
-        leaves = _leaves(group)
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
-
-
-def _advantage_scale(sample: Sample) -> float:
-    """``metadata["advantage_scale"]`` (e.g. a game's discount for an early turn), else 1:
-    applied after the group normalisation, so it weighs a sample without moving its sign."""
-    scale = sample.metadata.get("advantage_scale", 1.0)
-    return float(scale) if isinstance(scale, (int, float)) else 1.0
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out
-
-
-async def _run(
-    env: Environment,
-    tasks: Sequence[Task],
-    backend: Backend,
-    engine: Any,
-    tokenizer: Tokenizer,
-    config: GRPOConfig,
-    *,
-    sync: WeightSync | None = None,
-    on_step: Callable[[dict[str, float]], None] | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    save_interval: int = 1,
-    evaluate: Callable[[], Awaitable[float | None]] | None = None,
-    eval_interval: int = 0,
-) -> list[dict[str, float]]:
-    distinct = len({t.id for t in tasks})
-    if distinct < config.round_size:
-        raise ConfigError(
-            f"{config.round_size} prompts per round (rollout_batch_size or "
-            f"over_sampling_batch_size) but there are only {distinct} distinct tasks"
-        )
+    config = config or GRPOConfig()
+    config.check_tasks(tasks)
     sync = sync or InProcessSync(engine)
     stream = TaskStream(tasks, seed=config.seed, shuffle=config.shuffle)
     history: list[dict[str, float]] = []
@@ -232,90 +194,119 @@ async def _run(
     await sync(backend, first)
     # What a checkpoint after step k saves: the task position before step k + 1's rounds.
     positions: dict[int, dict[str, Any]] = {first: stream.state()}
-    async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
-        await buffer.set_policy_version(first)
-        producer = Producer(
-            env, stream, engine, tokenizer, buffer,
-            round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
-            sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
-            max_rounds=config.max_rounds,
-        )  # fmt: skip
-        if config.schedule == "async":
-            tg.start_soon(producer.run_forever, first)
-        ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
-        for step in range(first, config.num_rollout):
-            t0 = time.perf_counter()
-            batch: Batch | None
+    # The producer runs in a task group: an error of its own or of a step surfaces as
+    # itself (a ConfigError found at run time reads like one found before the start).
+    with _lone_error():
+        async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
+            await buffer.set_policy_version(first)
+            producer = Producer(
+                env, stream, engine, tokenizer, buffer,
+                round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
+                sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
+                max_rounds=config.max_rounds,
+            )  # fmt: skip
             if config.schedule == "async":
-                await producer.first_put.wait()
-                groups = config.rollout_batch_size * producer.groups_per_prompt
-                batch = await buffer.get_batch(groups, policy_version=step)
-            else:
-                if ahead is None:
-                    await producer.fill(step, config.rollout_batch_size)
+                tg.start_soon(producer.run_forever, first)
+            ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
+            for step in range(first, config.num_rollout):
+                t0 = time.perf_counter()
+                batch: Batch | None
+                if config.schedule == "async":
+                    await producer.first_put.wait()
+                    groups = config.rollout_batch_size * producer.groups_per_prompt
+                    batch = await buffer.get_batch(groups, policy_version=step)
                 else:
-                    await ahead.wait()
-                await buffer.drop_stale()
-                ready = (await buffer.statistics()).ready
-                # Whatever the filters kept (at most a batch): never wait for groups
-                # that will not come.
-                n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
-                batch = await buffer.get_batch(n) if n else None
-            rounds = producer.take_stats()
-            positions[step + 1] = stream.state()
-            if config.schedule == "one_step_off" and step + 1 < config.num_rollout:
-                ahead = anyio.Event()
-                tg.start_soon(_fill_then_set, producer, step + 1, config, ahead)
-            samples = [s for s in batch.samples if s.trainable] if batch else []
-            t1 = time.perf_counter()
-            metrics = _rollout_metrics(step, rounds, samples)
-            if samples:
-                # One baseline per (prompt, role): in a game each seat is its own group.
-                adv = compute_advantages(
-                    [s.reward for s in samples],
-                    [(s.group_id, s.role) for s in samples],
-                    config.advantage_estimator,
-                ) * torch.tensor([_advantage_scale(s) for s in samples])
-                # The backend's work runs on a worker thread: the event loop keeps serving
-                # the episodes of the rollouts running meanwhile.
-                metrics.update(
-                    await anyio.to_thread.run_sync(
-                        _train, backend, samples, list(adv), config.num_steps_per_rollout
+                    if ahead is None:
+                        await producer.fill(step, config.rollout_batch_size)
+                    else:
+                        await ahead.wait()
+                    await buffer.drop_stale()
+                    ready = (await buffer.statistics()).ready
+                    # Whatever the filters kept (at most a batch): never wait for groups
+                    # that will not come.
+                    n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
+                    batch = await buffer.get_batch(n) if n else None
+                rounds = producer.take_stats()
+                positions[step + 1] = stream.state()
+                if config.schedule == "one_step_off" and step + 1 < config.num_rollout:
+                    ahead = anyio.Event()
+                    tg.start_soon(_fill_then_set, producer, step + 1, config, ahead)
+                samples = [s for s in batch.samples if s.trainable] if batch else []
+                t1 = time.perf_counter()
+                metrics = _rollout_metrics(step, rounds, samples)
+                if samples:
+                    # One baseline per (prompt, role): in a game each seat is its own group.
+                    adv = compute_advantages(
+                        [s.reward for s in samples],
+                        [(s.group_id, s.role) for s in samples],
+                        config.advantage_estimator,
+                    ) * torch.tensor([_advantage_scale(s) for s in samples])
+                    # The backend's work runs on a worker thread: the event loop keeps serving
+                    # the episodes of the rollouts running meanwhile.
+                    metrics.update(
+                        await anyio.to_thread.run_sync(
+                            _train, backend, samples, list(adv), config.num_steps_per_rollout
+                        )
                     )
+                t2 = time.perf_counter()
+                if ahead is not None:
+                    await ahead.wait()  # one_step_off: weights change between rollouts only
+                t3 = time.perf_counter()
+                await sync(backend, step + 1)
+                await buffer.set_policy_version(step + 1)
+                if batch is not None:
+                    await buffer.ack(batch, step=step)
+                t4 = time.perf_counter()
+                tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+                metrics.update(
+                    time_rollout_s=t1 - t0,
+                    time_train_s=t2 - t1,
+                    time_wait_s=t3 - t2,
+                    time_sync_s=t4 - t3,
+                    time_step_s=t4 - t0,
+                    **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
                 )
-            t2 = time.perf_counter()
-            if ahead is not None:
-                await ahead.wait()  # one_step_off: weights change between rollouts only
-            t3 = time.perf_counter()
-            await sync(backend, step + 1)
-            await buffer.set_policy_version(step + 1)
-            if batch is not None:
-                await buffer.ack(batch, step=step)
-            t4 = time.perf_counter()
-            tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-            metrics.update(
-                time_rollout_s=t1 - t0,
-                time_train_s=t2 - t1,
-                time_wait_s=t3 - t2,
-                time_sync_s=t4 - t3,
-                time_step_s=t4 - t0,
-                **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
-            )
-            if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
-                held_out = await evaluate()
-                if held_out is not None:
-                    metrics["eval/reward_mean"] = held_out
-            if checkpoint is not None and (
-                (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
-            ):
-                extra = {"step": step, "schedule": schedule, "tasks": positions[step + 1]}
-                await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
-            positions.pop(step, None)
-            history.append(metrics)
-            if on_step is not None:
-                on_step(metrics)
-        tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
+                if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
+                    held_out = await evaluate()
+                    if held_out is not None:
+                        metrics["eval/reward_mean"] = held_out
+                if checkpoint is not None and (
+                    (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
+                ):
+                    extra = {"step": step, "schedule": schedule, "tasks": positions[step + 1]}
+                    await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
+                positions.pop(step, None)
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(metrics)
+            tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
+
+
+def _advantage_scale(sample: Sample) -> float:
+    """``metadata["advantage_scale"]`` (e.g. a game's discount for an early turn), else 1:
+    applied after the group normalisation, so it weighs a sample without moving its sign."""
+    scale = sample.metadata.get("advantage_scale", 1.0)
+    return float(scale) if isinstance(scale, (int, float)) else 1.0
+
+
+@contextlib.contextmanager
+def _lone_error() -> Iterator[None]:
+    """Re-raise a task group's lone error as itself, not inside an ExceptionGroup."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
 
 
 async def _fill_then_set(

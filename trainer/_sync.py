@@ -22,21 +22,16 @@ from typing import Any, Protocol
 
 import anyio
 
+from trainer._backend import Backend
 from trainer._files import replace_dir
 
 __all__ = ["DiskSync", "InProcessSync", "WeightSync"]
 
 
-class _Exportable(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def save_hf(self, directory: str | os.PathLike[str]) -> None: ...
-
-
 class WeightSync(Protocol):
     """Pushes ``backend``'s weights to the engines as ``version``."""
 
-    async def __call__(self, backend: _Exportable, version: int) -> None: ...
+    async def __call__(self, backend: Backend, version: int) -> None: ...
 
 
 class InProcessSync:
@@ -50,7 +45,7 @@ class InProcessSync:
             )
         self.engine = engine
 
-    async def __call__(self, backend: _Exportable, version: int) -> None:
+    async def __call__(self, backend: Backend, version: int) -> None:
         await self.engine.update_weights(backend.state_dict(), weight_version=str(version))
 
 
@@ -69,7 +64,7 @@ class DiskSync:
         self.directory = Path(directory)
         self._last: Path | None = None
 
-    async def __call__(self, backend: _Exportable, version: int) -> None:
+    async def __call__(self, backend: Backend, version: int) -> None:
         path = self.directory / f"step_{version}"
         await anyio.to_thread.run_sync(_save, backend, path)
         async with anyio.create_task_group() as tg:
@@ -80,7 +75,7 @@ class DiskSync:
         self._last = path
 
 
-def _save(backend: _Exportable, path: Path) -> None:
+def _save(backend: Backend, path: Path) -> None:
     with replace_dir(path) as tmp:  # a server never sees a half-written directory
         backend.save_hf(tmp)
 

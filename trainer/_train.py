@@ -7,7 +7,6 @@ import contextlib
 import importlib
 import json
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError, Task
+from trainer._files import free_port
 
 if TYPE_CHECKING:
     from agentenv import Tokenizer
@@ -51,13 +51,6 @@ def load_filter(path: str) -> GroupFilter:
     return filt
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.asynccontextmanager
 async def rollout_engine(
     config: TrainConfig, tokenizer: Tokenizer, weights_dir: Path
@@ -82,7 +75,7 @@ async def rollout_engine(
         ) as engine:  # fmt: skip
             yield engine, InProcessSync(engine)
     else:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         model = str(resolve_model(config.hf_checkpoint))
         if config.rollout_engine == "serve":
@@ -235,12 +228,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         )
     else:
         train_tasks = env.tasks("train")
-    distinct = len({t.id for t in train_tasks})
-    if distinct < grpo.round_size:  # before the model loads and the first evaluation
-        raise ConfigError(
-            f"{grpo.round_size} prompts per round (--rollout-batch-size or "
-            f"--over-sampling-batch-size) but the training data has {distinct} distinct tasks"
-        )
+    grpo.check_tasks(train_tasks)  # before the model loads and the first evaluation
     eval_tasks = env.tasks("test")[: config.n_eval]
     tokenizer = ChatTokenizer.load(config.hf_checkpoint)
     if not config.apply_chat_template:

@@ -185,7 +185,7 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     out = _train(*base, "--backend", "megatron")  # megatron-core is not installed here
     assert out.returncode == 2 and "pip install 'agentenv[megatron]'" in out.stderr
     out = _train(*base, "--rollout-batch-size", "9", "--n-samples-per-prompt", "2")
-    assert out.returncode == 2 and "the training data has 8 distinct tasks" in out.stderr
+    assert out.returncode == 2 and "but there are only 8 distinct tasks" in out.stderr
     assert "held-out reward before" not in out.stderr  # refused before the evaluation
     out = _train(*base, "--tensor-model-parallel-size", "2")
     assert out.returncode == 2 and "need --backend megatron" in out.stderr

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 
 from agentenv import ConfigError
 from trainer._backend import Backend, Item, OptimConfig, pad, response_positions
+from trainer._files import free_port
 from trainer._losses import LossConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_to_megatron, megatron_to_hf
@@ -48,9 +48,7 @@ def _init_distributed(core: Any, parallel: ParallelConfig, seed: int) -> None:
 
     if not dist.is_initialized():
         if "MASTER_PORT" not in os.environ:  # a single process started without torchrun
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            os.environ["MASTER_PORT"] = str(free_port())
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(
             "nccl",
