@@ -33,6 +33,8 @@ __all__ = [
     "Backend",
     "Item",
     "OptimConfig",
+    "StepPlan",
+    "Tally",
     "pad",
     "response_positions",
     "to_items",
@@ -128,10 +130,10 @@ def to_items(samples: Sequence[Sample]) -> list[Item]:
     return out
 
 
-def pad(batch: Sequence[Item]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids [b, s] of a micro-batch, right-padded with 0, and the attention mask
-    [b, s] (1 on real tokens)."""
-    width = max(len(it.ids) for it in batch)
+def pad(batch: Sequence[Item], *, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [b, s] of a micro-batch, right-padded with 0 (``s`` a multiple of
+    ``multiple``), and the attention mask [b, s] (1 on real tokens)."""
+    width = -(-max(len(it.ids) for it in batch) // multiple) * multiple
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     attention = torch.zeros(len(batch), width, dtype=torch.long)
     for row, it in enumerate(batch):
@@ -271,65 +273,28 @@ class Backend(abc.ABC):
         ref_logprobs: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """One optimizer step on ``samples`` (one per advantage); returns its metrics."""
-        cfg = self.loss_config
-        items = to_items(samples)
-        adv = torch.as_tensor(advantages, dtype=torch.float64).flatten()
-        if adv.numel() != len(items):
-            raise ConfigError(f"{len(items)} samples but {adv.numel()} advantages")
-        if cfg.kl_coef > 0 and ref_logprobs is None:
-            raise ConfigError("kl_coef > 0 needs ref_logprobs")
-        groups = pack_by_tokens([len(it.ids) for it in items], self.max_tokens)
+        plan = self._plan(samples, advantages, ref_logprobs)
         t0 = time.perf_counter()
         if old_logprobs is None:
             # With the same micro-batches as the update: at the first step on fresh data
             # the ratio is then exactly 1.
-            old: list[torch.Tensor | None] = [None] * len(items)
+            old: list[torch.Tensor | None] = [None] * len(plan.items)
             with torch.no_grad():
-                for group in groups:
-                    lps, _ = self._forward([items[i] for i in group], with_entropy=False)
+                for group in plan.groups:
+                    lps, _ = self._forward([plan.items[i] for i in group], with_entropy=False)
                     for i, lp in zip(group, lps, strict=True):
                         old[i] = lp.detach()
             old_logprobs = [t for t in old if t is not None]
+        plan.old_logprobs = old_logprobs
         t1 = time.perf_counter()
-        weights = token_weights(
-            [len(it.mask) for it in items],
-            [it.mask for it in items],
-            cfg,
-            total_samples=len(items),
-            total_tokens=int(sum(float(it.mask.sum()) for it in items)),
-        )
-        sums: dict[str, float] = {}
-        ratio_max, ratio_min = -math.inf, math.inf
-        want_entropy = self.entropy_metric or cfg.entropy_coef > 0
-        for group in groups:
-            lps, ents = self._forward([items[i] for i in group], with_entropy=want_entropy)
-            dev = lps[0].device
-
-            def cat(parts: Sequence[torch.Tensor], dev: torch.device = dev) -> torch.Tensor:
-                return torch.cat([p.to(dev, torch.float32) for p in parts])
-
-            rollout = [samples[i].rollout_logprobs for i in group]
-            has_rollout = all(r is not None for r in rollout)
-            loss, part = policy_loss(
-                cat(lps),
-                cat([old_logprobs[i] for i in group]),
-                cat([adv[i].expand(len(items[i].mask)) for i in group]),
-                cat([weights[i] for i in group]),
-                cfg,
-                ref_logp=cat([ref_logprobs[i] for i in group]) if ref_logprobs else None,
-                rollout_logp=cat([torch.tensor(list(r or ())) for r in rollout])
-                if has_rollout
-                else None,
-                entropy=cat(ents) if ents is not None else None,
+        tally = Tally()
+        for group in plan.groups:
+            lps, ents = self._forward(
+                [plan.items[i] for i in group], with_entropy=plan.want_entropy
             )
+            loss, part = self._micro_loss(plan, group, lps, ents)
             loss.backward()  # type: ignore[no-untyped-call]
-            for k, v in part.items():
-                if k == "ratio_max":
-                    ratio_max = max(ratio_max, float(v))
-                elif k == "ratio_min":
-                    ratio_min = min(ratio_min, float(v))
-                else:
-                    sums[k] = sums.get(k, 0.0) + float(v)
+            tally.add(part)
         t2 = time.perf_counter()
         clip = self.optim_config.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(
@@ -344,21 +309,121 @@ class Backend(abc.ABC):
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         t3 = time.perf_counter()
-        # Metric sums are weighted like the loss; divided by the total weight they are means
-        # (the loss itself is already the step's).
-        weight = sums.pop("weight", 0.0) or 1.0
-        metrics = {k: v if k in ("loss", "pg_loss") else v / weight for k, v in sums.items()}
-        metrics.update(
+        return tally.metrics(
             skipped_nonfinite=float(skipped),
-            ratio_max=ratio_max,
-            ratio_min=ratio_min,
             grad_norm=float(norm),
             lr=lr,
-            micro_batches=float(len(groups)),
+            micro_batches=float(len(plan.groups)),
             time_old_logprobs_s=t1 - t0,
             time_forward_backward_s=t2 - t1,
             time_optimizer_s=t3 - t2,
         )
+
+    def _plan(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        ref_logprobs: Sequence[torch.Tensor] | None,
+    ) -> StepPlan:
+        """A step's inputs checked, packed into micro-batches and weighted."""
+        cfg = self.loss_config
+        items = to_items(samples)
+        adv = torch.as_tensor(advantages, dtype=torch.float64).flatten()
+        if adv.numel() != len(items):
+            raise ConfigError(f"{len(items)} samples but {adv.numel()} advantages")
+        if cfg.kl_coef > 0 and ref_logprobs is None:
+            raise ConfigError("kl_coef > 0 needs ref_logprobs")
+        weights = token_weights(
+            [len(it.mask) for it in items],
+            [it.mask for it in items],
+            cfg,
+            total_samples=len(items),
+            total_tokens=int(sum(float(it.mask.sum()) for it in items)),
+        )
+        return StepPlan(
+            samples=samples,
+            items=items,
+            advantages=adv,
+            groups=pack_by_tokens([len(it.ids) for it in items], self.max_tokens),
+            weights=weights,
+            ref_logprobs=ref_logprobs,
+            want_entropy=self.entropy_metric or cfg.entropy_coef > 0,
+        )
+
+    def _micro_loss(
+        self,
+        plan: StepPlan,
+        group: Sequence[int],
+        lps: Sequence[torch.Tensor],
+        ents: Sequence[torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch (its share of the step's) and its metric sums."""
+        assert plan.old_logprobs is not None
+        dev = lps[0].device
+
+        def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+            return torch.cat([p.to(dev, torch.float32) for p in parts])
+
+        rollout = [plan.samples[i].rollout_logprobs for i in group]
+        has_rollout = all(r is not None for r in rollout)
+        ref = plan.ref_logprobs
+        return policy_loss(
+            cat(lps),
+            cat([plan.old_logprobs[i] for i in group]),
+            cat([plan.advantages[i].expand(len(plan.items[i].mask)) for i in group]),
+            cat([plan.weights[i] for i in group]),
+            self.loss_config,
+            ref_logp=cat([ref[i] for i in group]) if ref else None,
+            rollout_logp=cat([torch.tensor(list(r or ())) for r in rollout])
+            if has_rollout
+            else None,
+            entropy=cat(ents) if ents is not None else None,
+        )
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class StepPlan:
+    """One training step's inputs: items, advantages, micro-batches (lists of item
+    indices), per-token loss weights, and the old and reference log-probs per item."""
+
+    samples: Sequence[Sample]
+    items: list[Item]
+    advantages: torch.Tensor
+    groups: list[list[int]]
+    weights: list[torch.Tensor]
+    ref_logprobs: Sequence[torch.Tensor] | None
+    want_entropy: bool
+    old_logprobs: Sequence[torch.Tensor] | None = None
+
+
+class Tally:
+    """Adds up the micro-batches' metric sums into the step's metrics.
+
+    Sums are weighted like the loss; divided by the total weight they are means (the loss
+    itself is already the step's). ``ratio_max``/``ratio_min`` are extremes."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.ratio_max = -math.inf
+        self.ratio_min = math.inf
+
+    def add(self, part: dict[str, Any]) -> None:
+        for k, v in part.items():
+            if k == "ratio_max":
+                self.ratio_max = max(self.ratio_max, float(v))
+            elif k == "ratio_min":
+                self.ratio_min = min(self.ratio_min, float(v))
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+    def merge(self, other: Tally) -> None:
+        self.add({**other.sums, "ratio_max": other.ratio_max, "ratio_min": other.ratio_min})
+
+    def metrics(self, **extra: float) -> dict[str, float]:
+        sums = dict(self.sums)
+        weight = sums.pop("weight", 0.0) or 1.0
+        metrics = {k: v if k in ("loss", "pg_loss") else v / weight for k, v in sums.items()}
+        metrics.update(ratio_max=self.ratio_max, ratio_min=self.ratio_min, **extra)
         if "rollout_train_logprob_abs_diff" in metrics:
             metrics["train/rollout_train_logprob_abs_diff"] = metrics.pop(
                 "rollout_train_logprob_abs_diff"

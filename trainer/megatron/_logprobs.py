@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mask_vocab_padding", "vocab_parallel_logprobs"]
+__all__ = ["mask_vocab_padding", "vocab_parallel_entropy", "vocab_parallel_logprobs"]
 
 
 def mask_vocab_padding(logits: torch.Tensor, vocab_size: int, tp_rank: int) -> torch.Tensor:
@@ -54,3 +54,28 @@ def vocab_parallel_logprobs(
     scaled = mask_vocab_padding(logits.float() / temperature, vocab_size, tp_rank)
     logp: torch.Tensor = -core.tensor_parallel.vocab_parallel_cross_entropy(scaled, target)
     return logp
+
+
+def vocab_parallel_entropy(
+    logits: torch.Tensor, *, vocab_size: int, tp_rank: int | None = None
+) -> torch.Tensor:
+    """The entropy of ``softmax(logits)`` over the real vocabulary, fp32, [...]: each
+    tensor-parallel rank holds a slice [..., Vp/tp]; the sums are all-reduced across the
+    tensor-parallel group (differentiably), so the result is the same on every rank."""
+    from trainer.megatron._provider import require_megatron
+
+    core = require_megatron()
+    if tp_rank is None:
+        tp_rank = int(core.parallel_state.get_tensor_model_parallel_rank())
+    real = mask_vocab_padding(logits.float(), vocab_size, tp_rank)
+    top = real.detach().max(dim=-1, keepdim=True).values
+    group = core.parallel_state.get_tensor_model_parallel_group()
+    if group.size() > 1:
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+    e = torch.exp(real - top)  # 0 on the padding columns
+    weighted = torch.where(e > 0, e * real, torch.zeros_like(e))
+    reduce = core.tensor_parallel.reduce_from_tensor_model_parallel_region
+    z = reduce(e.sum(-1))
+    s = reduce(weighted.sum(-1))
+    entropy: torch.Tensor = torch.log(z) + top.squeeze(-1) - s / z
+    return entropy

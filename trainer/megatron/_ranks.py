@@ -1,0 +1,164 @@
+"""One trainer on several GPUs: the calling process drives, one follower process per
+other GPU joins every collective call.
+
+The process that builds a :class:`~trainer.megatron.MegatronBackend` with ``num_gpus > 1``
+is rank 0 (the *driver*): it runs the training loop as with one GPU. It starts ranks
+1..N-1 itself (no ``torchrun`` needed), each a ``python -m trainer.megatron._ranks``
+process that builds the same backend on its own GPU and then waits for calls. Every
+public method of the backend that needs all ranks (a training step, log-probs, weight
+export, checkpoints) is *collective*: on the driver it first broadcasts its name and
+arguments, then all ranks run it together; the driver gets the result.
+
+A follower that dies takes the run down at once (the driver would otherwise wait in a
+collective forever): a watchdog thread in the driver reports its exit status and ends the
+driver's process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["FOLLOWER_DEVICE", "Followers", "collective"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CLOSE = "__close__"
+
+#: Set in a follower's environment: its CUDA device index (and that it is not rank 0).
+FOLLOWER_DEVICE = "AGENTENV_MEGATRON_DEVICE"
+
+
+def collective(method: F) -> F:
+    """Marks a backend method that every rank runs: the driver broadcasts the call first
+    (unless it is already inside a collective call)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        followers: Followers | None = getattr(self, "followers", None)
+        if followers is None or followers.inside:
+            return method(self, *args, **kwargs)
+        followers.broadcast((method.__name__, args, kwargs))
+        followers.inside = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            followers.inside = False
+
+    return call  # type: ignore[return-value]
+
+
+def _broadcast_object(obj: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Followers:
+    """The follower processes of a driver (rank 0) and the call channel to them.
+
+    Args:
+        world_size: ranks in all (GPUs), the driver included.
+        backend_kwargs: the backend's constructor arguments (pickled for the followers).
+        devices: each rank's CUDA device index.
+        master_port: the rendezvous port (the driver's default process group uses it too).
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        backend_kwargs: dict[str, Any],
+        devices: list[int],
+        master_port: int,
+    ) -> None:
+        self.world_size = world_size
+        self.inside = False
+        self._closed = False
+        self._dir = tempfile.TemporaryDirectory(prefix="agentenv-ranks-")
+        spec = Path(self._dir.name) / "backend.pkl"
+        spec.write_bytes(pickle.dumps(backend_kwargs))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(1, world_size):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+                FOLLOWER_DEVICE: str(devices[rank]),
+            }
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "trainer.megatron._ranks", str(spec)], env=env
+                )
+            )
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._closed:
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code is not None and not self._closed:
+                    sys.stderr.write(
+                        f"agentenv: megatron rank {rank} exited with status {code}; the "
+                        "other ranks cannot go on without it, stopping\n"
+                    )
+                    sys.stderr.flush()
+                    os._exit(1)
+            time.sleep(0.5)
+
+    def broadcast(self, call: tuple[str, tuple[Any, ...], dict[str, Any]]) -> None:
+        if self._closed:
+            raise RuntimeError("the megatron backend was closed")
+        _broadcast_object(call)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Tell the followers to exit and wait for them."""
+        if self._closed:
+            return
+        try:
+            _broadcast_object((_CLOSE, (), {}))
+        finally:
+            self._closed = True
+        for proc in self.procs:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._dir.cleanup()
+
+
+def _follow(spec: Path) -> None:
+    """A follower's life: build the backend, then run each broadcast call until close."""
+    import torch
+
+    from trainer.megatron._backend import MegatronBackend
+
+    kwargs = pickle.loads(spec.read_bytes())
+    torch.cuda.set_device(int(os.environ[FOLLOWER_DEVICE]))
+    backend = MegatronBackend(**kwargs)
+    while True:
+        name, args, call_kwargs = _broadcast_object(None)
+        if name == _CLOSE:
+            break
+        getattr(backend, name)(*args, **call_kwargs)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _follow(Path(sys.argv[1]))
