@@ -18,7 +18,7 @@ from trainer._losses import (
     policy_loss,
     token_weights,
 )
-from trainer._sync import DiskSync, InProcessSync, WeightSync
+from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
 from trainer._torch import TorchBackend
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "SCHEDULES",
     "Backend",
     "DiskSync",
+    "DistributedSync",
     "GRPOConfig",
     "InProcessSync",
     "LossConfig",

@@ -17,7 +17,10 @@ again (or pass ``--load RUN``) and it resumes after the last checkpoint.
 Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
 weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
 (``serve``, ``sglang``; every ``--sglang-*`` flag goes to SGLang), or on running servers
-(``--rollout-url``); servers get the weights through ``/update_weights_from_disk``.
+(``--rollout-url``). Servers get the weights through ``/update_weights_from_disk``
+(``--weight-sync disk``, a shared filesystem) or broadcast over a process group
+(``--weight-sync distributed``: NCCL when the trainer is on CUDA -- the server then needs a
+GPU of its own, ``--rollout-device cuda:1`` -- gloo on CPU).
 """
 
 from __future__ import annotations
@@ -136,7 +139,21 @@ class TrainConfig(pydantic.BaseModel):
         128, ge=1, description="embedded/serve engine: requests decoded in one batch"
     )
     rollout_device: str | None = pydantic.Field(
-        None, description="the launched/embedded engine's device (default: --device)"
+        None,
+        description="the launched/embedded engine's device (default: --device; SGLang: "
+        "cuda:N sets --base-gpu-id N)",
+    )
+    weight_sync: Literal["disk", "distributed"] = pydantic.Field(
+        "disk",
+        description="how servers get the weights: disk (/update_weights_from_disk, a shared "
+        "filesystem) or distributed (broadcast over NCCL on CUDA, gloo on CPU)",
+    )
+    update_weight_buffer_size: int = pydantic.Field(
+        512 << 20, ge=1, description="--weight-sync distributed: bytes per broadcast bucket"
+    )
+    weight_sync_master_address: str = pydantic.Field(
+        "127.0.0.1",
+        description="--weight-sync distributed: this machine's address as the servers reach it",
     )
     use_tensorboard: bool = pydantic.Field(
         True, description="write TensorBoard event files to SAVE/tensorboard"
@@ -185,7 +202,31 @@ class TrainConfig(pydantic.BaseModel):
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"--rollout-url must start with http:// or https://, got {url!r}")
+        if self.weight_sync == "distributed":
+            self._check_distributed()
         return self
+
+    def _check_distributed(self) -> None:
+        if self.rollout_url is None and self.rollout_engine == "embedded":
+            raise ValueError(
+                "--weight-sync distributed needs servers (--rollout-engine serve or sglang, "
+                "or --rollout-url); the embedded engine gets the weights in this process"
+            )
+        if not self.device.startswith("cuda") or self.rollout_url is not None:
+            return
+        # NCCL cannot put two ranks of a group on one GPU: the server needs its own.
+        server = self.rollout_device or (self.device if self.rollout_engine == "serve" else None)
+        if server is not None and _gpu(server) == _gpu(self.device):
+            raise ValueError(
+                f"--weight-sync distributed over NCCL needs the server on a GPU of its own, "
+                f"but the trainer and the server are both on {_gpu(self.device)} "
+                "(set --rollout-device, e.g. cuda:1)"
+            )
+
+
+def _gpu(device: str) -> str:
+    """``cuda`` -> ``cuda:0`` (what a process without ``set_device`` uses)."""
+    return "cuda:0" if device == "cuda" else device
 
 
 def add_parser(sub: Any) -> None:

@@ -1,12 +1,15 @@
 """Weight sync: after each update, the engines generate with the trainer's new weights.
 
-Two ways, one interface (``await sync(backend, version)``):
+Three ways, one interface (``await sync(backend, version)``):
 
 * :class:`InProcessSync` -- the embedded :class:`~agentenv.engine.Engine` in this process
   receives the HF-named tensors directly (a copy between two decode steps).
 * :class:`DiskSync` -- the trainer writes an HF safetensors directory and asks every
   server (SGLang, or ``agentenv serve``) to load it with ``POST /update_weights_from_disk``.
   The servers must see the same filesystem. Only the newest directory is kept.
+* :class:`DistributedSync` -- the trainer broadcasts the tensors to every server over a
+  process group of their own (SGLang's ``/update_weights_from_distributed``; NCCL between
+  GPUs, gloo on CPU): no disk, and the servers may be on other machines.
 
 Either way the new weight version (the trainer's step) is stamped on every token generated
 afterwards, so samples say which policy produced them.
@@ -14,18 +17,26 @@ afterwards, so samples say which policy produced them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 
+from agentenv import ClosedResourceError, ConfigError
 from trainer._backend import Backend
-from trainer._files import replace_dir
+from trainer._files import free_port, replace_dir
 
-__all__ = ["DiskSync", "InProcessSync", "WeightSync"]
+if TYPE_CHECKING:
+    import torch
+
+    from agentenv.engine import WeightUpdateGroup
+
+__all__ = ["DiskSync", "DistributedSync", "InProcessSync", "WeightSync"]
 
 
 class WeightSync(Protocol):
@@ -82,3 +93,286 @@ def _save(backend: Backend, path: Path) -> None:
 
 async def _load(client: Any, path: str, version: str) -> None:
     await client.update_weights_from_disk(path, weight_version=version)
+
+
+class DistributedSync:
+    """Broadcasts the weights to every server over a process group: SGLang's distributed
+    weight update, which ``agentenv serve`` speaks too.
+
+    The first call forms the group: this process is rank 0 and hosts the rendezvous at
+    ``master_address:master_port``; server ``i`` (in ``clients`` order) joins as rank
+    ``i + 1`` of ``1 + len(clients)`` (``POST /init_weights_update_group``, sent while this
+    process waits for them). Each call then pauses generation on the servers (mode
+    ``retract``: requests wait, none is lost), and sends the state dict in buckets of about
+    ``bucket_bytes``: for each bucket it posts the names, dtypes and shapes to every server
+    (``POST /update_weights_from_distributed``, stamped with the version) while a worker
+    thread broadcasts the tensors in that order, and waits for every server's answer before
+    the next bucket. Then generation continues. The group stays up between calls;
+    :meth:`aclose` (or leaving ``async with``) destroys it on both sides.
+
+    If a server refuses a bucket or anything times out, the call raises the server's
+    message (:class:`~agentenv.sglang.SGLangError`) or a :class:`TimeoutError`, the group
+    is torn down (best effort) and the next call forms a new one. A refusal never leaves
+    the trainer blocked: it stops waiting for its broadcast as soon as a server answers.
+
+    Args:
+        clients: :class:`~agentenv.sglang.SGLangClient` s, one per server; each server
+            takes one rank (one GPU: tensor-parallel servers are not supported).
+        backend: ``nccl`` (the trainer's weights on CUDA; each server on a GPU that the
+            trainer does not use) or ``gloo`` (CPU).
+        master_address: the address at which the servers reach this process.
+        master_port: the rendezvous port; default a free one, picked at each formation.
+        bucket_bytes: bytes per bucket (a larger tensor goes alone); also the extra memory
+            a server needs while it receives.
+        group_name: the group's name on the servers.
+        timeout: seconds the servers may take to join, and a bucket to be broadcast and
+            acknowledged by all of them.
+        pause: pause generation during a sync (no token comes from half-updated weights).
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[Any],
+        *,
+        backend: Literal["nccl", "gloo"] = "nccl",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        bucket_bytes: int = 512 << 20,
+        group_name: str = "weight_update_group",
+        timeout: float = 120.0,
+        pause: bool = True,
+    ) -> None:
+        if not clients:
+            raise ConfigError("DistributedSync needs at least one client")
+        if backend not in ("nccl", "gloo"):
+            raise ConfigError(f"backend must be nccl or gloo, got {backend!r}")
+        if bucket_bytes < 1:
+            raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be positive, got {timeout}")
+        if not group_name:
+            raise ConfigError("group_name must not be empty")
+        self.clients = list(clients)
+        self.backend = backend
+        self.master_address = master_address
+        self.master_port = master_port
+        self.bucket_bytes = bucket_bytes
+        self.group_name = group_name
+        self.timeout = timeout
+        self.pause = pause
+        self._group: WeightUpdateGroup | None = None
+        self._closed = False
+        self._busy = anyio.Lock()  # one sync at a time: a group's broadcasts go in order
+
+    async def __aenter__(self) -> DistributedSync:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def __call__(self, backend: Backend, version: int) -> None:
+        async with self._busy:
+            await self._sync(backend, version)
+
+    async def _sync(self, backend: Backend, version: int) -> None:
+        if self._closed:
+            raise ClosedResourceError("the DistributedSync is closed")
+        state = await anyio.to_thread.run_sync(backend.state_dict)
+        if self.backend == "nccl":
+            where = {str(t.device) for t in state.values() if t.device.type != "cuda"}
+            if where:
+                raise ConfigError(
+                    f"the nccl backend broadcasts CUDA tensors, but the trainer's weights are "
+                    f"on {', '.join(sorted(where))} (use backend gloo)"
+                )
+        buckets = _buckets(state, self.bucket_bytes)
+        try:
+            if self._group is None:
+                self._group = await self._form()
+            if self.pause:
+                await _all([functools.partial(c.pause, "retract") for c in self.clients])
+            for i, bucket in enumerate(buckets):
+                await self._send(self._group, bucket, str(version), i, len(buckets))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if self.pause:
+                    await _settle([c.resume for c in self.clients], self.timeout)
+                await self._teardown()
+            raise
+        if self.pause:
+            await _all([c.resume for c in self.clients])
+
+    async def aclose(self) -> None:
+        """Destroy the group on the servers (best effort) and here; later calls raise
+        :class:`~agentenv.ClosedResourceError`."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            async with self._busy:
+                await self._teardown()
+
+    async def _form(self) -> WeightUpdateGroup:
+        from agentenv.engine import WeightUpdateGroup
+
+        port = self.master_port or free_port()
+        world = 1 + len(self.clients)
+        formed: list[WeightUpdateGroup] = []
+        join = functools.partial(
+            WeightUpdateGroup.join, self.master_address, port, rank=0, world_size=world,
+            name=self.group_name, backend=self.backend, timeout=self.timeout,
+            transfer_timeout=self.timeout,
+        )  # fmt: skip
+
+        async def own() -> None:
+            # Abandoned (it ends at its own timeout) when a server refuses to join.
+            formed.append(await anyio.to_thread.run_sync(join, abandon_on_cancel=True))
+
+        joined: list[Any] = []  # the servers that said they joined
+
+        async def invite(client: Any, rank: int) -> None:
+            await client.init_weights_update_group(
+                self.master_address, port, rank, world, group_name=self.group_name,
+                backend=self.backend,
+            )  # fmt: skip
+            joined.append(client)
+
+        invites = [functools.partial(invite, c, i + 1) for i, c in enumerate(self.clients)]
+        try:
+            await _all([own, *invites])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if formed:
+                    await anyio.to_thread.run_sync(formed[0].destroy)
+                # Only where it was formed: a server that refused may hold another
+                # trainer's group of that name.
+                await self._leave_servers(joined)
+            raise
+        return formed[0]
+
+    async def _send(
+        self,
+        group: WeightUpdateGroup,
+        bucket: list[tuple[str, torch.Tensor]],
+        version: str,
+        index: int,
+        count: int,
+    ) -> None:
+        names = [name for name, _ in bucket]
+        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+        shapes = [list(t.shape) for _, t in bucket]
+        flush = index == count - 1  # the servers' caches hold old keys and values: drop once
+        post = functools.partial(
+            _post, names=names, dtypes=dtypes, shapes=shapes, name=self.group_name,
+            version=version, flush=flush,
+        )  # fmt: skip
+        posts = [functools.partial(post, c) for c in self.clients]
+        tensors = [t for _, t in bucket]
+
+        async def broadcast() -> None:
+            # Abandoned when a server answers first with a refusal: the broadcast then ends
+            # at the group's timeout, and this call raises the server's message at once.
+            await anyio.to_thread.run_sync(_broadcast, group, tensors, abandon_on_cancel=True)
+
+        size = sum(t.numel() * t.element_size() for t in tensors) / 2**20
+        try:
+            with anyio.fail_after(self.timeout):
+                await _all([*posts, broadcast])
+        except TimeoutError:
+            raise TimeoutError(
+                f"bucket {index + 1} of {count} ({len(bucket)} tensors, {size:.1f} MiB) was not "
+                f"received by every server within {self.timeout:g} s"
+            ) from None
+
+    async def _teardown(self) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            return
+        await self._leave_servers(self.clients)
+        with anyio.move_on_after(self.timeout):
+            await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)
+
+    async def _leave_servers(self, clients: Sequence[Any]) -> None:
+        def leave(client: Any) -> Callable[[], Awaitable[object]]:
+            return functools.partial(client.destroy_weights_update_group, self.group_name)
+
+        await _settle([leave(c) for c in clients], self.timeout)
+
+
+def _buckets(
+    tensors: Mapping[str, torch.Tensor], limit: int
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """``tensors`` in order, cut into runs of at most ``limit`` bytes (a larger tensor goes
+    alone). A tensor that is a view of one already taken (tied embeddings: ``lm_head.weight``)
+    is left out: the servers tie it themselves."""
+    out: list[list[tuple[str, torch.Tensor]]] = []
+    seen: set[tuple[Any, ...]] = set()
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in tensors.items():
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        nbytes = t.numel() * t.element_size()
+        if bucket and size + nbytes > limit:
+            out.append(bucket)
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        out.append(bucket)
+    return out
+
+
+async def _post(
+    client: Any,
+    *,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    name: str,
+    version: str,
+    flush: bool,
+) -> None:
+    await client.update_weights_from_distributed(
+        names, dtypes, shapes, group_name=name, weight_version=version, flush_cache=flush
+    )
+
+
+def _broadcast(group: WeightUpdateGroup, tensors: list[torch.Tensor]) -> None:
+    if group.backend == "gloo":
+        tensors = [t.detach().to("cpu") for t in tensors]
+    group.broadcast([t.detach().contiguous() for t in tensors])
+
+
+async def _all(calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
+    """Run ``calls`` at once; the first to fail cancels the others and is raised as itself."""
+    errors: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def one(call: Callable[[], Awaitable[object]]) -> None:
+            try:
+                await call()
+            except Exception as e:
+                errors.append(e)
+                tg.cancel_scope.cancel()
+
+        for call in calls:
+            tg.start_soon(one, call)
+    if errors:
+        raise errors[0]
+
+
+async def _settle(calls: Sequence[Callable[[], Awaitable[object]]], seconds: float) -> None:
+    """Run ``calls`` at once for ``seconds`` at most, ignoring their failures (clean-up
+    after an error, or of a server that may be gone)."""
+
+    async def one(call: Callable[[], Awaitable[object]]) -> None:
+        with contextlib.suppress(Exception):
+            await call()
+
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as tg:
+            for call in calls:
+                tg.start_soon(one, call)

@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentenv import ConfigError, Task
 from trainer._files import free_port
@@ -60,13 +60,14 @@ async def rollout_engine(
 
     from agentenv.engine import Engine, resolve_model
     from agentenv.sglang import Launcher, SGLangClient, server_command
-    from trainer._sync import DiskSync, InProcessSync
+    from trainer._sync import InProcessSync
 
     device = config.rollout_device or config.device
     if config.rollout_url is not None:
         async with SGLangClient(config.rollout_url) as client:
             await client.wait_healthy(timeout=60.0)
-            yield client, DiskSync([client], weights_dir)
+            async with server_sync(config, client, weights_dir) as sync:
+                yield client, sync
     elif config.rollout_engine == "embedded":
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         async with Engine(
@@ -83,10 +84,45 @@ async def rollout_engine(
             extra = ["--device", device, "--max-running", str(config.rollout_max_running)]
             command = server_command(model, port=port, program=program, extra=extra)
         else:
-            command = server_command(model, port=port, extra=config.sglang_args)
+            extra = list(config.sglang_args)
+            gpu = config.rollout_device
+            chosen = any(a.split("=")[0] == "--base-gpu-id" for a in extra)
+            if gpu is not None and gpu.startswith("cuda:") and not chosen:
+                extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
+            command = server_command(model, port=port, extra=extra)
         print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
-        async with Launcher(command, url), SGLangClient(url) as client:
-            yield client, DiskSync([client], weights_dir)
+        async with (
+            Launcher(command, url),
+            SGLangClient(url) as client,
+            server_sync(config, client, weights_dir) as sync,
+        ):
+            yield client, sync
+
+
+@contextlib.asynccontextmanager
+async def server_sync(
+    config: TrainConfig, client: Any, weights_dir: Path
+) -> AsyncIterator[WeightSync]:
+    """How a server gets the trainer's weights (``--weight-sync``)."""
+    from trainer._sync import DiskSync, DistributedSync
+
+    if config.weight_sync == "disk":
+        yield DiskSync([client], weights_dir)
+        return
+    backend: Literal["nccl", "gloo"] = "nccl" if config.device.startswith("cuda") else "gloo"
+    print(
+        f"weight sync: {backend} broadcast to the server in buckets of "
+        f"{config.update_weight_buffer_size / 2**20:g} MiB",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with DistributedSync(
+        [client],
+        backend=backend,
+        master_address=config.weight_sync_master_address,
+        bucket_bytes=config.update_weight_buffer_size,
+    ) as sync:
+        yield sync
 
 
 class Reporter:

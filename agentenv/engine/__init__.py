@@ -1,7 +1,8 @@
 """The embedded inference engine: local models, continuous batching, SGLang's HTTP API.
 
-``Engine`` and ``EngineServer`` import torch, so they load on first use: resolving a
-model name (``resolve_model``) stays light.
+``Engine``, ``EngineServer`` and ``WeightUpdateGroup`` (one rank of the process group that
+carries SGLang's distributed weight updates) import torch, so they load on first use:
+resolving a model name (``resolve_model``) stays light.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -10,9 +11,18 @@ from agentenv.engine._models import SMOLLM2_NAME, cache_dir, resolve_model
 
 if TYPE_CHECKING:
     from agentenv.engine._engine import Engine, EngineChunk
+    from agentenv.engine._group import WeightUpdateGroup
     from agentenv.engine._server import EngineServer
 
-__all__ = ["SMOLLM2_NAME", "Engine", "EngineChunk", "EngineServer", "cache_dir", "resolve_model"]
+__all__ = [
+    "SMOLLM2_NAME",
+    "Engine",
+    "EngineChunk",
+    "EngineServer",
+    "WeightUpdateGroup",
+    "cache_dir",
+    "resolve_model",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +34,8 @@ def __getattr__(name: str) -> Any:
         from agentenv.engine._server import EngineServer
 
         return EngineServer
+    if name == "WeightUpdateGroup":
+        from agentenv.engine._group import WeightUpdateGroup
+
+        return WeightUpdateGroup
     raise AttributeError(f"module 'agentenv.engine' has no attribute {name!r}")

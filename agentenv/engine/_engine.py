@@ -133,6 +133,7 @@ class Engine:
         self._resumed = anyio.Event()
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self._shapes: dict[str, tuple[int, ...]] | None = None
         self.steps = 0
 
     def _setup(
@@ -328,13 +329,27 @@ class Engine:
         self._wake.set()
 
     async def update_weights(
-        self, tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str | None = None,
+        partial: bool = False,
     ) -> None:
-        """Install HF-named weights between two steps; tokens after it carry the new version."""
+        """Install HF-named weights between two steps; tokens after it carry the new version.
+
+        ``partial``: ``tensors`` may be any subset of the weights (a bucket of a distributed
+        update), the others keep their values; otherwise every weight must be there."""
+        install = self.model.update_weights if partial else self.model.set_weights
         async with self._step_lock:
-            await self._on_thread(self.model.set_weights, dict(tensors))
+            await self._on_thread(install, dict(tensors))
             if weight_version is not None:
                 self.weight_version = weight_version
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every HF-named weight the model takes, with its shape (to check an update)."""
+        if self._shapes is None:  # an update keeps the shapes
+            self._shapes = self.model.weight_shapes()
+        return self._shapes
 
     async def update_weights_from_disk(
         self, path: str | Path, *, weight_version: str | None = None

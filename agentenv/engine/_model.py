@@ -259,6 +259,63 @@ class LlamaModel:
         if tied:
             self.lm_head = self.embed
 
+    def _weight_views(self) -> dict[str, torch.Tensor | None]:
+        """Every HF weight name -> the tensor, or the rows of a fused one (q/k/v, gate/up),
+        that holds it; ``None`` for a name taken and ignored (a tied model's
+        ``lm_head.weight``, equal to the embeddings)."""
+        c = self.config
+        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        views: dict[str, torch.Tensor | None] = {}
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            fused = [(layer.qkv, "weight")]
+            if layer.qkv_bias is not None:
+                fused.append((layer.qkv_bias, "bias"))
+            for tensor, kind in fused:
+                views[p + f"self_attn.q_proj.{kind}"] = tensor[:q]
+                views[p + f"self_attn.k_proj.{kind}"] = tensor[q : q + kv]
+                views[p + f"self_attn.v_proj.{kind}"] = tensor[q + kv :]
+            views[p + "self_attn.o_proj.weight"] = layer.o
+            views[p + "mlp.gate_proj.weight"] = layer.gate_up[:inter]
+            views[p + "mlp.up_proj.weight"] = layer.gate_up[inter:]
+            views[p + "mlp.down_proj.weight"] = layer.down
+            views[p + "input_layernorm.weight"] = layer.ln1
+            views[p + "post_attention_layernorm.weight"] = layer.ln2
+        views["model.embed_tokens.weight"] = self.embed
+        views["model.norm.weight"] = self.norm
+        views["lm_head.weight"] = None if self._tied else self.lm_head
+        return views
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every HF-named weight this model takes (``lm_head.weight`` too)."""
+        return {
+            name: tuple((self.embed if view is None else view).shape)
+            for name, view in self._weight_views().items()
+        }
+
+    @torch.inference_mode()
+    def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy some HF-named weights in place (one bucket of a distributed update); the
+        others keep their values. Every name and shape is checked before anything changes."""
+        views = self._weight_views()
+        for name, value in tensors.items():
+            if name not in views:
+                raise ConfigError(
+                    f"the model has no weight {name!r} (expected HF names such as "
+                    "'model.layers.0.self_attn.q_proj.weight')"
+                )
+            view = views[name]
+            expected = tuple((self.embed if view is None else view).shape)
+            if tuple(value.shape) != expected:
+                raise ConfigError(
+                    f"weight {name} has shape {tuple(value.shape)}, the model's is {expected}: "
+                    "an update must keep the architecture"
+                )
+        for name, value in tensors.items():
+            view = views[name]
+            if view is not None:
+                view.copy_(value)
+
     # -- pieces ----------------------------------------------------------------------------
     def _rope_table(self, length: int) -> None:
         if self._cos.shape[0] >= length:

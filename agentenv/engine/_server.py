@@ -13,25 +13,50 @@ and any other SGLang client talk to it unchanged::
     POST /flush_cache              (GET too) 400 while requests run
     POST /update_weights_from_disk {"model_path", "weight_version", ...}
     POST /update_weight_version    {"new_version"}
+    POST /init_weights_update_group       {"master_address", "master_port", "rank_offset",
+                                           "world_size", "group_name", "backend", "timeout"?}
+    POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
+                                           "weight_version", ...}
+    POST /destroy_weights_update_group    {"group_name"}
 
-Errors are HTTP 400 ``{"error": {"message": ...}}`` naming the field, as SGLang answers.
+Errors are HTTP 400 ``{"error": {"message": ...}}`` naming the field, as SGLang answers;
+weight updates answer ``{"success": false, "message": ...}`` with 400.
+
+Distributed weight updates (SGLang's NCCL protocol; ``gloo`` too, for CPU): the trainer is
+rank 0 of a process group of its own, this server joins it as rank ``rank_offset`` (see
+:mod:`agentenv.engine._group`), and for each bucket the trainer posts the tensors' names,
+dtypes and shapes while it broadcasts them in that order. The server receives them in a
+worker thread (it keeps answering ``/health`` and generating meanwhile), then installs them
+between two decode steps. A bucket is checked before anything is received: a malformed
+request (lists of different lengths, an unknown dtype, a bad shape, an unknown group) is
+refused at once, since the server could not receive it; a bucket that is well formed but
+does not fit the model (an unknown weight name, a wrong shape) is still received -- so the
+trainer's broadcast completes and the group stays usable -- then dropped, and refused with
+the reason; the model is unchanged. Init waits ``timeout`` seconds (default 60) for every
+rank to join; a broadcast waits for its ranks for 30 minutes at most (torch's default).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
+import torch
 
 from agentenv._errors import AgentEnvError, ConfigError
 from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import HTTPError, HTTPServer, Request, Response, Router, StreamingResponse, sse
 from agentenv.engine._engine import Engine
+from agentenv.engine._group import DEFAULT_GROUP_NAME, WeightUpdateGroup, parse_dtype
 
 __all__ = ["EngineServer"]
+
+RENDEZVOUS_TIMEOUT = 60.0  # s: the default wait for every rank of a weight update group
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -52,6 +77,104 @@ def _failure(message: str) -> Response:
 
 def _bad(message: str) -> HTTPError:
     return HTTPError(400, message, type="BadRequest")
+
+
+@dataclasses.dataclass(eq=False)
+class _ServedGroup:
+    """A weight update group this server joined: buckets are received one at a time."""
+
+    group: WeightUpdateGroup
+    device: str  # where received tensors land (CPU for gloo)
+    lock: anyio.Lock = dataclasses.field(default_factory=anyio.Lock)
+    destroyed: bool = False
+
+
+def _int(data: Mapping[str, Any], key: str) -> int:
+    value = data.get(key)
+    if type(value) is not int:
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+def _init_args(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``/init_weights_update_group``'s body as :meth:`WeightUpdateGroup.join` arguments."""
+    address = data.get("master_address")
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"master_address must be a host name or address, got {address!r}")
+    port = _int(data, "master_port")
+    if not 0 < port < 65536:
+        raise ConfigError(f"master_port must be in [1, 65535], got {port}")
+    world = _int(data, "world_size")
+    if world < 2:
+        raise ConfigError(f"world_size must be at least 2 (the trainer and a server), got {world}")
+    rank = _int(data, "rank_offset")
+    if not 0 < rank < world:
+        raise ConfigError(
+            f"rank_offset must be in [1, {world - 1}] (rank 0 is the trainer; this server "
+            f"takes one rank), got {rank}"
+        )
+    name = data.get("group_name", DEFAULT_GROUP_NAME)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"group_name must be a non-empty string, got {name!r}")
+    backend = data.get("backend", "nccl")
+    if backend not in ("nccl", "gloo"):
+        raise ConfigError(f"backend must be nccl or gloo, got {backend!r}")
+    timeout = data.get("timeout", RENDEZVOUS_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return dict(
+        master_address=address, master_port=port, rank=rank, world_size=world, name=name,
+        backend=backend, timeout=float(timeout),
+    )  # fmt: skip
+
+
+def _bucket(data: Mapping[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """``/update_weights_from_distributed``'s tensors: (name, dtype, shape) in order."""
+    names, dtypes, shapes = (data.get(k) for k in ("names", "dtypes", "shapes"))
+    for key, value in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+    assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ConfigError(
+            f"names, dtypes and shapes must have one entry per tensor, got {len(names)}, "
+            f"{len(dtypes)} and {len(shapes)}"
+        )
+    out = []
+    for i, (name, dtype, shape) in enumerate(zip(names, dtypes, shapes, strict=True)):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"names[{i}] must be a weight name, got {name!r}")
+        try:
+            parsed = parse_dtype(dtype)
+        except ConfigError as e:
+            raise ConfigError(f"dtypes[{i}]: {e}") from None
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ConfigError(f"shapes[{i}] must be a list of non-negative ints, got {shape!r}")
+        out.append((name, parsed, tuple(shape)))
+    return out
+
+
+def _mismatch(
+    bucket: list[tuple[str, torch.dtype, tuple[int, ...]]], model: Mapping[str, tuple[int, ...]]
+) -> str | None:
+    """Why ``bucket`` does not fit the model (its first problem), or None."""
+    for name, _, shape in bucket:
+        if name not in model:
+            return (
+                f"the model has no weight {name!r} (expected HF names such as "
+                "'model.layers.0.self_attn.q_proj.weight')"
+            )
+        if shape != model[name]:
+            return f"weight {name} has shape {shape}, the model's is {model[name]}"
+    return None
+
+
+def _receive(
+    served: _ServedGroup, bucket: list[tuple[str, torch.dtype, tuple[int, ...]]]
+) -> list[torch.Tensor]:
+    tensors = [torch.empty(shape, dtype=dtype, device=served.device) for _, dtype, shape in bucket]
+    served.group.broadcast(tensors)
+    return tensors
 
 
 class EngineServer:
@@ -82,10 +205,15 @@ class EngineServer:
             ("GET", "/flush_cache", self._flush, False),
             ("POST", "/update_weights_from_disk", self._update_from_disk, True),
             ("POST", "/update_weight_version", self._update_version, False),
+            ("POST", "/init_weights_update_group", self._init_group, False),
+            ("POST", "/update_weights_from_distributed", self._update_from_distributed, False),
+            ("POST", "/destroy_weights_update_group", self._destroy_group, False),
         ]
         for method, path, handler, long_poll in routes:
             router.add(method, path, handler, long_poll=long_poll)
         self._http = HTTPServer(router, host=host, port=port)
+        self._groups: dict[str, _ServedGroup] = {}
+        self._forming: set[str] = set()  # groups whose rendezvous is under way
 
     @property
     def url(self) -> str:
@@ -100,7 +228,12 @@ class EngineServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._http.__aexit__(*exc)
+        try:
+            await self._http.__aexit__(*exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for name in list(self._groups):
+                    await self._leave(name)
 
     # -- generation ------------------------------------------------------------------------
     def _prompt(self, data: Mapping[str, Any]) -> tuple[list[list[int]], bool]:
@@ -339,3 +472,110 @@ class EngineServer:
                 "new_version": str(version),
             }
         )
+
+    # -- distributed weight updates --------------------------------------------------------
+    async def _init_group(self, request: Request) -> Response:
+        fail = "Failed to initialize custom process group: "
+        try:
+            args = _init_args(_body(request))
+        except ConfigError as e:
+            return _failure(f"{fail}{e}")
+        name = args["name"]
+        if name in self._groups or name in self._forming:
+            return _failure(
+                f"{fail}group {name!r} already exists on this server; destroy it first "
+                "(/destroy_weights_update_group) or use another group_name"
+            )
+        device = self.engine.device
+        if args["backend"] == "nccl" and not device.startswith("cuda"):
+            return _failure(
+                f"{fail}backend nccl needs the engine on a CUDA device, this server runs on "
+                f"{device} (use backend gloo)"
+            )
+        self._forming.add(name)
+        try:
+            # Shielded: a group that formed is kept (and destroyed with the server) even if
+            # the request is cancelled meanwhile.
+            with anyio.CancelScope(shield=True):
+                group = await anyio.to_thread.run_sync(
+                    functools.partial(WeightUpdateGroup.join, **args)
+                )
+                receive_on = device if args["backend"] == "nccl" else "cpu"
+                self._groups[name] = _ServedGroup(group, receive_on)
+        except (ConfigError, TimeoutError) as e:
+            return _failure(f"{fail}{e}")
+        finally:
+            self._forming.discard(name)
+        return Response.json(
+            {"success": True, "message": "Succeeded to initialize custom process group."}
+        )
+
+    async def _update_from_distributed(self, request: Request) -> Response:
+        data = _body(request)
+        name = data.get("group_name", DEFAULT_GROUP_NAME)
+        served = self._groups.get(name) if isinstance(name, str) else None
+        if served is None:
+            return _failure(
+                f"Failed to update weights: group {name!r} is not one of this server's "
+                f"weight update groups {sorted(self._groups)}; call "
+                "/init_weights_update_group first"
+            )
+        try:
+            bucket = _bucket(data)
+            if data.get("load_format") not in (None, "auto"):
+                raise ConfigError(
+                    f"load_format {data['load_format']!r} is not supported here; broadcast the "
+                    "tensors as they are (load_format null)"
+                )
+        except ConfigError as e:  # nothing is received: the request says nothing usable
+            return _failure(f"Failed to update weights: {e}")
+        # Checked now, refused after the bucket is received: the trainer is broadcasting it.
+        problem = _mismatch(bucket, self.engine.weight_shapes())
+        if data.get("abort_all_requests"):
+            self.engine.abort(all=True)
+        async with served.lock:
+            if served.destroyed:
+                return _failure(f"Failed to update weights: group {name!r} was destroyed")
+            try:
+                tensors = await anyio.to_thread.run_sync(_receive, served, bucket)
+            except (RuntimeError, ConfigError) as e:
+                return _failure(
+                    f"Failed to update weights: receiving the bucket over group {name!r} "
+                    f"failed: {e}. Destroy the group and initialise a new one."
+                )
+            finally:
+                if served.destroyed:  # destroyed while receiving: leave now
+                    await anyio.to_thread.run_sync(served.group.destroy)
+        if problem is not None:
+            return _failure(
+                f"Failed to update weights: {problem}; the bucket was received and dropped, "
+                "the model is unchanged"
+            )
+        version = data.get("weight_version")
+        try:
+            await self.engine.update_weights(
+                {n: t for (n, _, _), t in zip(bucket, tensors, strict=True)},
+                weight_version=None if version is None else str(version),
+                partial=True,
+            )
+        except AgentEnvError as e:
+            return _failure(f"Failed to update weights: {e}")
+        message = "Succeeded to update parameter online from distributed."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        return Response.json({"success": True, "message": message})
+
+    async def _destroy_group(self, request: Request) -> Response:
+        name = _body(request).get("group_name", DEFAULT_GROUP_NAME)
+        if not isinstance(name, str) or name not in self._groups:
+            return _failure(f"The group to be destroyed does not exist: {name!r}.")
+        await self._leave(name)
+        return Response.json(
+            {"success": True, "message": "Succeeded to destroy custom process group."}
+        )
+
+    async def _leave(self, name: str) -> None:
+        served = self._groups.pop(name)
+        served.destroyed = True
+        if not served.lock.locked():  # else the receiving request leaves when it ends
+            await anyio.to_thread.run_sync(served.group.destroy)

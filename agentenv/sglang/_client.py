@@ -177,6 +177,7 @@ class SGLangClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
+        retry: bool = True,
     ) -> httpx.Response | RawResponse:
         if self._closed:
             raise ClosedResourceError("the SGLangClient is closed")
@@ -191,8 +192,9 @@ class SGLangClient:
             hdrs = {**self._headers, **hdrs}
         response: httpx.Response | RawResponse
         delay = self.backoff
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        retries = self.retries if retry else 0
+        for attempt in range(retries + 1):
+            last = attempt == retries
             try:
                 if self._fast is not None:
                     response = await self._fast.fetch(
@@ -217,7 +219,8 @@ class SGLangClient:
                 if last:
                     raise SGLangError(
                         f"cannot reach the SGLang server at {self.url} ({method} {path}: "
-                        f"{type(e).__name__}: {e}) after {self.retries + 1} attempts",
+                        f"{type(e).__name__}: {e}) after {retries + 1} "
+                        f"attempt{'s' if retries else ''}",
                         url=self.url,
                     ) from None
             else:
@@ -482,8 +485,10 @@ class SGLangClient:
         )
 
     # -- weight updates --------------------------------------------------------------------
-    async def _checked(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        data = await self._json("POST", path, dict(body))
+    async def _checked(
+        self, path: str, body: Mapping[str, Any], *, retry: bool = True
+    ) -> dict[str, Any]:
+        data = await self._json("POST", path, dict(body), retry=retry)
         if isinstance(data, dict) and data.get("success") is False:
             raise SGLangError(
                 f"{self.url}{path} failed: {data.get('message', '')}", status=200, url=self.url
@@ -540,19 +545,24 @@ class SGLangClient:
         *,
         group_name: str = "weight_update_group",
         backend: str = "nccl",
+        rendezvous_timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Join the trainer's NCCL group (the trainer is rank 0)."""
-        return await self._checked(
-            "/init_weights_update_group",
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            },
-        )
+        """Join the trainer's process group as rank ``rank_offset`` (the trainer is rank 0
+        and hosts the rendezvous at ``master_address:master_port``); answers once every rank
+        joined. ``rendezvous_timeout``: seconds the server waits for them, sent as
+        ``timeout`` (``agentenv serve`` reads it; SGLang has no such field). Never retried:
+        the server may have joined already."""
+        body: dict[str, Any] = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        if rendezvous_timeout is not None:
+            body["timeout"] = rendezvous_timeout
+        return await self._checked("/init_weights_update_group", body, retry=False)
 
     async def update_weights_from_distributed(
         self,
@@ -564,7 +574,9 @@ class SGLangClient:
         weight_version: str | None = None,
         flush_cache: bool = True,
     ) -> dict[str, Any]:
-        """Receive one bucket of tensors broadcast by the trainer, in this order."""
+        """Receive one bucket of tensors that the trainer broadcasts, in this order, while
+        this request waits; answers once they are installed. Never retried: a second
+        request would wait for a broadcast that does not come."""
         if not len(names) == len(dtypes) == len(shapes):
             raise ConfigError(
                 f"names, dtypes and shapes must be aligned, got {len(names)}, {len(dtypes)} "
@@ -580,12 +592,13 @@ class SGLangClient:
                 "weight_version": weight_version,
                 "flush_cache": flush_cache,
             },
+            retry=False,
         )
 
     async def destroy_weights_update_group(
         self, group_name: str = "weight_update_group"
     ) -> dict[str, Any]:
-        """Leave the NCCL group."""
+        """Leave the weight update group."""
         return await self._checked("/destroy_weights_update_group", {"group_name": group_name})
 
     # -- router ----------------------------------------------------------------------------

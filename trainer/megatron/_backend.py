@@ -209,6 +209,10 @@ class MegatronBackend(Backend):
             provide = model_provider(self.cfg, attention=self.attention, **overrides)
             model = provide(pre_process=self.first_stage, post_process=self.last_stage)
         model = model.to(self.device)
+        if self.dtype == torch.bfloat16:
+            # As megatron's Float16Module does: the local spec builds its norms in fp32,
+            # and an fp32 norm weight on bf16 activations misses torch's fused RMSNorm.
+            model = model.bfloat16()
         hf = load_hf_weights(self.path)
         shard = hf_to_megatron(hf, self.cfg, tp_rank=self.tp_rank, pp_rank=self.pp_rank)
         load_weights(model, shard)
@@ -251,6 +255,13 @@ class MegatronBackend(Backend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.optimizer = core.optimizer.get_megatron_optimizer(config, [self.model])
+        # Without Transformer Engine or apex megatron falls back to torch's AdamW in its
+        # multi-tensor form; on the fp32 main weights the fused kernel is one pass.
+        for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = getattr(part, "optimizer", None)
+            if isinstance(inner, torch.optim.AdamW):
+                for group in inner.param_groups:
+                    group.update(fused=True, foreach=False)
 
     def close(self) -> None:
         """Stop the other ranks (rank 0; a no-op on one GPU)."""

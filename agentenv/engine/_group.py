@@ -1,0 +1,211 @@
+"""A standalone process group for broadcasting weights from a trainer to inference servers.
+
+SGLang's distributed weight update (``/init_weights_update_group``,
+``/update_weights_from_distributed``) joins the trainer and the servers in a process group
+of their own: the trainer is rank 0, a one-GPU server joins as rank ``rank_offset``, and
+each bucket of tensors is broadcast from rank 0 in the order its request lists them.
+:class:`WeightUpdateGroup` is one rank of such a group; ``agentenv serve`` uses it for the
+server's end and :class:`trainer.DistributedSync` for the trainer's.
+
+The group never touches torch's default process group (a trainer may already have one,
+e.g. megatron's) and is not registered in torch's global group table: it is built from
+its own ``TCPStore`` (hosted by rank 0 at ``master_address:master_port``) and torch's
+backend classes directly. The store keys are laid out as SGLang's
+``init_custom_process_group`` lays them out (``TCPStore`` -> prefix ``group_name`` ->
+prefix ``group_name/`` -> prefix ``cpu/`` for gloo or ``cuda/`` for NCCL, then the gloo
+sequence-number handshake), so either end interoperates with SGLang servers and with
+slime-style trainers that build their end the usual way. Backends: ``nccl`` (CUDA
+tensors) and ``gloo`` (CPU tensors; tests, machines without GPUs).
+
+Every call here blocks; async code runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from agentenv._errors import ConfigError
+
+__all__ = ["DEFAULT_GROUP_NAME", "TRANSFER_TIMEOUT", "WeightUpdateGroup", "parse_dtype"]
+
+DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default
+TRANSFER_TIMEOUT = 1800.0  # s a broadcast may wait for every rank (torch's default)
+Backend = Literal["nccl", "gloo"]
+BACKENDS: tuple[str, ...] = ("nccl", "gloo")
+
+
+def parse_dtype(name: object) -> torch.dtype:
+    """``"bfloat16"`` (or ``"torch.bfloat16"``) -> ``torch.bfloat16``, as SGLang reads the
+    ``dtypes`` of ``/update_weights_from_distributed``."""
+    value = getattr(torch, name.removeprefix("torch."), None) if isinstance(name, str) else None
+    if not isinstance(value, torch.dtype):
+        raise ConfigError(f"{name!r} is not a torch dtype (e.g. 'bfloat16', 'float32')")
+    return value
+
+
+class WeightUpdateGroup:
+    """One rank of a weight-broadcast group (see the module docstring); build it with
+    :meth:`join`.
+
+    Attributes:
+        name: the group's name (the key prefix in the store, as SGLang names it).
+        backend: ``nccl`` or ``gloo``.
+        rank, world_size: this rank (0: the trainer) and the number of ranks.
+    """
+
+    def __init__(
+        self, name: str, backend: Backend, rank: int, world_size: int, pg: Any, store: Any
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.rank = rank
+        self.world_size = world_size
+        self._pg = pg
+        self._store = store  # rank 0 hosts the store: it lives as long as the group
+
+    @classmethod
+    def join(
+        cls,
+        master_address: str,
+        master_port: int,
+        *,
+        rank: int,
+        world_size: int,
+        name: str = DEFAULT_GROUP_NAME,
+        backend: Backend = "nccl",
+        timeout: float = 60.0,
+        transfer_timeout: float = TRANSFER_TIMEOUT,
+    ) -> WeightUpdateGroup:
+        """Form the group: blocks until all ``world_size`` ranks have joined.
+
+        Rank 0 hosts the store at ``master_address:master_port``; the others connect to it.
+        Raises :class:`ConfigError` for bad arguments and :class:`TimeoutError` when the
+        ranks do not all arrive within ``timeout`` seconds. ``transfer_timeout`` bounds each
+        later broadcast.
+        """
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be nccl or gloo, got {backend!r}")
+        if world_size < 2:
+            raise ConfigError(
+                f"world_size must be at least 2 (the trainer and a server), got {world_size}"
+            )
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
+        if not name:
+            raise ConfigError("the group name must not be empty")
+        if timeout <= 0 or transfer_timeout <= 0:
+            raise ConfigError("timeout and transfer_timeout must be positive")
+        from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+        where = f"{master_address}:{master_port}"
+        try:
+            store = TCPStore(
+                master_address,
+                master_port,
+                world_size,
+                rank == 0,
+                timeout=datetime.timedelta(seconds=timeout),
+                wait_for_workers=True,
+                multi_tenant=True,
+            )
+        except (RuntimeError, OSError) as e:  # torch's DistStoreError is a RuntimeError
+            who = "the other ranks" if rank == 0 else "rank 0 (the trainer)"
+            raise TimeoutError(
+                f"weight update group {name!r}: {who} did not join at {where} within "
+                f"{timeout:g} s (this is rank {rank} of {world_size}): {_first_line(e)}"
+            ) from None
+        # The layout init_custom_process_group gives the keys (see the module docstring).
+        device = "cpu" if backend == "gloo" else "cuda"
+        keys = PrefixStore(f"{device}/", PrefixStore(f"{name}/", PrefixStore(name, store)))
+        try:
+            pg = _backend(backend, keys, rank, world_size, name, transfer_timeout)
+        except (RuntimeError, OSError) as e:
+            raise TimeoutError(
+                f"weight update group {name!r} at {where}: rank {rank} of {world_size} could "
+                f"not connect to the others: {_first_line(e)}"
+            ) from None
+        return cls(name, backend, rank, world_size, pg, store if rank == 0 else None)
+
+    def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Rank 0 sends ``tensors``; every other rank receives into its ``tensors`` (same
+        shapes and dtypes, same order). Returns once every tensor has arrived."""
+        if self._pg is None:
+            raise ConfigError(f"weight update group {self.name!r} is destroyed")
+        from torch.distributed import BroadcastOptions
+
+        if not tensors:
+            return
+        device = tensors[0].device
+        for t in tensors:
+            if self.backend == "nccl" and t.device.type != "cuda":
+                raise ConfigError(
+                    f"the nccl backend broadcasts CUDA tensors, got one on {t.device} "
+                    "(use the gloo backend for CPU tensors)"
+                )
+            if not t.is_contiguous():
+                raise ConfigError("broadcast tensors must be contiguous")
+        options = BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            # All in flight at once, in order on every rank (as SGLang and slime do).
+            works = [self._pg.broadcast([t], options) for t in tensors]
+            for work in works:
+                work.wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+    def destroy(self) -> None:
+        """Leave the group (a no-op the second time); NCCL's communicator is shut down."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None and self.backend == "nccl":
+            stop = getattr(pg, "shutdown", None) or getattr(pg, "abort", None)
+            if stop is not None:
+                stop()
+
+    @property
+    def destroyed(self) -> bool:
+        return self._pg is None
+
+    def __repr__(self) -> str:
+        return (
+            f"WeightUpdateGroup({self.name!r}, backend={self.backend!r}, rank={self.rank}, "
+            f"world_size={self.world_size})"
+        )
+
+
+def _backend(
+    backend: Backend, store: Any, rank: int, world_size: int, name: str, timeout: float
+) -> Any:
+    """torch's backend object for the group (what ``_new_process_group_helper`` builds for
+    ``backend``, without registering it anywhere)."""
+    delta = datetime.timedelta(seconds=timeout)
+    if backend == "gloo":
+        from torch.distributed import ProcessGroupGloo
+
+        pg: Any = ProcessGroupGloo(store, rank, world_size, delta)
+    else:
+        try:
+            from torch.distributed import ProcessGroupNCCL
+        except ImportError:
+            raise ConfigError(
+                "this torch build has no NCCL (a CPU build?): use the gloo backend"
+            ) from None
+        options: Any = ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = delta
+        options.global_ranks_in_group = []
+        options.group_name = name
+        pg = ProcessGroupNCCL(store, rank, world_size, options)
+    # Rank 0 publishes a sequence number that the others wait for: both ends must do it.
+    pg._set_sequence_number_for_group()
+    return pg
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
