@@ -109,6 +109,12 @@ class TrainConfig(pydantic.BaseModel):
     )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
+    actor_num_gpus_per_node: int = pydantic.Field(
+        1,
+        ge=1,
+        description="--backend megatron: GPUs to train on (device, device+1, ...); "
+        "replicas = GPUs / (TP x PP)",
+    )
     schedule: Literal["sync", "one_step_off", "async"] = pydantic.Field(
         "sync", description="sync, one_step_off (rollout overlaps training) or async"
     )
@@ -198,7 +204,13 @@ class TrainConfig(pydantic.BaseModel):
                 )
             from trainer.megatron import parse_megatron_flags
 
-            parse_megatron_flags(self.megatron_args)  # names and values, before anything loads
+            parallel = parse_megatron_flags(self.megatron_args)  # before anything loads
+            parallel.data_parallel_size(self.actor_num_gpus_per_node)
+        if self.actor_num_gpus_per_node > 1 and self.backend != "megatron":
+            raise ValueError(
+                "--actor-num-gpus-per-node > 1 needs --backend megatron (the torch backend "
+                "trains on one device)"
+            )
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"--rollout-url must start with http:// or https://, got {url!r}")

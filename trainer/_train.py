@@ -280,7 +280,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
         from trainer.megatron import MegatronBackend, parse_megatron_flags
 
         parallel = parse_megatron_flags(config.megatron_args)
-        backend = MegatronBackend(config.hf_checkpoint, parallel=parallel, **common)
+        backend = MegatronBackend(
+            config.hf_checkpoint,
+            parallel=parallel,
+            num_gpus=config.actor_num_gpus_per_node,
+            **common,
+        )
     else:
         backend = TorchBackend(config.hf_checkpoint, **common)
     report = Reporter(config, config.save, resuming)

@@ -191,6 +191,11 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     assert out.returncode == 2 and "need --backend megatron" in out.stderr
     out = _train(*base, "--backend", "megatron", "--tensor-parallel", "2")
     assert out.returncode == 2 and "unsupported megatron flag(s) ['--tensor-par" in out.stderr
+    out = _train(*base, "--backend", "megatron", "--actor-num-gpus-per-node", "3",
+                 "--tensor-model-parallel-size", "2")  # fmt: skip
+    assert out.returncode == 2 and "world size 3 is not a multiple of TP" in out.stderr
+    out = _train(*base, "--actor-num-gpus-per-node", "2")
+    assert out.returncode == 2 and "needs --backend megatron" in out.stderr
     out = subprocess.run(
         [sys.executable, "-m", "agentenv", "eval", "--env", "x", "--model", "y", "--bogus"],
         capture_output=True, text=True, timeout=60,
