@@ -63,18 +63,20 @@ from trainer.megatron._export import export_hf, load_hf_weights
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from trainer.megatron._provider import load_weights, model_provider, require_megatron
-from trainer.megatron._ranks import FOLLOWER_DEVICE, Followers, collective
+from trainer.megatron._ranks import FOLLOWER_DEVICE, Followers, collective, open_channel
 
 __all__ = ["MegatronBackend"]
 
 
 def _init_distributed(
     core: Any, parallel: ParallelConfig, seed: int, *, rank: int, world_size: int, port: int
-) -> None:
-    """torch.distributed and megatron's parallel state for this layout, unless set up."""
+) -> bool:
+    """torch.distributed and megatron's parallel state for this layout, unless set up;
+    ``True`` when this call set up torch.distributed."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group(
             "nccl",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -87,6 +89,8 @@ def _init_distributed(
             parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
         )
     core.tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    open_channel()
+    return owned
 
 
 class MegatronBackend(Backend):
@@ -139,6 +143,11 @@ class MegatronBackend(Backend):
         if attention not in ("sdpa", "local"):
             raise ConfigError(f"attention must be 'sdpa' or 'local', got {attention!r}")
         parallel = parallel or ParallelConfig()
+        if parallel.use_distributed_optimizer and optim is not None and optim.optimizer == "sgd":
+            raise ConfigError(
+                "--use-distributed-optimizer works with adam only (megatron's distributed "
+                "optimizer has no SGD)"
+            )
         if parallel.context_parallel_size > 1:
             raise ConfigError(
                 "--context-parallel-size > 1 needs Transformer Engine's attention, which "
@@ -176,7 +185,9 @@ class MegatronBackend(Backend):
                 self.followers = Followers(num_gpus, kwargs, devices, port)
                 atexit.register(self.close)
         torch.cuda.set_device(self.device)
-        _init_distributed(core, parallel, seed, rank=rank, world_size=num_gpus, port=port)
+        self._owns_distributed = _init_distributed(
+            core, parallel, seed, rank=rank, world_size=num_gpus, port=port
+        )
         ps = core.parallel_state
         self.rank = rank
         self.tp_rank = int(ps.get_tensor_model_parallel_rank())
@@ -203,7 +214,11 @@ class MegatronBackend(Backend):
         if self.parallel.pipeline_model_parallel_size > 1:
             # Micro-batches differ in shape: the stages send each other the shapes first.
             # (megatron refuses that beside its default MoE dispatcher, even without MoE.)
-            overrides.update(variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
+            overrides.update(
+                variable_seq_lengths=True,
+                moe_token_dispatcher_type="alltoall",
+                pipeline_dtype=self.dtype,  # what the stages send each other
+            )
         with warnings.catch_warnings():  # megatron's notices about optional packages
             warnings.simplefilter("ignore")
             provide = model_provider(self.cfg, attention=self.attention, **overrides)
@@ -262,12 +277,36 @@ class MegatronBackend(Backend):
             if isinstance(inner, torch.optim.AdamW):
                 for group in inner.param_groups:
                     group.update(fused=True, foreach=False)
+        self._set_lr(o.lr)
+        self._stepped = False  # optimizer state exists once a step was applied
+
+    def _set_lr(self, lr: float) -> None:
+        """The learning rate, and the weight decay where megatron allows it (its parameter
+        groups mark biases and norms with ``wd_mult`` 0; its own scheduler applies that)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+            group["weight_decay"] = self.optim_config.weight_decay * group.get("wd_mult", 1.0)
 
     def close(self) -> None:
-        """Stop the other ranks (rank 0; a no-op on one GPU)."""
+        """Stop the other ranks (rank 0) and take down the process groups this backend set
+        up; the backend cannot be used afterwards."""
         if self.followers is not None:
             self.followers.close()
             self.followers = None
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """This rank's part of :meth:`close`: megatron's parallel state and the process
+        group, where this backend created them."""
+        import torch.distributed as dist
+
+        from trainer.megatron import _ranks
+
+        if self._owns_distributed and dist.is_initialized():
+            require_megatron().parallel_state.destroy_model_parallel()
+            _ranks._channel = None
+            dist.destroy_process_group()
+            self._owns_distributed = False
 
     # -- the forward pass -----------------------------------------------------------------
     def _inputs(self, batch: Sequence[Item]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,21 +468,27 @@ class MegatronBackend(Backend):
             forward_only=False,
         )
         t2 = time.perf_counter()
-        # A non-finite gradient on any rank skips the update on all of them.
-        bad = torch.zeros((), device=self.device)
-        for buffer in self.model.buffers:
-            bad = torch.maximum(bad, (~torch.isfinite(buffer.grad_data)).any().float())
+        # A non-finite gradient on any rank skips the update on all of them (megatron's
+        # own check: one fused pass, no temporaries).
+        bad = torch.zeros(1, device=self.device)
+        one = torch.ones(1, device=self.device)
+        grads = [b.grad_data for b in self.model.buffers]
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, bad, one)
         if dist.get_world_size() > 1:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         skipped = bool(bad.item())
         lr = self.optim_config.lr_at(self.steps)
         norm = math.nan
         if not skipped:
-            for param_group in self.optimizer.param_groups:
-                param_group["lr"] = lr
+            self._set_lr(lr)
             ok, grad_norm, _ = self.optimizer.step()
             skipped = not ok
+            self._stepped = self._stepped or ok
             norm = float(grad_norm) if grad_norm is not None else math.nan
+            if self.parallel.overlap_param_gather:
+                # The new shards would otherwise reach the other replicas only at the next
+                # forward: the weights exported or saved before it would be stale.
+                self.model.start_param_sync(force_sync=True)
         self.steps += 1
         t3 = time.perf_counter()
         parts: list[Any] = [tally]
@@ -477,12 +522,12 @@ class MegatronBackend(Backend):
         """One micro-batch's loss on the last stage. megatron's schedule divides it by the
         replica's micro-batch count and its gradient reduction averages the replicas;
         both are undone, since the step's token weights already make the sum the loss."""
+        if dummy:  # zero, but part of the graph: the backward and the reduction still run
+            return logits.float().sum() * 0.0, {}
         lps, ents = self._outputs(
             [plan.items[i] for i in group], logits, with_entropy=plan.want_entropy
         )
         loss, part = self._micro_loss(plan, group, lps, ents)
-        if dummy:
-            return loss * 0.0, {}
         tally.add(part)
         return loss * (count * self.dp_size), {}
 
@@ -571,7 +616,7 @@ class MegatronBackend(Backend):
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         """Every rank's model shard and optimizer state, rank 0's RNG and ``extra``."""
         with replace_dir(directory) as tmp:
-            self._save_shards(str(tmp))
+            self._save_shards(str(tmp.resolve()))
             torch.save(
                 {"torch_rng": torch.get_rng_state(), "steps": self.steps},
                 tmp / "trainer_state.pt",
@@ -588,8 +633,11 @@ class MegatronBackend(Backend):
         name = self._shard_name()
         if self.dp_rank == 0:
             torch.save(self._megatron_state(), root / f"model_{name}.pt")
+        # Before the first applied step the optimizer has no state to save (and megatron's
+        # distributed optimizer cannot save an empty one).
+        if self._stepped and self.dp_rank == 0:
             torch.save(self.optimizer.state_dict(), root / f"optimizer_{name}.pt")
-        if self.parallel.use_distributed_optimizer:  # every replica holds a part
+        if self._stepped and self.parallel.use_distributed_optimizer:  # replicas hold parts
             self.optimizer.save_parameter_state(str(root / f"optimizer_params_{name}.pt"))
         torch.save(
             {
@@ -614,7 +662,7 @@ class MegatronBackend(Backend):
             )
         state = torch.load(root / "trainer_state.pt", weights_only=False)
         torch.set_rng_state(state["torch_rng"])
-        self._load_shards(str(root), int(state["steps"]))
+        self._load_shards(str(root.resolve()), int(state["steps"]))
         extra: dict[str, Any] = meta.get("extra", {})
         return extra
 
@@ -626,10 +674,13 @@ class MegatronBackend(Backend):
             self.model.module, torch.load(root / f"model_{name}.pt", map_location=self.device)
         )
         self.optimizer.reload_model_params()
-        self.optimizer.load_state_dict(
-            torch.load(root / f"optimizer_{name}.pt", map_location=self.device, weights_only=False)
-        )
-        if self.parallel.use_distributed_optimizer:
+        saved = root / f"optimizer_{name}.pt"
+        self._stepped = saved.exists()  # saved before the first step: nothing to restore
+        if self._stepped:
+            self.optimizer.load_state_dict(
+                torch.load(saved, map_location=self.device, weights_only=False)
+            )
+        if self._stepped and self.parallel.use_distributed_optimizer:
             self.optimizer.load_parameter_state(str(root / f"optimizer_params_{name}.pt"))
         rng = torch.load(root / f"rng_rank{self.rank}.pt", weights_only=False)
         torch.cuda.set_rng_state(rng["cuda_rng"])

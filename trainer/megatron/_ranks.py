@@ -16,6 +16,7 @@ driver's process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -27,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from agentenv import ConfigError
 
 __all__ = ["FOLLOWER_DEVICE", "Followers", "collective"]
 
@@ -44,6 +47,11 @@ def collective(method: F) -> F:
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        # Calls come on worker threads too, whose current CUDA device is 0: collectives and
+        # megatron's own allocations use the current device.
+        torch.cuda.set_device(self.device)
         followers: Followers | None = getattr(self, "followers", None)
         if followers is None or followers.inside:
             return method(self, *args, **kwargs)
@@ -57,12 +65,38 @@ def collective(method: F) -> F:
     return call  # type: ignore[return-value]
 
 
+_channel: Any = None  # the gloo group the calls travel on (see open_channel)
+
+
+def open_channel() -> None:
+    """The call channel: a gloo group of all ranks with no practical timeout (called by
+    every rank after ``init_process_group``). Between calls the other ranks wait in a
+    broadcast for as long as rank 0 runs rollouts or evaluations; on NCCL's default group
+    its watchdog would end them after 10 minutes."""
+    global _channel
+    import datetime
+
+    import torch.distributed as dist
+
+    if _channel is None and dist.get_world_size() > 1:
+        _channel = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
+
+
 def _broadcast_object(obj: Any) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_channel)
     return box[0]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the rank gets SIGKILL when rank 0's process dies, whatever killed it."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class Followers:
@@ -101,7 +135,9 @@ class Followers:
             }
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "trainer.megatron._ranks", str(spec)], env=env
+                    [sys.executable, "-m", "trainer.megatron._ranks", str(spec)],
+                    env=env,
+                    preexec_fn=_die_with_parent,
                 )
             )
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
@@ -154,10 +190,13 @@ def _follow(spec: Path) -> None:
         name, args, call_kwargs = _broadcast_object(None)
         if name == _CLOSE:
             break
-        getattr(backend, name)(*args, **call_kwargs)
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+        try:
+            getattr(backend, name)(*args, **call_kwargs)
+        except ConfigError:
+            # Bad input is found on every rank before any collective; rank 0 reports it
+            # to its caller, and the run may go on.
+            continue
+    backend.shutdown()
 
 
 if __name__ == "__main__":

@@ -68,11 +68,15 @@ def main() -> None:
     result["weights"] = {k: v.float().cpu() for k, v in backend.state_dict().items()}
     ckpt = tempfile.mkdtemp()
     backend.save_checkpoint(f"{ckpt}/c", {"note": "x"})
-    result["step2"] = backend.train_step(data, adv)
+    # Old log-probs from before the first step: the ratio is no longer 1, so the loss
+    # depends on the model and the layout.
+    result["step2"] = backend.train_step(data, adv, old_logprobs=result["before"])
     result["after2"] = backend.logprobs(data)
     assert backend.load_checkpoint(f"{ckpt}/c") == {"note": "x"}
-    result["step2_resumed"] = backend.train_step(data, adv)
+    result["step2_resumed"] = backend.train_step(data, adv, old_logprobs=result["before"])
     result["after2_resumed"] = backend.logprobs(data)
+    # One sample: a single micro-batch, so a second data-parallel replica has none.
+    result["single"] = backend.train_step(data[:1], [1.0])
     shutil.rmtree(ckpt)
     backend.close()
     torch.save(result, a.out)
