@@ -143,16 +143,19 @@ def pad(batch: Sequence[Item], *, multiple: int = 1) -> tuple[torch.Tensor, torc
 
 
 def response_positions(
-    batch: Sequence[Item],
+    batch: Sequence[Item], *, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Where each item's completion is predicted: rows [N] and columns [N] of the padded
-    batch (position t predicts token t + 1), the target ids [N], and each item's count."""
+    batch (position t predicts token t + 1) -- or, ``packed``, of the single row holding
+    the items one after another -- the target ids [N], and each item's count."""
     rows, cols, targets = [], [], []
+    offset = 0
     for row, it in enumerate(batch):
         n = len(it.ids) - it.start
-        rows.append(torch.full((n,), row, dtype=torch.long))
-        cols.append(torch.arange(it.start - 1, len(it.ids) - 1))
+        rows.append(torch.full((n,), 0 if packed else row, dtype=torch.long))
+        cols.append(torch.arange(it.start - 1, len(it.ids) - 1) + offset)
         targets.append(it.ids[it.start :])
+        offset += len(it.ids) if packed else 0
     sizes = [len(it.ids) - it.start for it in batch]
     return torch.cat(rows), torch.cat(cols), torch.cat(targets), sizes
 

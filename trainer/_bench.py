@@ -39,6 +39,12 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--layers", type=int, default=16, help="decoder layers")
     parser.add_argument("--samples", type=int, default=8, help="samples per step")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per sample")
+    parser.add_argument(
+        "--varied-lengths",
+        action="store_true",
+        help="samples of tokens/8 to tokens tokens (seeded), as rollouts are; the plain HF "
+        "step (one equal-length batch) is then left out",
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
     parser.add_argument("--logit-chunk", type=int, default=2048, help="ours: logit chunk rows")
     parser.add_argument(
@@ -85,22 +91,26 @@ def _model_dir(root: Path, hidden: int, layers: int, tokenizer_dir: str | None) 
     return root
 
 
-def _samples(n: int, tokens: int) -> list[Any]:
+def _samples(n: int, tokens: int, varied: bool = False) -> list[Any]:
     import torch
 
     from agentenv import Sample
 
     g = torch.Generator().manual_seed(1)
-    half = tokens // 2
-    return [
-        Sample(
-            prompt_ids=torch.randint(3, 49152, (half,), generator=g).tolist(),
-            completion_ids=torch.randint(3, 49152, (tokens - half,), generator=g).tolist(),
-            reward=float(i % 2),
-            group_id=f"g{i // 4}",
+    out = []
+    for i in range(n):
+        length = int(torch.randint(max(2, tokens // 8), tokens + 1, (1,), generator=g))
+        length = length if varied else tokens
+        half = length // 2
+        out.append(
+            Sample(
+                prompt_ids=torch.randint(3, 49152, (half,), generator=g).tolist(),
+                completion_ids=torch.randint(3, 49152, (length - half,), generator=g).tolist(),
+                reward=float(i % 2),
+                group_id=f"g{i // 4}",
+            )
         )
-        for i in range(n)
-    ]
+    return out
 
 
 def _sync(device: str) -> None:
@@ -147,9 +157,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peak = next((v for k, v in PEAKS.items() if k in name), None)
     else:
         peak = None
-    samples = _samples(args.samples, args.tokens)
+    samples = _samples(args.samples, args.tokens, args.varied_lengths)
     adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
-    tokens_per_step = args.samples * args.tokens
+    tokens_per_step = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    out["tokens_per_step"] = tokens_per_step
     with tempfile.TemporaryDirectory() as tmp:
         root = _model_dir(Path(tmp), args.hidden, args.layers, args.tokenizer_dir)
         # -- ours --
@@ -178,6 +189,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["megatron"] = _side(step, tokens_per_step, n_params, peak, _peak_mem(device))
             out["megatron_vs_ours"] = round(ours / step, 3)
             del mega
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            packed = MegatronBackend(
+                root, device=device, optim=OptimConfig(lr=1e-6), qkv_format="thd",
+                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
+            )  # fmt: skip
+            packed_step = _median_step(packed, samples, adv, args.steps, device)
+            out["megatron_packed"] = _side(
+                packed_step, tokens_per_step, n_params, peak, _peak_mem(device)
+            )
+            out["megatron_packed_vs_padded"] = round(step / packed_step, 3)
+            out["megatron_packed_vs_ours"] = round(ours / packed_step, 3)
+            del packed
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             local = MegatronBackend(
@@ -213,6 +237,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        if args.varied_lengths:
+            return out
         # -- plain HF --
         from transformers import AutoModelForCausalLM
 

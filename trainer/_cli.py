@@ -109,6 +109,11 @@ class TrainConfig(pydantic.BaseModel):
     )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
+    qkv_format: Literal["bshd", "thd"] = pydantic.Field(
+        "bshd",
+        description="--backend megatron: micro-batches as padded rows (bshd) or packed "
+        "into one row without padding (thd; bf16 on CUDA)",
+    )
     actor_num_gpus_per_node: int = pydantic.Field(
         1,
         ge=1,
@@ -206,6 +211,8 @@ class TrainConfig(pydantic.BaseModel):
 
             parallel = parse_megatron_flags(self.megatron_args)  # before anything loads
             parallel.data_parallel_size(self.actor_num_gpus_per_node)
+        if self.qkv_format == "thd" and self.backend != "megatron":
+            raise ValueError("--qkv-format thd needs --backend megatron")
         if self.actor_num_gpus_per_node > 1 and self.backend != "megatron":
             raise ValueError(
                 "--actor-num-gpus-per-node > 1 needs --backend megatron (the torch backend "

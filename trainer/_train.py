@@ -284,6 +284,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             config.hf_checkpoint,
             parallel=parallel,
             num_gpus=config.actor_num_gpus_per_node,
+            qkv_format=config.qkv_format,
             **common,
         )
     else:

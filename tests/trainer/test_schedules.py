@@ -196,6 +196,8 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     assert out.returncode == 2 and "world size 3 is not a multiple of TP" in out.stderr
     out = _train(*base, "--actor-num-gpus-per-node", "2")
     assert out.returncode == 2 and "needs --backend megatron" in out.stderr
+    out = _train(*base, "--qkv-format", "thd")
+    assert out.returncode == 2 and "--qkv-format thd needs --backend megatron" in out.stderr
     out = subprocess.run(
         [sys.executable, "-m", "agentenv", "eval", "--env", "x", "--model", "y", "--bogus"],
         capture_output=True, text=True, timeout=60,

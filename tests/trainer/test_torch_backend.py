@@ -98,3 +98,19 @@ def test_bench_train_runs_on_cpu() -> None:
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["ours"]["step_s"] > 0 and result["hf"]["step_s"] > 0
     assert result["speedup_vs_hf"] > 0 and result["weight_sync_s"] >= 0
+
+
+def test_response_positions_padded_and_packed() -> None:
+    from trainer._backend import Item, response_positions
+
+    def item(n: int, start: int) -> Item:
+        return Item(torch.arange(100, 100 + n), start, torch.ones(n - start, dtype=torch.float64))
+
+    batch = [item(5, 3), item(4, 1)]
+    rows, cols, target, sizes = response_positions(batch)
+    assert rows.tolist() == [0, 0, 1, 1, 1] and cols.tolist() == [2, 3, 0, 1, 2]
+    assert target.tolist() == [103, 104, 101, 102, 103] and sizes == [2, 3]
+    # Packed: one row, the second item starts after the first's 5 tokens.
+    rows, cols, target, sizes = response_positions(batch, packed=True)
+    assert rows.tolist() == [0] * 5 and cols.tolist() == [2, 3, 5, 6, 7]
+    assert target.tolist() == [103, 104, 101, 102, 103] and sizes == [2, 3]

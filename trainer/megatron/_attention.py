@@ -6,12 +6,14 @@ spec system -- no change to megatron.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SDPAttention"]
+__all__ = ["SDPAttention", "varlen_causal_attention"]
 
 
 class SDPAttention(torch.nn.Module):
@@ -53,8 +55,10 @@ class SDPAttention(torch.nn.Module):
         packed_seq_params: Any = None,
         **_: Any,
     ) -> torch.Tensor:
-        if attention_bias is not None or packed_seq_params is not None:
-            raise ValueError("SDPAttention takes no attention bias or packed sequences")
+        if attention_bias is not None:
+            raise ValueError("SDPAttention takes no attention bias")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         sq, b, heads, d = query.shape
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
@@ -63,3 +67,58 @@ class SDPAttention(torch.nn.Module):
             scale=self.scale, enable_gqa=k.shape[1] != heads,
         )  # fmt: skip
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * d)
+
+    def _packed(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: Any
+    ) -> torch.Tensor:
+        """Packed sequences (megatron's ``thd``): query ``[t, heads, d]``, key and value
+        ``[t, groups, d]``, sequence bounds ``params.cu_seqlens_q``; causal attention within
+        each sequence through torch's variable-length flash attention. Out: ``[t, heads * d]``."""
+        if params.qkv_format != "thd":
+            raise ValueError(f"packed sequences must be in 'thd' format, got {params.qkv_format}")
+        if self.training and self.dropout > 0:
+            raise ValueError("packed sequences with attention dropout are not supported")
+        t, heads, d = query.shape
+        out = varlen_causal_attention(
+            query, key, value, params.cu_seqlens_q, params.max_seqlen_q, scale=self.scale
+        )
+        return out.reshape(t, heads * d)
+
+
+def varlen_causal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: torch.Tensor,
+    max_len: int,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention within each of the sequences packed one after another along the
+    first dimension (``bounds``: int32 ``[n + 1]`` offsets on the tensors' device); GQA
+    when key/value have fewer heads. ``[t, heads, d]`` out."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = _varlen_parameters()
+    heads, groups = query.shape[1], key.shape[1]
+    kwargs: dict[str, Any] = {"scale": scale}
+    if "is_causal" in params:  # the first releases with the function
+        kwargs["is_causal"] = True
+    else:
+        kwargs["window_size"] = (-1, 0)
+    if groups != heads:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            key = key.repeat_interleave(heads // groups, dim=1)
+            value = value.repeat_interleave(heads // groups, dim=1)
+    out = varlen_attn(query, key, value, bounds, bounds, max_len, max_len, **kwargs)
+    assert isinstance(out, torch.Tensor)  # no auxiliary outputs were asked for
+    return out
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import math
 import os
@@ -111,6 +112,9 @@ class MegatronBackend(Backend):
         seed: megatron's model-parallel RNG seed.
         attention: ``sdpa`` (torch's fused kernels in megatron's layer spec) or ``local``
             (megatron's own unfused attention).
+        qkv_format: ``bshd``: a micro-batch is padded rows; ``thd``: its samples are packed
+            into one row without padding, attention within each sample (torch's
+            variable-length flash attention; needs ``sdpa``).
     """
 
     optimizer: Any  # megatron's MegatronOptimizer (a ChainedOptimizer)
@@ -129,6 +133,7 @@ class MegatronBackend(Backend):
         entropy_metric: bool = True,
         seed: int = 0,
         attention: str = "sdpa",
+        qkv_format: str = "bshd",
     ) -> None:
         from agentenv.engine import resolve_model
 
@@ -142,6 +147,19 @@ class MegatronBackend(Backend):
             raise ConfigError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
         if attention not in ("sdpa", "local"):
             raise ConfigError(f"attention must be 'sdpa' or 'local', got {attention!r}")
+        if qkv_format not in ("bshd", "thd"):
+            raise ConfigError(f"qkv_format must be 'bshd' or 'thd', got {qkv_format!r}")
+        if qkv_format == "thd" and dtype != torch.bfloat16:
+            raise ConfigError(
+                "qkv_format 'thd' (packed sequences) runs flash attention, which needs "
+                "bfloat16; use 'bshd' for float32"
+            )
+        if qkv_format == "thd" and attention != "sdpa":
+            raise ConfigError(
+                "qkv_format 'thd' (packed sequences) needs attention 'sdpa': megatron's local "
+                "attention has no packed-sequence path"
+            )
+        self.qkv_format = qkv_format
         parallel = parallel or ParallelConfig()
         if parallel.use_distributed_optimizer and optim is not None and optim.optimizer == "sgd":
             raise ConfigError(
@@ -179,7 +197,7 @@ class MegatronBackend(Backend):
                     model=str(self.path), dtype=dtype, optim=optim, loss=loss,
                     max_tokens_per_micro_batch=max_tokens_per_micro_batch, parallel=parallel,
                     num_gpus=num_gpus, entropy_metric=entropy_metric, seed=seed,
-                    attention=attention,
+                    attention=attention, qkv_format=qkv_format,
                 )  # fmt: skip
                 devices = list(range(self.device.index, self.device.index + num_gpus))
                 self.followers = Followers(num_gpus, kwargs, devices, port)
@@ -309,20 +327,49 @@ class MegatronBackend(Backend):
             self._owns_distributed = False
 
     # -- the forward pass -----------------------------------------------------------------
-    def _inputs(self, batch: Sequence[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, model: Any, batch: Sequence[Item]) -> torch.Tensor:
+        """The model on one micro-batch: the last stage's vocab-parallel logits
+        [rows, s, Vp / tp] (other stages: their hidden states). ``bshd``: one right-padded
+        row per item (causal attention ignores the padding); ``thd``: the items packed into
+        one row, attention kept within each (megatron's packed-sequence path)."""
         p = self.parallel
         multiple = p.tensor_model_parallel_size if p.sequence_parallel else 1
-        ids, _ = pad(batch, multiple=multiple)  # right padding: causal attention ignores it
-        ids = ids.to(self.device)
-        positions = torch.arange(ids.shape[1], device=self.device).expand(len(batch), -1)
-        return ids, positions
+        if self.qkv_format == "bshd":
+            ids, _ = pad(batch, multiple=multiple)
+            ids = ids.to(self.device)
+            positions = torch.arange(ids.shape[1], device=self.device).expand(len(batch), -1)
+            return model(ids, positions, None)  # type: ignore[no-any-return]
+        lengths = [len(it.ids) for it in batch]
+        total = sum(lengths)
+        filler = -total % multiple  # sequence parallelism splits the row into TP parts
+        if filler:
+            lengths.append(filler)  # a segment of its own: it attends to nothing real
+        ids = torch.zeros(1, total + filler, dtype=torch.long)
+        ids[0, :total] = torch.cat([it.ids for it in batch])
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        params = require_megatron("megatron.core.packed_seq_params").PackedSeqParams(
+            qkv_format="thd",
+            # The attention kernel reads the bounds on the GPU; megatron's rotary
+            # embedding reads the "padded" ones (the same numbers: nothing is padded
+            # between items) and lists them per layer, which costs no sync on the CPU.
+            cu_seqlens_q=bounds.to(self.device),
+            cu_seqlens_kv=bounds.to(self.device),
+            cu_seqlens_q_padded=bounds,
+            cu_seqlens_kv_padded=bounds,
+            max_seqlen_q=max(lengths),
+            max_seqlen_kv=max(lengths),
+        )
+        return model(  # type: ignore[no-any-return]
+            ids.to(self.device), positions.to(self.device), None, packed_seq_params=params
+        )
 
     def _outputs(
         self, batch: Sequence[Item], logits: torch.Tensor, *, with_entropy: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: the completion's log-probs (and entropies) from the last stage's
-        vocab-parallel logits [b, s, Vp / tp]."""
-        rows, cols, target, sizes = response_positions(batch)
+        vocab-parallel logits (:meth:`_run`)."""
+        rows, cols, target, sizes = response_positions(batch, packed=self.qkv_format == "thd")
         picked = logits[rows.to(self.device), cols.to(self.device)]
         logp = vocab_parallel_logprobs(
             picked, target.to(self.device), vocab_size=self.cfg.vocab_size, tp_rank=self.tp_rank
@@ -344,10 +391,9 @@ class MegatronBackend(Backend):
         pipeline stage only; the training step and :meth:`logprobs` use the schedule)."""
         if self.parallel.pipeline_model_parallel_size > 1:
             raise ConfigError("_forward runs one pipeline stage; use the schedule")
-        ids, positions = self._inputs(batch)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            logits = (model if model is not None else self.model)(ids, positions, None)
+            logits = self._run(model if model is not None else self.model, batch)
         return self._outputs(batch, logits, with_entropy=with_entropy)
 
     def _mine(self, groups: list[list[int]]) -> list[tuple[list[int], bool]]:
@@ -373,8 +419,7 @@ class MegatronBackend(Backend):
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
             group, dummy = next(data_iterator)
-            ids, positions = self._inputs([items[i] for i in group])
-            output = model(ids, positions, None)
+            output = self._run(model, [items[i] for i in group])
             return output, functools.partial(loss_of, group, dummy)
 
         widths = [max(len(items[i].ids) for i in g) for g, _ in mine]
