@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from trainer.megatron import MegatronBackend
 
             mega = MegatronBackend(
-                root, device=device, optim=OptimConfig(lr=1e-6),
+                root, device=device, optim=OptimConfig(lr=1e-6), qkv_format="bshd",
                 max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
             )  # fmt: skip
             step = _median_step(mega, samples, adv, args.steps, device)

@@ -109,10 +109,10 @@ class TrainConfig(pydantic.BaseModel):
     )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
-    qkv_format: Literal["bshd", "thd"] = pydantic.Field(
-        "bshd",
+    qkv_format: Literal["bshd", "thd"] | None = pydantic.Field(
+        None,
         description="--backend megatron: micro-batches as padded rows (bshd) or packed "
-        "into one row without padding (thd; bf16 on CUDA)",
+        "into one row without padding (thd; bf16; the default where it runs)",
     )
     actor_num_gpus_per_node: int = pydantic.Field(
         1,

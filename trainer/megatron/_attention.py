@@ -6,14 +6,39 @@ spec system -- no change to megatron.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SDPAttention", "varlen_causal_attention"]
+__all__ = ["SDPAttention", "packed_sequences", "varlen_causal_attention"]
+
+#: The bounds of the sequences packed into the row being run (see packed_sequences).
+_PACKING: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar(
+    "agentenv_packing", default=None
+)
+
+
+@contextlib.contextmanager
+def packed_sequences(bounds: torch.Tensor, max_len: int) -> Iterator[None]:
+    """While the model runs a single row of sequences packed one after another, tell
+    :class:`SDPAttention` where they start (``bounds``: int32 offsets ``[n + 1]`` on the
+    GPU; ``max_len``: the longest): attention then stays within each sequence.
+
+    The rotary embedding keeps counting positions across the row; attention scores
+    depend only on position differences inside a sequence, so the result is the same
+    as with each sequence from 0 (up to rounding). This avoids megatron's ``thd`` path,
+    whose rotary embedding loops over the sequences in Python for every layer."""
+    token = _PACKING.set((bounds, max_len))
+    try:
+        yield
+    finally:
+        _PACKING.reset(token)
 
 
 class SDPAttention(torch.nn.Module):
@@ -58,7 +83,20 @@ class SDPAttention(torch.nn.Module):
         if attention_bias is not None:
             raise ValueError("SDPAttention takes no attention bias")
         if packed_seq_params is not None:
-            return self._packed(query, key, value, packed_seq_params)
+            raise ValueError(
+                "SDPAttention packs sequences through packed_sequences(), not megatron's "
+                "'thd' path (its rotary embedding loops over the sequences in Python)"
+            )
+        packing = _PACKING.get()
+        if packing is not None:  # one row [t, 1, ...] of packed sequences
+            if self.training and self.dropout > 0:
+                raise ValueError("packed sequences with attention dropout are not supported")
+            t, _one, heads, d = query.shape
+            bounds, max_len = packing
+            out = varlen_causal_attention(
+                query[:, 0], key[:, 0], value[:, 0], bounds, max_len, scale=self.scale
+            )
+            return out.reshape(t, 1, heads * d)
         sq, b, heads, d = query.shape
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
@@ -67,22 +105,6 @@ class SDPAttention(torch.nn.Module):
             scale=self.scale, enable_gqa=k.shape[1] != heads,
         )  # fmt: skip
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * d)
-
-    def _packed(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: Any
-    ) -> torch.Tensor:
-        """Packed sequences (megatron's ``thd``): query ``[t, heads, d]``, key and value
-        ``[t, groups, d]``, sequence bounds ``params.cu_seqlens_q``; causal attention within
-        each sequence through torch's variable-length flash attention. Out: ``[t, heads * d]``."""
-        if params.qkv_format != "thd":
-            raise ValueError(f"packed sequences must be in 'thd' format, got {params.qkv_format}")
-        if self.training and self.dropout > 0:
-            raise ValueError("packed sequences with attention dropout are not supported")
-        t, heads, d = query.shape
-        out = varlen_causal_attention(
-            query, key, value, params.cu_seqlens_q, params.max_seqlen_q, scale=self.scale
-        )
-        return out.reshape(t, heads * d)
 
 
 def varlen_causal_attention(

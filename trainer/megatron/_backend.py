@@ -58,6 +58,7 @@ from trainer._backend import (
 from trainer._batching import pack_by_tokens
 from trainer._files import free_port, replace_dir
 from trainer._losses import LossConfig
+from trainer.megatron._attention import packed_sequences
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_to_megatron, megatron_to_hf
 from trainer.megatron._export import export_hf, load_hf_weights
@@ -114,7 +115,8 @@ class MegatronBackend(Backend):
             (megatron's own unfused attention).
         qkv_format: ``bshd``: a micro-batch is padded rows; ``thd``: its samples are packed
             into one row without padding, attention within each sample (torch's
-            variable-length flash attention; needs ``sdpa``).
+            variable-length flash attention; needs bf16, ``sdpa`` and no activation
+            recomputation). Default: ``thd`` where it can run, else ``bshd``.
     """
 
     optimizer: Any  # megatron's MegatronOptimizer (a ChainedOptimizer)
@@ -133,7 +135,7 @@ class MegatronBackend(Backend):
         entropy_metric: bool = True,
         seed: int = 0,
         attention: str = "sdpa",
-        qkv_format: str = "bshd",
+        qkv_format: str | None = None,
     ) -> None:
         from agentenv.engine import resolve_model
 
@@ -147,12 +149,22 @@ class MegatronBackend(Backend):
             raise ConfigError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
         if attention not in ("sdpa", "local"):
             raise ConfigError(f"attention must be 'sdpa' or 'local', got {attention!r}")
+        if qkv_format is None:
+            packable = dtype == torch.bfloat16 and attention == "sdpa"
+            no_recompute = parallel is None or parallel.recompute_granularity is None
+            qkv_format = "thd" if packable and no_recompute else "bshd"
         if qkv_format not in ("bshd", "thd"):
             raise ConfigError(f"qkv_format must be 'bshd' or 'thd', got {qkv_format!r}")
         if qkv_format == "thd" and dtype != torch.bfloat16:
             raise ConfigError(
                 "qkv_format 'thd' (packed sequences) runs flash attention, which needs "
                 "bfloat16; use 'bshd' for float32"
+            )
+        if qkv_format == "thd" and parallel and parallel.recompute_granularity is not None:
+            raise ConfigError(
+                "qkv_format 'thd' (packed sequences) cannot be combined with "
+                "--recompute-granularity: the recomputed attention would not know the "
+                "sequence bounds"
             )
         if qkv_format == "thd" and attention != "sdpa":
             raise ConfigError(
@@ -331,7 +343,7 @@ class MegatronBackend(Backend):
         """The model on one micro-batch: the last stage's vocab-parallel logits
         [rows, s, Vp / tp] (other stages: their hidden states). ``bshd``: one right-padded
         row per item (causal attention ignores the padding); ``thd``: the items packed into
-        one row, attention kept within each (megatron's packed-sequence path)."""
+        one row without padding, attention kept within each (:func:`packed_sequences`)."""
         p = self.parallel
         multiple = p.tensor_model_parallel_size if p.sequence_parallel else 1
         if self.qkv_format == "bshd":
@@ -346,23 +358,11 @@ class MegatronBackend(Backend):
             lengths.append(filler)  # a segment of its own: it attends to nothing real
         ids = torch.zeros(1, total + filler, dtype=torch.long)
         ids[0, :total] = torch.cat([it.ids for it in batch])
-        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        ids = ids.to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device)[None]
         bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-        params = require_megatron("megatron.core.packed_seq_params").PackedSeqParams(
-            qkv_format="thd",
-            # The attention kernel reads the bounds on the GPU; megatron's rotary
-            # embedding reads the "padded" ones (the same numbers: nothing is padded
-            # between items) and lists them per layer, which costs no sync on the CPU.
-            cu_seqlens_q=bounds.to(self.device),
-            cu_seqlens_kv=bounds.to(self.device),
-            cu_seqlens_q_padded=bounds,
-            cu_seqlens_kv_padded=bounds,
-            max_seqlen_q=max(lengths),
-            max_seqlen_kv=max(lengths),
-        )
-        return model(  # type: ignore[no-any-return]
-            ids.to(self.device), positions.to(self.device), None, packed_seq_params=params
-        )
+        with packed_sequences(bounds.to(self.device), max(lengths)):
+            return model(ids, positions, None)  # type: ignore[no-any-return]
 
     def _outputs(
         self, batch: Sequence[Item], logits: torch.Tensor, *, with_entropy: bool
