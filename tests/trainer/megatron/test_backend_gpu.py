@@ -3,10 +3,12 @@ architecture (random weights): the same log-probs, loss, gradient norm and updat
 
 Run on a GPU machine with megatron-core installed (prints the numbers):
     python -m pytest -s -q tests/trainer/megatron/test_backend_gpu.py
+    AGENTENV_GPU_TEST_MODEL=DIR python -m pytest ...   # another model, e.g. real weights
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +32,12 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def smollm2_shape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A random model with SmolLM2-135M's configuration (30 layers, hidden 576, 9 heads,
-    3 KV heads, FFN 1536, vocabulary 49,152, tied embeddings)."""
+    3 KV heads, FFN 1536, vocabulary 49,152, tied embeddings) -- or, with
+    ``AGENTENV_GPU_TEST_MODEL=DIR``, that HF directory (e.g. the real SmolLM2-135M)."""
     pytest.importorskip("megatron.core", exc_type=ImportError)
+    if os.environ.get("AGENTENV_GPU_TEST_MODEL"):
+        yield Path(os.environ["AGENTENV_GPU_TEST_MODEL"])
+        return
     from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("smollm2_shape")
@@ -73,15 +79,30 @@ def _samples(n: int = 8, seed: int = 0) -> list[Sample]:
 def test_logprobs_match_the_torch_backend(
     smollm2_shape: Path, dtype: torch.dtype, attention: str
 ) -> None:
+    """fp32: megatron equals the torch backend. bf16: both are compared with the fp32
+    torch backend, and megatron's rounding error must be of the size of the torch
+    backend's own (bf16 differences depend on the weights: on trained weights and random
+    tokens they reach tenths of a nat for either backend)."""
     from trainer.megatron import MegatronBackend
 
+    def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([(x - y).abs() for x, y in zip(a, b, strict=True)])
+
     samples = _samples()
-    theirs = TorchBackend(smollm2_shape, device="cuda", dtype=dtype).logprobs(samples)
+    exact = TorchBackend(smollm2_shape, device="cuda", dtype=torch.float32).logprobs(samples)
     mine = MegatronBackend(smollm2_shape, dtype=dtype, attention=attention).logprobs(samples)
-    diff = torch.cat([(a - b).abs() for a, b in zip(mine, theirs, strict=True)])
-    print(f"\nlogprob parity {dtype} {attention}: max {diff.max():.3g} mean {diff.mean():.3g}")
-    assert float(diff.max()) < (1e-3 if dtype == torch.float32 else 0.5)
-    assert float(diff.mean()) < (1e-4 if dtype == torch.float32 else 0.05)
+    diff = gap(mine, exact)
+    if dtype == torch.float32:
+        print(f"\nlogprob parity fp32 {attention}: max {diff.max():.3g} mean {diff.mean():.3g}")
+        assert float(diff.max()) < 1e-3 and float(diff.mean()) < 1e-4
+        return
+    theirs = gap(TorchBackend(smollm2_shape, device="cuda", dtype=dtype).logprobs(samples), exact)
+    print(
+        f"\nbf16 {attention} against fp32: megatron max {diff.max():.3g} mean {diff.mean():.3g}; "
+        f"torch backend max {theirs.max():.3g} mean {theirs.mean():.3g}"
+    )
+    assert float(diff.mean()) < 1.5 * float(theirs.mean()) + 1e-3
+    assert float(diff.max()) < 2.5 * float(theirs.max()) + 1e-2
 
 
 def test_loss_gradient_and_update_match_the_torch_backend(smollm2_shape: Path) -> None:
