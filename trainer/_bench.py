@@ -181,39 +181,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
             from trainer.megatron import MegatronBackend
 
-            mega = MegatronBackend(
-                root, device=device, optim=OptimConfig(lr=1e-6), qkv_format="bshd",
-                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
-            )  # fmt: skip
-            step = _median_step(mega, samples, adv, args.steps, device)
-            out["megatron"] = _side(step, tokens_per_step, n_params, peak, _peak_mem(device))
-            out["megatron_vs_ours"] = round(ours / step, 3)
-            del mega
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            packed = MegatronBackend(
-                root, device=device, optim=OptimConfig(lr=1e-6), qkv_format="thd",
-                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
-            )  # fmt: skip
-            packed_step = _median_step(packed, samples, adv, args.steps, device)
-            out["megatron_packed"] = _side(
-                packed_step, tokens_per_step, n_params, peak, _peak_mem(device)
-            )
-            out["megatron_packed_vs_padded"] = round(step / packed_step, 3)
-            out["megatron_packed_vs_ours"] = round(ours / packed_step, 3)
-            del packed
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            local = MegatronBackend(
-                root, device=device, optim=OptimConfig(lr=1e-6), attention="local",
-                max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
-            )  # fmt: skip
-            step = _median_step(local, samples, adv, args.steps, device)
-            out["megatron_local_attention"] = _side(
-                step, tokens_per_step, n_params, peak, _peak_mem(device)
-            )
-            del local
-            torch.cuda.empty_cache()
+            mega_times: dict[str, float] = {}
+            mega_sides: dict[str, dict[str, Any]] = {
+                "megatron": {"qkv_format": "bshd"},  # padded rows
+                "megatron_packed": {"qkv_format": "thd"},
+                "megatron_local_attention": {"attention": "local"},
+            }
+            for side, kwargs in mega_sides.items():
+                mega = MegatronBackend(
+                    root, device=device, optim=OptimConfig(lr=1e-6), **kwargs,
+                    max_tokens_per_micro_batch=tokens_per_step, entropy_metric=args.entropy,
+                )  # fmt: skip
+                mega_times[side] = _median_step(mega, samples, adv, args.steps, device)
+                out[side] = _side(
+                    mega_times[side], tokens_per_step, n_params, peak, _peak_mem(device)
+                )
+                del mega
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            out["megatron_vs_ours"] = round(ours / mega_times["megatron"], 3)
+            packed = mega_times["megatron_packed"]
+            out["megatron_packed_vs_padded"] = round(mega_times["megatron"] / packed, 3)
+            out["megatron_packed_vs_ours"] = round(ours / packed, 3)
             backend = TorchBackend(root, device=device)  # for the weight sync below
         # -- weight sync into the engine on the same device --
         from agentenv.engine import Engine
