@@ -176,6 +176,10 @@ class Backend(abc.ABC):
     model: Any
     reference: Any
     optimizer: torch.optim.Optimizer
+    #: fp32 copies of a bf16/fp16 model's trained parameters: the optimizer updates these
+    #: and the model gets them rounded. Without them an update smaller than half the
+    #: parameter's bf16 spacing is lost (at |w| = 0.05 anything below ~1e-4).
+    master: list[torch.Tensor] | None = None
 
     def _configure(
         self,
@@ -194,9 +198,15 @@ class Backend(abc.ABC):
         self.entropy_metric = entropy_metric
         self.steps = 0
 
-    def _make_optimizer(self) -> None:
+    def _make_optimizer(self, *, master_weights: bool = False) -> None:
+        """The optimizer; with ``master_weights`` (for a low-precision model) over fp32
+        copies of the trained parameters."""
         o = self.optim_config
-        params = [p for p in self.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in self.parameters() if p.requires_grad]
+        self._trained = params
+        if master_weights:
+            self.master = [p.detach().float().clone() for p in params]
+            params = self.master
         if o.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
         else:
@@ -238,6 +248,7 @@ class Backend(abc.ABC):
     # -- shared by every backend ----------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
         return {
+            "master": self.master,
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -245,6 +256,11 @@ class Backend(abc.ABC):
         }
 
     def _load_trainer_state(self, state: dict[str, Any]) -> None:
+        if self.master is not None:
+            saved = state.get("master")
+            with torch.no_grad():
+                for i, (m, p) in enumerate(zip(self.master, self._trained, strict=True)):
+                    m.copy_(saved[i] if saved is not None else p)
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"]:
@@ -299,17 +315,27 @@ class Backend(abc.ABC):
             loss.backward()  # type: ignore[no-untyped-call]
             tally.add(part)
         t2 = time.perf_counter()
+        updated: list[torch.Tensor] = self._trained
+        if self.master is not None:  # the gradients go to the fp32 copies
+            for m, p in zip(self.master, self._trained, strict=True):
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+            updated = self.master
         clip = self.optim_config.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), clip if clip > 0 else float("inf")
-        )
+        norm = torch.nn.utils.clip_grad_norm_(updated, clip if clip > 0 else float("inf"))
         skipped = not math.isfinite(float(norm))
         lr = self.optim_config.lr_at(self.steps)
         if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = lr
             self.optimizer.step()
+            if self.master is not None:
+                with torch.no_grad():
+                    for m, p in zip(self.master, self._trained, strict=True):
+                        p.copy_(m)  # rounded to the model's dtype
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self._trained:
+            p.grad = None
         self.steps += 1
         t3 = time.perf_counter()
         return tally.metrics(

@@ -38,6 +38,9 @@ class TorchBackend(Backend):
         logit_chunk: tokens whose full-vocabulary logits exist at once.
         entropy_metric: report the policy's per-token entropy (one more pass over each
             chunk's logits); always computed when the loss has an entropy bonus.
+        master_weights: keep fp32 copies of the weights for the optimizer (default: when
+            ``dtype`` is not float32). Without them, bf16 weights lose every update smaller
+            than half their spacing -- most updates at RL learning rates.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class TorchBackend(Backend):
         max_tokens_per_micro_batch: int = 4096,
         logit_chunk: int = 1024,
         entropy_metric: bool = True,
+        master_weights: bool | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -73,7 +77,9 @@ class TorchBackend(Backend):
             self.reference = ref.to(self.device).eval().requires_grad_(False)
         self._configure(optim, loss, max_tokens_per_micro_batch, entropy_metric)
         self.logit_chunk = logit_chunk
-        self._make_optimizer()
+        if master_weights is None:
+            master_weights = self.dtype != torch.float32
+        self._make_optimizer(master_weights=master_weights)
 
     # -- forward -------------------------------------------------------------------------
     def _forward(

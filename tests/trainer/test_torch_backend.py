@@ -4,6 +4,8 @@ moves the policy the way the advantages say."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -114,3 +116,41 @@ def test_response_positions_padded_and_packed() -> None:
     rows, cols, target, sizes = response_positions(batch, packed=True)
     assert rows.tolist() == [0] * 5 and cols.tolist() == [2, 3, 5, 6, 7]
     assert target.tolist() == [103, 104, 101, 102, 103] and sizes == [2, 3]
+
+
+def test_bf16_weights_keep_small_updates_through_fp32_master_weights(tmp_path: Path) -> None:
+    """At lr 1e-4 an Adam update (~1e-4) is below half the bf16 spacing of a weight of 1
+    (2**-8): bf16 weights updated in place never move. The fp32 master copies accumulate
+    the updates and the model gets them rounded; a checkpoint restores them exactly."""
+    from tests.trainer.test_loop import tiny_llama
+
+    root = tiny_llama(tmp_path / "m")
+    samples = [
+        Sample(prompt_ids=[1, 5, 6], completion_ids=[1000 + i, 1001, 2], reward=float(i % 2),
+               group_id="g")
+        for i in range(4)
+    ]  # fmt: skip
+    adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
+    optim = OptimConfig(lr=1e-4, grad_clip=0.0)
+    norm = "model.norm.weight"  # starts at exactly 1.0
+
+    def run(master: bool, steps: int) -> TorchBackend:
+        b = TorchBackend(root, dtype=torch.bfloat16, optim=optim, master_weights=master)
+        for _ in range(steps):
+            b.train_step(samples, adv)
+        return b
+
+    plain = run(False, 5)
+    assert torch.equal(plain.state_dict()[norm], torch.ones_like(plain.state_dict()[norm]))
+    kept = run(True, 5)
+    assert kept.master is not None
+    names = [n for n, _ in kept.model.named_parameters()]
+    master_norm = dict(zip(names, kept.master, strict=True))[norm]
+    moved = (master_norm - 1).abs()
+    assert float(moved.max()) > 3e-4  # five updates of ~1e-4 accumulated in fp32
+    assert torch.equal(kept.state_dict()[norm], master_norm.to(torch.bfloat16))
+    kept.save_checkpoint(tmp_path / "ckpt", {})
+    again = TorchBackend(root, dtype=torch.bfloat16, optim=optim)
+    again.load_checkpoint(tmp_path / "ckpt")
+    assert again.master is not None
+    assert all(torch.equal(a, b) for a, b in zip(again.master, kept.master, strict=True))
