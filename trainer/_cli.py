@@ -231,16 +231,42 @@ class TrainConfig(pydantic.BaseModel):
                 "--weight-sync distributed needs servers (--rollout-engine serve or sglang, "
                 "or --rollout-url); the embedded engine gets the weights in this process"
             )
-        if not self.device.startswith("cuda") or self.rollout_url is not None:
+        if self.weight_sync_backend() != "nccl" or self.rollout_url is not None:
             return
         # NCCL cannot put two ranks of a group on one GPU: the server needs its own.
-        server = self.rollout_device or (self.device if self.rollout_engine == "serve" else None)
-        if server is not None and _gpu(server) == _gpu(self.device):
+        server = self.server_device()
+        first = int(_gpu(self.device).removeprefix("cuda:"))
+        gpus = self.actor_num_gpus_per_node if self.backend == "megatron" else 1
+        trainer = {f"cuda:{first + i}" for i in range(gpus)}
+        if server is not None and _gpu(server) in trainer:
             raise ValueError(
                 f"--weight-sync distributed over NCCL needs the server on a GPU of its own, "
-                f"but the trainer and the server are both on {_gpu(self.device)} "
-                "(set --rollout-device, e.g. cuda:1)"
+                f"but the server is on {_gpu(server)}, one of the trainer's "
+                f"({', '.join(sorted(trainer))}); set --rollout-device, e.g. "
+                f"cuda:{first + gpus}"
             )
+
+    def server_device(self) -> str | None:
+        """The launched server's device (``None``: a running server, not known here)."""
+        if self.rollout_url is not None:
+            return None
+        if self.rollout_device is not None:
+            return self.rollout_device
+        if self.rollout_engine == "sglang":  # SGLang's own choice: --base-gpu-id, else 0
+            args = self.sglang_args
+            for i, arg in enumerate(args):
+                if arg.startswith("--base-gpu-id="):
+                    return f"cuda:{arg.split('=', 1)[1]}"
+                if arg == "--base-gpu-id" and i + 1 < len(args):
+                    return f"cuda:{args[i + 1]}"
+            return "cuda:0"
+        return self.device
+
+    def weight_sync_backend(self) -> Literal["nccl", "gloo"]:
+        """NCCL when the trainer and the server are both on CUDA, else gloo."""
+        server = self.server_device()
+        on_cuda = self.device.startswith("cuda") and (server is None or server.startswith("cuda"))
+        return "nccl" if on_cuda else "gloo"
 
 
 def _gpu(device: str) -> str:

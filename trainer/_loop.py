@@ -172,7 +172,8 @@ async def run_grpo(
     checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
     pass over the data. Resuming with another batch schedule is refused. ``evaluate``
     (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps, into that
-    step's ``eval/reward_mean``.
+    step's ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each
+    step, so that a report's file writes do not hold up the episodes in flight.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -277,8 +278,8 @@ async def run_grpo(
                     await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
                 positions.pop(step, None)
                 history.append(metrics)
-                if on_step is not None:
-                    on_step(metrics)
+                if on_step is not None:  # off the event loop: reports write files
+                    await anyio.to_thread.run_sync(on_step, metrics)
             tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
 

@@ -288,9 +288,15 @@ class DistributedSync:
         group, self._group = self._group, None
         if group is None:
             return
-        await self._leave_servers(self.clients)
-        with anyio.move_on_after(self.timeout):
-            await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)
+
+        async def leave_here() -> None:
+            with anyio.move_on_after(self.timeout):
+                await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)
+
+        # Both ends at once: NCCL's communicator shutdown may wait for every rank.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._leave_servers, self.clients)
+            tg.start_soon(leave_here)
 
     async def _leave_servers(self, clients: Sequence[Any]) -> None:
         def leave(client: Any) -> Callable[[], Awaitable[object]]:

@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError, Task
 from trainer._files import free_port
@@ -109,7 +109,7 @@ async def server_sync(
     if config.weight_sync == "disk":
         yield DiskSync([client], weights_dir)
         return
-    backend: Literal["nccl", "gloo"] = "nccl" if config.device.startswith("cuda") else "gloo"
+    backend = config.weight_sync_backend()
     print(
         f"weight sync: {backend} broadcast to the server in buckets of "
         f"{config.update_weight_buffer_size / 2**20:g} MiB",

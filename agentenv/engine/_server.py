@@ -172,7 +172,12 @@ def _mismatch(
 def _receive(
     served: _ServedGroup, bucket: list[tuple[str, torch.dtype, tuple[int, ...]]]
 ) -> list[torch.Tensor]:
-    tensors = [torch.empty(shape, dtype=dtype, device=served.device) for _, dtype, shape in bucket]
+    device = torch.device(served.device)
+    if device.type == "cuda" and device.index is not None:
+        # A worker thread starts on GPU 0: NCCL would make a context there (the trainer's
+        # GPU, typically) and run its kernels from it.
+        torch.cuda.set_device(device)
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for _, dtype, shape in bucket]
     served.group.broadcast(tensors)
     return tensors
 

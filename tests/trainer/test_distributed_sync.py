@@ -213,13 +213,21 @@ def test_distributed_weight_sync_needs_servers_and_on_nccl_a_gpu_of_their_own() 
     base = {"env": "arithmetic", "weight_sync": "distributed"}
     with pytest.raises(pydantic.ValidationError, match="--weight-sync distributed needs servers"):
         TrainConfig(**base)
-    with pytest.raises(pydantic.ValidationError, match="needs the server on a GPU of its own, "
-                                                       "but the trainer and the server are "
-                                                       "both on cuda:0"):  # fmt: skip
+    own = "needs the server on a GPU of its own, but the server is on cuda:0"
+    with pytest.raises(pydantic.ValidationError, match=own):
         TrainConfig(**base, rollout_engine="serve", device="cuda", rollout_device="cuda:0")
+    with pytest.raises(pydantic.ValidationError, match=own):  # SGLang's default GPU is 0
+        TrainConfig(**base, rollout_engine="sglang", device="cuda")
+    with pytest.raises(pydantic.ValidationError, match="server is on cuda:1, one of the trainer"):
+        TrainConfig(**base, rollout_engine="serve", device="cuda", rollout_device="cuda:1",
+                    backend="megatron", actor_num_gpus_per_node=2)  # fmt: skip
     TrainConfig(**base, rollout_engine="serve", device="cuda", rollout_device="cuda:1")
+    TrainConfig(**base, rollout_engine="sglang", device="cuda", sglang_args=["--base-gpu-id", "1"])
     TrainConfig(**base, rollout_engine="serve")  # gloo on CPU: one machine is fine
     TrainConfig(**base, rollout_url="http://10.0.0.2:30000", device="cuda")
+    # A CUDA trainer and a CPU server: gloo, not NCCL.
+    mixed = TrainConfig(**base, rollout_engine="serve", device="cuda", rollout_device="cpu")
+    assert mixed.weight_sync_backend() == "gloo"
 
 
 @pytest.mark.slow
