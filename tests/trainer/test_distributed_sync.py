@@ -252,3 +252,30 @@ def test_agentenv_train_syncs_a_served_engine_over_a_process_group(model: Path) 
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert refused.returncode == 2 and "--weight-sync distributed needs servers" in refused.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+def test_megatron_on_gpu0_trains_and_syncs_agentenv_serve_on_gpu1_over_nccl(
+    model: Path, tmp_path: Path
+) -> None:
+    """The whole path on two GPUs: the megatron backend on cuda:0, ``agentenv serve`` on
+    cuda:1, the weights broadcast over NCCL after every step; the reward rises."""
+    pytest.importorskip("megatron.core", exc_type=ImportError)
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train",
+         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+         "--backend", "megatron", "--device", "cuda:0", "--rollout-engine", "serve",
+         "--rollout-device", "cuda:1", "--weight-sync", "distributed",
+         "--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "8", "--n-eval", "4", "--lr", "1e-2",
+         "--save", str(tmp_path / "run"), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "weight sync: nccl broadcast to the server" in out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["steps"] == 3 and summary["time_sync_s"] > 0
+    assert summary["eval_reward_after"] > summary["eval_reward_before"]
