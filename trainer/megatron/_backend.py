@@ -212,7 +212,9 @@ class MegatronBackend(Backend):
                     attention=attention, qkv_format=qkv_format,
                 )  # fmt: skip
                 devices = list(range(self.device.index, self.device.index + num_gpus))
-                self.followers = Followers(num_gpus, kwargs, devices, port)
+                self.followers = Followers(
+                    num_gpus, "trainer.megatron._backend:MegatronBackend", kwargs, devices, port
+                )
                 atexit.register(self.close)
         torch.cuda.set_device(self.device)
         self._owns_distributed = _init_distributed(

@@ -3,7 +3,7 @@ other GPU joins every collective call.
 
 The process that builds a :class:`~trainer.megatron.MegatronBackend` with ``num_gpus > 1``
 is rank 0 (the *driver*): it runs the training loop as with one GPU. It starts ranks
-1..N-1 itself (no ``torchrun`` needed), each a ``python -m trainer.megatron._ranks``
+1..N-1 itself (no ``torchrun`` needed), each a ``python -m trainer.megatron._follower``
 process that builds the same backend on its own GPU and then waits for calls. Every
 public method of the backend that needs all ranks (a training step, log-probs, weight
 export, checkpoints) is *collective*: on the driver it first broadcasts its name and
@@ -25,13 +25,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from agentenv import ConfigError
 
-__all__ = ["FOLLOWER_DEVICE", "Followers", "collective"]
+__all__ = ["FOLLOWER_DEVICE", "Followers", "collective", "follow", "open_channel"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,11 +47,12 @@ def collective(method: F) -> F:
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
         # Calls come on worker threads too, whose current CUDA device is 0: collectives and
         # megatron's own allocations use the current device.
-        torch.cuda.set_device(self.device)
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(self.device)
         followers: Followers | None = getattr(self, "followers", None)
         if followers is None or followers.inside:
             return method(self, *args, **kwargs)
@@ -104,16 +105,18 @@ class Followers:
 
     Args:
         world_size: ranks in all (GPUs), the driver included.
-        backend_kwargs: the backend's constructor arguments (pickled for the followers).
-        devices: each rank's CUDA device index.
+        factory: what each follower builds, ``module:callable`` (the backend's class).
+        backend_kwargs: its keyword arguments (pickled for the followers).
+        devices: each rank's device (a CUDA index, or ``cpu``).
         master_port: the rendezvous port (the driver's default process group uses it too).
     """
 
     def __init__(
         self,
         world_size: int,
+        factory: str,
         backend_kwargs: dict[str, Any],
-        devices: list[int],
+        devices: Sequence[int | str],
         master_port: int,
     ) -> None:
         self.world_size = world_size
@@ -121,7 +124,7 @@ class Followers:
         self._closed = False
         self._dir = tempfile.TemporaryDirectory(prefix="agentenv-ranks-")
         spec = Path(self._dir.name) / "backend.pkl"
-        spec.write_bytes(pickle.dumps(backend_kwargs))
+        spec.write_bytes(pickle.dumps((factory, backend_kwargs)))
         self.procs: list[subprocess.Popen[bytes]] = []
         for rank in range(1, world_size):
             env = {
@@ -135,7 +138,7 @@ class Followers:
             }
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "trainer.megatron._ranks", str(spec)],
+                    [sys.executable, "-m", "trainer.megatron._follower", str(spec)],
                     env=env,
                     preexec_fn=_die_with_parent,
                 )
@@ -177,15 +180,18 @@ class Followers:
         self._dir.cleanup()
 
 
-def _follow(spec: Path) -> None:
+def follow(spec: Path) -> None:
     """A follower's life: build the backend, then run each broadcast call until close."""
+    import importlib
+
     import torch
 
-    from trainer.megatron._backend import MegatronBackend
-
-    kwargs = pickle.loads(spec.read_bytes())
-    torch.cuda.set_device(int(os.environ[FOLLOWER_DEVICE]))
-    backend = MegatronBackend(**kwargs)
+    factory, kwargs = pickle.loads(spec.read_bytes())
+    device = os.environ[FOLLOWER_DEVICE]
+    if device.isdigit():
+        torch.cuda.set_device(int(device))
+    module, _, name = factory.partition(":")
+    backend = getattr(importlib.import_module(module), name)(**kwargs)
     while True:
         name, args, call_kwargs = _broadcast_object(None)
         if name == _CLOSE:
@@ -197,7 +203,3 @@ def _follow(spec: Path) -> None:
             # to its caller, and the run may go on.
             continue
     backend.shutdown()
-
-
-if __name__ == "__main__":
-    _follow(Path(sys.argv[1]))
