@@ -35,5 +35,5 @@ def test_a_rank_that_dies_ends_the_run_instead_of_a_hang() -> None:
     # The watchdog's message, or gloo's own error when it notices first.
     assert (
         "megatron rank 1 exited with status 3" in out.stderr
-        or "Connection reset by peer" in out.stderr
+        or "by peer" in out.stderr  # "Connection reset by peer", "... closed by peer"
     ), out.stderr[-2000:]
