@@ -220,8 +220,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         try:
             out["weight_sync_s"] = round(anyio.run(sync), 3)
-        except Exception as e:  # report it, keep the step numbers
-            out["weight_sync_error"] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # report it (and where), keep the step numbers
+            import traceback
+
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            where = f"{Path(frame.filename).name}:{frame.lineno} {frame.line or ''}".strip()
+            out["weight_sync_error"] = f"{type(e).__name__}: {e} (at {where})"
         del backend, weights  # free the device for the HF side
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
