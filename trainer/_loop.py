@@ -211,22 +211,7 @@ async def run_grpo(
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
             for step in range(first, config.num_rollout):
                 t0 = time.perf_counter()
-                batch: Batch | None
-                if config.schedule == "async":
-                    await producer.first_put.wait()
-                    groups = config.rollout_batch_size * producer.groups_per_prompt
-                    batch = await buffer.get_batch(groups, policy_version=step)
-                else:
-                    if ahead is None:
-                        await producer.fill(step, config.rollout_batch_size)
-                    else:
-                        await ahead.wait()
-                    await buffer.drop_stale()
-                    ready = (await buffer.statistics()).ready
-                    # Whatever the filters kept (at most a batch): never wait for groups
-                    # that will not come.
-                    n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
-                    batch = await buffer.get_batch(n) if n else None
+                batch = await _take_batch(config, producer, buffer, step, ahead)
                 rounds = producer.take_stats()
                 positions[step + 1] = stream.state()
                 if config.schedule == "one_step_off" and step + 1 < config.num_rollout:
@@ -236,19 +221,7 @@ async def run_grpo(
                 t1 = time.perf_counter()
                 metrics = _rollout_metrics(step, rounds, samples)
                 if samples:
-                    # One baseline per (prompt, role): in a game each seat is its own group.
-                    adv = compute_advantages(
-                        [s.reward for s in samples],
-                        [(s.group_id, s.role) for s in samples],
-                        config.advantage_estimator,
-                    ) * torch.tensor([_advantage_scale(s) for s in samples])
-                    # The backend's work runs on a worker thread: the event loop keeps serving
-                    # the episodes of the rollouts running meanwhile.
-                    metrics.update(
-                        await anyio.to_thread.run_sync(
-                            _train, backend, samples, list(adv), config.num_steps_per_rollout
-                        )
-                    )
+                    metrics.update(await _train_on(backend, samples, config))
                 t2 = time.perf_counter()
                 if ahead is not None:
                     await ahead.wait()  # one_step_off: weights change between rollouts only
@@ -282,6 +255,45 @@ async def run_grpo(
                     await anyio.to_thread.run_sync(on_step, metrics)
             tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
+
+
+async def _take_batch(
+    config: GRPOConfig, producer: Producer, buffer: Buffer, step: int, ahead: anyio.Event | None
+) -> Batch | None:
+    """Step ``step``'s batch. async: the next full batch within the staleness bound (the
+    producer plays continuously). sync / one_step_off: this step's rounds (played now, or,
+    one_step_off, already under way), then whatever the filters kept, at most a batch --
+    never waiting for groups that will not come."""
+    # (groups_per_prompt is known once rounds have been played: a game's roles.)
+    if config.schedule == "async":
+        await producer.first_put.wait()
+        groups = config.rollout_batch_size * producer.groups_per_prompt
+        return await buffer.get_batch(groups, policy_version=step)
+    if ahead is None:
+        await producer.fill(step, config.rollout_batch_size)
+    else:
+        await ahead.wait()
+    await buffer.drop_stale()
+    ready = (await buffer.statistics()).ready
+    n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
+    return await buffer.get_batch(n) if n else None
+
+
+async def _train_on(
+    backend: Backend, samples: list[Sample], config: GRPOConfig
+) -> dict[str, float]:
+    """Advantages (one baseline per prompt and role: in a game each seat is its own
+    group; a sample's ``advantage_scale`` after the normalisation) and the optimizer steps,
+    on a worker thread: the event loop keeps serving the episodes still running."""
+    adv = compute_advantages(
+        [s.reward for s in samples],
+        [(s.group_id, s.role) for s in samples],
+        config.advantage_estimator,
+    ) * torch.tensor([_advantage_scale(s) for s in samples])
+    metrics: dict[str, float] = await anyio.to_thread.run_sync(
+        _train, backend, samples, list(adv), config.num_steps_per_rollout
+    )
+    return metrics
 
 
 def _advantage_scale(sample: Sample) -> float:
