@@ -221,13 +221,17 @@ class Backend(abc.ABC):
         params: Iterable[torch.nn.Parameter] = self.model.parameters()
         return params
 
-    @abc.abstractmethod
     def _forward(
         self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item of one micro-batch: the log-probs of its completion tokens (float32,
         differentiable when grad is enabled) and, with ``with_entropy``, their entropies.
-        ``model`` defaults to the trained one (the reference model for KL)."""
+        ``model`` defaults to the trained one (the reference model for KL).
+
+        What the shared :meth:`logprobs` and :meth:`train_step` run per micro-batch; a
+        backend that replaces both (megatron's, which runs megatron's schedule) needs none.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no single micro-batch forward")
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -333,9 +337,7 @@ class Backend(abc.ABC):
                 with torch.no_grad():
                     for m, p in zip(self.master, self._trained, strict=True):
                         p.copy_(m)  # rounded to the model's dtype
-        self.optimizer.zero_grad(set_to_none=True)
-        for p in self._trained:
-            p.grad = None
+        self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
         self.steps += 1
         t3 = time.perf_counter()
         return tally.metrics(

@@ -387,18 +387,6 @@ class MegatronBackend(Backend):
             entropy = list(torch.split(ent, sizes))
         return list(torch.split(logp, sizes)), entropy
 
-    def _forward(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """One micro-batch straight through the model, outside megatron's schedule (one
-        pipeline stage only; the training step and :meth:`logprobs` use the schedule)."""
-        if self.parallel.pipeline_model_parallel_size > 1:
-            raise ConfigError("_forward runs one pipeline stage; use the schedule")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            logits = self._run(model if model is not None else self.model, batch)
-        return self._outputs(batch, logits, with_entropy=with_entropy)
-
     def _mine(self, groups: list[list[int]]) -> list[tuple[list[int], bool]]:
         """This data-parallel replica's micro-batches, dealt round-robin; a replica left
         without one runs the first with zero weight (``True``: it must join the gradient
@@ -439,19 +427,17 @@ class MegatronBackend(Backend):
                 forward_only=forward_only,
             )
 
-    def _collect(self, local: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Every replica's last-stage results, on every rank."""
+    def _from_last_stages(self, part: Any) -> list[Any]:
+        """Every replica's ``part`` from its last pipeline stage (one tensor-parallel rank
+        each: the others hold the same), on every rank."""
         import torch.distributed as dist
 
         if dist.get_world_size() == 1:
-            return local
+            return [part]
         keep = self.last_stage and self.tp_rank == 0
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, local if keep else None)
-        out: dict[int, torch.Tensor] = {}
-        for part in parts:
-            out.update(part or {})
-        return out
+        dist.all_gather_object(parts, part if keep else None)
+        return [p for p in parts if p is not None]
 
     def _forward_only(
         self, items: Sequence[Item], mine: list[tuple[list[int], bool]], model: Any
@@ -480,7 +466,9 @@ class MegatronBackend(Backend):
         items = to_items(samples)
         mine = self._mine(pack_by_tokens([len(it.ids) for it in items], self.max_tokens))
         local = {i: lp.float().cpu() for i, lp in self._forward_only(items, mine, model).items()}
-        found = self._collect(local)
+        found: dict[int, torch.Tensor] = {}
+        for part in self._from_last_stages(local):
+            found.update(part)
         return [found[i] for i in range(len(items))]
 
     # -- training -------------------------------------------------------------------------
@@ -539,15 +527,9 @@ class MegatronBackend(Backend):
                 self.model.start_param_sync(force_sync=True)
         self.steps += 1
         t3 = time.perf_counter()
-        parts: list[Any] = [tally]
-        if dist.get_world_size() > 1:
-            keep = self.last_stage and self.tp_rank == 0
-            parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, tally if keep else None)
         total = Tally()
-        for part in parts:
-            if part is not None:
-                total.merge(part)
+        for part in self._from_last_stages(tally):
+            total.merge(part)
         return total.metrics(
             skipped_nonfinite=float(skipped),
             grad_norm=norm,
