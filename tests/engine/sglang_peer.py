@@ -38,6 +38,9 @@ def main(address: str, port: int, rank: int, world: int, name: str) -> None:
         received = torch.empty_like(PAYLOAD)
         torch.distributed.broadcast(received, src=0, group=group)
         print(json.dumps(received.tolist()), flush=True)
+    # Gloo's threads must be stopped before the interpreter exits (left to process teardown
+    # they end it with std::terminate now and then).
+    c10d.destroy_process_group(group)
 
 
 if __name__ == "__main__":
