@@ -294,8 +294,14 @@ class Backend(abc.ABC):
         *,
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on ``samples`` (one per advantage); returns its metrics."""
+        """One optimizer step on ``samples`` (one per advantage); returns its metrics.
+
+        ``lr_step``: where on the learning-rate schedule this update is (default: the
+        number of updates so far). The GRPO loop passes the rollout step's planned
+        position, so that batches shrunk by filters or skipped do not stretch the schedule.
+        """
         plan = self._plan(samples, advantages, ref_logprobs)
         t0 = time.perf_counter()
         if old_logprobs is None:
@@ -328,7 +334,7 @@ class Backend(abc.ABC):
         clip = self.optim_config.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(updated, clip if clip > 0 else float("inf"))
         skipped = not math.isfinite(float(norm))
-        lr = self.optim_config.lr_at(self.steps)
+        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
         if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = lr

@@ -221,7 +221,7 @@ async def run_grpo(
                 t1 = time.perf_counter()
                 metrics = _rollout_metrics(step, rounds, samples)
                 if samples:
-                    metrics.update(await _train_on(backend, samples, config))
+                    metrics.update(await _train_on(backend, samples, config, step))
                 t2 = time.perf_counter()
                 if ahead is not None:
                     await ahead.wait()  # one_step_off: weights change between rollouts only
@@ -280,7 +280,7 @@ async def _take_batch(
 
 
 async def _train_on(
-    backend: Backend, samples: list[Sample], config: GRPOConfig
+    backend: Backend, samples: list[Sample], config: GRPOConfig, step: int
 ) -> dict[str, float]:
     """Advantages (one baseline per prompt and role: in a game each seat is its own
     group; a sample's ``advantage_scale`` after the normalisation) and the optimizer steps,
@@ -291,7 +291,7 @@ async def _train_on(
         config.advantage_estimator,
     ) * torch.tensor([_advantage_scale(s) for s in samples])
     metrics: dict[str, float] = await anyio.to_thread.run_sync(
-        _train, backend, samples, list(adv), config.num_steps_per_rollout
+        _train, backend, samples, list(adv), config.num_steps_per_rollout, step
     )
     return metrics
 
@@ -332,10 +332,12 @@ async def _fill_then_set(
 
 
 def _train(
-    backend: Backend, samples: list[Sample], adv: list[float], steps: int
+    backend: Backend, samples: list[Sample], adv: list[float], steps: int, rollout_step: int
 ) -> dict[str, float]:
     """``steps`` optimizer steps on equal shares of ``samples`` (``global_batch_size``
-    each when every episode gives one sample); the last step's metrics."""
+    each when every episode gives one sample); the last step's metrics. The learning rate
+    follows the planned steps (``steps`` per rollout step), also where filters left fewer
+    samples than ``steps`` or no batch at all for a rollout step."""
     import torch
 
     per = -(-len(samples) // steps)
@@ -346,12 +348,13 @@ def _train(
     old = backend.logprobs(samples) if len(samples) > per else None
     ref = backend.logprobs(samples, reference=True) if backend.reference else None
     metrics: dict[str, float] = {}
-    for k in range(0, len(samples), per):
+    for j, k in enumerate(range(0, len(samples), per)):
         part = backend.train_step(
             samples[k : k + per],
             advantages[k : k + per],
             old_logprobs=old[k : k + per] if old is not None else None,
             ref_logprobs=ref[k : k + per] if ref is not None else None,
+            lr_step=rollout_step * steps + j,
         )
         for name, value in part.items():
             metrics[f"train/{name}" if "/" not in name else name] = value

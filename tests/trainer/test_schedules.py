@@ -108,6 +108,30 @@ def test_over_sampling_and_a_dynamic_filter_train_only_kept_groups(model: Path) 
     assert sum(h["rollout/prompts"] for h in history) >= 3 * 4
 
 
+def test_the_learning_rate_follows_the_planned_steps_when_filters_shrink_batches(
+    model: Path,
+) -> None:
+    optim = OptimConfig(lr=1e-2, min_lr=1e-3, lr_decay_style="linear", lr_decay_iters=16)
+    backend = Recording(model, optim=optim)
+
+    def odd_tasks(samples: Sequence[Sample]) -> bool:
+        return int((samples[0].task_id or "t0")[1:]) % 2 == 1
+
+    # Four planned updates per rollout step; one round per step (max_rounds), so a step
+    # trains on the kept groups of two samples each: four updates, two or none.
+    config = GRPOConfig(
+        num_rollout=4, rollout_batch_size=2, n_samples_per_prompt=2, sampling=SAMPLING,
+        global_batch_size=1, num_steps_per_rollout=4, filters=[odd_tasks], max_rounds=1,
+    )  # fmt: skip
+    history = run(model, config, backend)
+    for step, h in enumerate(history):
+        if h["samples"]:
+            updates = int(h["samples"])  # one sample each
+            assert h["train/lr"] == pytest.approx(optim.lr_at(step * 4 + updates - 1))
+    # Counted by updates taken, the decay would lag: fewer than 16 were taken.
+    assert backend.steps < 16
+
+
 def test_weights_reach_a_server_through_update_weights_from_disk(
     model: Path, tmp_path: Path
 ) -> None:

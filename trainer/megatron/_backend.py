@@ -480,6 +480,7 @@ class MegatronBackend(Backend):
         *,
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
     ) -> dict[str, float]:
         import torch.distributed as dist
 
@@ -513,7 +514,7 @@ class MegatronBackend(Backend):
         if dist.get_world_size() > 1:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         skipped = bool(bad.item())
-        lr = self.optim_config.lr_at(self.steps)
+        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
         norm = math.nan
         if not skipped:
             self._set_lr(lr)
