@@ -197,7 +197,9 @@ class DistributedSync:
             with anyio.CancelScope(shield=True):
                 if self.pause:
                     await _settle([c.resume for c in self.clients], self.timeout)
-                await self._teardown()
+                # Aborted, not shut down: a broadcast of ours may still be waiting for a
+                # server that refused its bucket or went away.
+                await self._teardown(abort=True)
             raise
         if self.pause:
             await _all([c.resume for c in self.clients])
@@ -284,12 +286,15 @@ class DistributedSync:
                 f"received by every server within {self.timeout:g} s"
             ) from None
 
-    async def _teardown(self) -> None:
+    async def _teardown(self, *, abort: bool = False) -> None:
         group, self._group = self._group, None
         if group is None:
             return
 
         async def leave_here() -> None:
+            if abort:
+                group.abort()
+                return
             with anyio.move_on_after(self.timeout):
                 await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)
 

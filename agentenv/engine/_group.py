@@ -17,13 +17,21 @@ sequence-number handshake), so either end interoperates with SGLang servers and 
 slime-style trainers that build their end the usual way. Backends: ``nccl`` (CUDA
 tensors) and ``gloo`` (CPU tensors; tests, machines without GPUs).
 
-Every call here blocks; async code runs them in a worker thread.
+Every call here blocks; async code runs them in a worker thread, except :meth:`abort`,
+which may be called from any thread while a broadcast waits.
+
+Failures. A rank that receives watches rank 0's store while it waits: when the trainer's
+process goes away mid-transfer the broadcast is aborted within about a second and raises,
+instead of waiting for NCCL's watchdog (gloo notices a closed connection by itself).
+:meth:`abort` ends a broadcast under way on an NCCL group at once; on gloo, which cannot
+be interrupted, that broadcast ends when the other ranks leave or at the transfer timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -35,6 +43,7 @@ __all__ = ["DEFAULT_GROUP_NAME", "TRANSFER_TIMEOUT", "WeightUpdateGroup", "parse
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default
 TRANSFER_TIMEOUT = 1800.0  # s a broadcast may wait for every rank (torch's default)
+WATCH_INTERVAL = 0.5  # s between a receiving rank's checks that rank 0 is still there
 Backend = Literal["nccl", "gloo"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo")
 
@@ -66,7 +75,10 @@ class WeightUpdateGroup:
         self.rank = rank
         self.world_size = world_size
         self._pg = pg
-        self._store = store  # rank 0 hosts the store: it lives as long as the group
+        # Rank 0 hosts the store (it lives as long as the group); the others' connection
+        # to it tells them whether rank 0 is still there.
+        self._store = store
+        self._aborted = False
 
     @classmethod
     def join(
@@ -129,7 +141,7 @@ class WeightUpdateGroup:
                 f"weight update group {name!r} at {where}: rank {rank} of {world_size} could "
                 f"not connect to the others: {_first_line(e)}"
             ) from None
-        return cls(name, backend, rank, world_size, pg, store if rank == 0 else None)
+        return cls(name, backend, rank, world_size, pg, store)
 
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
         """Rank 0 sends ``tensors``; every other rank receives into its ``tensors`` (same
@@ -152,13 +164,41 @@ class WeightUpdateGroup:
         options = BroadcastOptions()
         options.rootRank = 0
         options.rootTensor = 0
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            # All in flight at once, in order on every rank (as SGLang and slime do).
-            works = [self._pg.broadcast([t], options) for t in tensors]
-            for work in works:
-                work.wait()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        pg, store = self._pg, self._store if self.rank != 0 else None
+        lost = threading.Event()  # rank 0 went away
+        done = threading.Event()
+        if store is not None:
+            threading.Thread(target=self._watch, args=(store, lost, done), daemon=True).start()
+        try:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                # All in flight at once, in order on every rank (as SGLang and slime do).
+                works = [pg.broadcast([t], options) for t in tensors]
+                for work in works:
+                    work.wait()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        except RuntimeError as e:
+            if lost.is_set() or (store is not None and not _answers(store)):
+                raise RuntimeError(
+                    f"weight update group {self.name!r}: rank 0 (the trainer) went away "
+                    f"during the transfer ({_first_line(e)})"
+                ) from None
+            if self._aborted:
+                raise RuntimeError(
+                    f"weight update group {self.name!r} was aborted during the transfer"
+                ) from None
+            raise
+        finally:
+            done.set()
+
+    def _watch(self, store: Any, lost: threading.Event, done: threading.Event) -> None:
+        """Until ``done``: check every :data:`WATCH_INTERVAL` s that rank 0's store still
+        answers; if not, set ``lost`` and abort the group (the broadcast then fails)."""
+        while not done.wait(WATCH_INTERVAL):
+            if not _answers(store) and not done.is_set():
+                lost.set()
+                self.abort()
+                return
 
     def destroy(self) -> None:
         """Leave the group (a no-op the second time); NCCL's communicator is shut down."""
@@ -167,6 +207,17 @@ class WeightUpdateGroup:
             stop = getattr(pg, "shutdown", None) or getattr(pg, "abort", None)
             if stop is not None:
                 stop()
+
+    def abort(self) -> None:
+        """Leave the group at once, from any thread (a no-op once left): on NCCL the
+        communicator is aborted, so a broadcast waiting in another thread fails now, where
+        :meth:`destroy` may wait for the other ranks."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None:
+            self._aborted = True
+            abort = getattr(pg, "abort", None)
+            if abort is not None:  # gloo's does nothing (torch 2.13)
+                abort()
 
     @property
     def destroyed(self) -> bool:
@@ -205,6 +256,15 @@ def _backend(
     # Rank 0 publishes a sequence number that the others wait for: both ends must do it.
     pg._set_sequence_number_for_group()
     return pg
+
+
+def _answers(store: Any) -> bool:
+    """Whether rank 0's store still answers (its process is alive)."""
+    try:
+        store.check(["rank0"])
+    except Exception:  # DistNetworkError (a RuntimeError): the connection is gone
+        return False
+    return True
 
 
 def _first_line(e: BaseException) -> str:

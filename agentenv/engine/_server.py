@@ -549,7 +549,7 @@ class EngineServer:
                     f"failed: {e}. Destroy the group and initialise a new one."
                 )
             finally:
-                if served.destroyed:  # destroyed while receiving: leave now
+                if served.destroyed:  # destroyed while receiving (gloo: not ended by the abort)
                     await anyio.to_thread.run_sync(served.group.destroy)
         if problem is not None:
             return _failure(
@@ -582,5 +582,9 @@ class EngineServer:
     async def _leave(self, name: str) -> None:
         served = self._groups.pop(name)
         served.destroyed = True
-        if not served.lock.locked():  # else the receiving request leaves when it ends
+        if served.lock.locked():
+            # A bucket is being received: abort it (NCCL: at once; gloo cannot be
+            # interrupted and ends when the trainer sends or leaves). The request fails.
+            served.group.abort()
+        else:
             await anyio.to_thread.run_sync(served.group.destroy)

@@ -6,10 +6,14 @@ form theirs (torch's own helper, in another process)."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import socket
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import anyio
 import httpx
 import pytest
 import torch
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from agentenv import SamplingParams
 from agentenv.engine import Engine, EngineServer, WeightUpdateGroup
@@ -273,3 +278,87 @@ async def test_rank_0_broadcasts_to_a_peer_formed_the_sglang_way() -> None:
             await anyio.to_thread.run_sync(group.broadcast, [PAYLOAD.clone()])
     assert torch.tensor(json.loads(out[0])).equal(PAYLOAD)
     group.destroy()
+
+
+async def test_the_server_fails_a_receive_when_the_trainer_goes_away(
+    served: tuple[Engine, SGLangClient],
+) -> None:
+    """The trainer (rank 0, another process) dies mid-bucket: the server's request fails
+    naming it, the model is unchanged, and the server carries on."""
+    engine, client = served
+    before = engine.model.norm.clone()
+    port = free_port()
+    command = [sys.executable, str(PEER), "127.0.0.1", str(port), "0", "2", "slime"]
+    async with await anyio.open_process(command) as peer:
+        with anyio.fail_after(60):
+            await client.init_weights_update_group(
+                "127.0.0.1", port, 1, 2, group_name="slime", backend="gloo",
+                rendezvous_timeout=30,
+            )  # fmt: skip
+            async with anyio.create_task_group() as tg:
+
+                async def post() -> None:
+                    with pytest.raises(SGLangError, match=r"rank 0 \(the trainer\) went away"):
+                        await client.update_weights_from_distributed(
+                            [NORM], ["float32"], [list(PAYLOAD.shape)], group_name="slime"
+                        )
+
+                tg.start_soon(post)
+                await anyio.sleep(1.0)  # the server is receiving
+                peer.kill()  # before it sends anything
+    assert torch.equal(engine.model.norm, before)
+    assert await client.health()
+    await client.destroy_weights_update_group("slime")
+
+
+class _BlockingGroup:
+    """A process group whose broadcasts wait until ``abort`` (as NCCL's do)."""
+
+    def __init__(self) -> None:
+        self.aborted = threading.Event()
+
+    def broadcast(self, tensors: list[torch.Tensor], options: object) -> _BlockingGroup:
+        return self
+
+    def wait(self) -> None:
+        if not self.aborted.wait(30):
+            raise AssertionError("never aborted")
+        raise RuntimeError("NCCL communicator was aborted")
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+
+def test_abort_ends_a_broadcast_waiting_in_another_thread() -> None:
+    pg = _BlockingGroup()
+    group = WeightUpdateGroup("g", "gloo", 1, 2, pg, store=None)
+    threading.Timer(0.3, group.abort).start()
+    with pytest.raises(RuntimeError, match="'g' was aborted during the transfer"):
+        group.broadcast([torch.empty(4)])
+    assert pg.aborted.is_set() and group.destroyed
+    group.abort()  # once left, a no-op
+
+
+def test_a_receiving_rank_aborts_when_rank_0s_process_is_gone() -> None:
+    """Rank 0 hosts the store; when its process ends, a receiving rank notices within about
+    a second and aborts its broadcast instead of waiting for the transfer timeout."""
+    port = free_port()
+    host = (
+        "import datetime, sys, time, torch.distributed as d; "
+        "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), 2, True, "
+        "timeout=datetime.timedelta(seconds=30), wait_for_workers=True, multi_tenant=True); "
+        "time.sleep(1)"
+    )
+    rank0 = subprocess.Popen([sys.executable, "-c", host, str(port)])
+    try:
+        store = TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30))
+        pg = _BlockingGroup()
+        group = WeightUpdateGroup("g", "gloo", 1, 2, pg, store)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"'g': rank 0 \(the trainer\) went away"):
+            group.broadcast([torch.empty(4)])
+        assert time.monotonic() - started < 10
+        assert pg.aborted.is_set() and group.destroyed
+    finally:
+        rank0.kill()
+        rank0.wait()
