@@ -293,7 +293,7 @@ class DistributedSync:
 
         async def leave_here() -> None:
             if abort:
-                group.abort()
+                await anyio.to_thread.run_sync(group.abort)
                 return
             with anyio.move_on_after(self.timeout):
                 await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)

@@ -585,6 +585,6 @@ class EngineServer:
         if served.lock.locked():
             # A bucket is being received: abort it (NCCL: at once; gloo cannot be
             # interrupted and ends when the trainer sends or leaves). The request fails.
-            served.group.abort()
+            await anyio.to_thread.run_sync(served.group.abort)
         else:
             await anyio.to_thread.run_sync(served.group.destroy)
