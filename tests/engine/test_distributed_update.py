@@ -6,6 +6,7 @@ form theirs (torch's own helper, in another process)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 import torch
@@ -228,20 +230,29 @@ async def test_the_group_life_cycle_and_refused_inits(served: tuple[Engine, SGLa
     group.destroy()
 
 
-async def test_the_server_joins_a_group_formed_the_sglang_way(
-    served: tuple[Engine, SGLangClient],
-) -> None:
-    """A slime-style trainer: rank 0 built with torch's own helper, in another process."""
-    engine, client = served
+@contextlib.asynccontextmanager
+async def slime_trainer(client: SGLangClient) -> AsyncIterator[anyio.abc.Process]:
+    """A slime-style trainer in another process (rank 0 of group ``slime``, built with
+    torch's own helper; it broadcasts PAYLOAD on a line on stdin), joined by the server."""
     port = free_port()
     command = [sys.executable, str(PEER), "127.0.0.1", str(port), "0", "2", "slime"]
     async with await anyio.open_process(command) as peer:
-        assert peer.stdin is not None
         with anyio.fail_after(60):
             await client.init_weights_update_group(
                 "127.0.0.1", port, 1, 2, group_name="slime", backend="gloo",
                 rendezvous_timeout=30,
             )  # fmt: skip
+        yield peer
+
+
+async def test_the_server_joins_a_group_formed_the_sglang_way(
+    served: tuple[Engine, SGLangClient],
+) -> None:
+    """A slime-style trainer: rank 0 built with torch's own helper, in another process."""
+    engine, client = served
+    async with slime_trainer(client) as peer:
+        assert peer.stdin is not None
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
 
                 async def post() -> None:
@@ -287,14 +298,8 @@ async def test_the_server_fails_a_receive_when_the_trainer_goes_away(
     naming it, the model is unchanged, and the server carries on."""
     engine, client = served
     before = engine.model.norm.clone()
-    port = free_port()
-    command = [sys.executable, str(PEER), "127.0.0.1", str(port), "0", "2", "slime"]
-    async with await anyio.open_process(command) as peer:
+    async with slime_trainer(client) as peer:
         with anyio.fail_after(60):
-            await client.init_weights_update_group(
-                "127.0.0.1", port, 1, 2, group_name="slime", backend="gloo",
-                rendezvous_timeout=30,
-            )  # fmt: skip
             async with anyio.create_task_group() as tg:
 
                 async def post() -> None:
