@@ -112,8 +112,9 @@ class DistributedSync:
 
     If a server refuses a bucket or anything times out, the call raises the server's
     message (:class:`~agentenv.sglang.SGLangError`) or a :class:`TimeoutError`, the group
-    is torn down (best effort) and the next call forms a new one. A refusal never leaves
-    the trainer blocked: it stops waiting for its broadcast as soon as a server answers.
+    is aborted (best effort on the servers) and the next call forms a new one. A refusal
+    never leaves the trainer blocked: it stops waiting for its broadcast as soon as a
+    server answers.
 
     Args:
         clients: :class:`~agentenv.sglang.SGLangClient` s, one per server; each server
@@ -272,8 +273,9 @@ class DistributedSync:
         tensors = [t for _, t in bucket]
 
         async def broadcast() -> None:
-            # Abandoned when a server answers first with a refusal: the broadcast then ends
-            # at the group's timeout, and this call raises the server's message at once.
+            # Abandoned when a server answers first with a refusal: this call raises the
+            # server's message at once, and the broadcast ends when the group is aborted
+            # (NCCL) or the servers leave it (gloo).
             await anyio.to_thread.run_sync(_broadcast, group, tensors, abandon_on_cancel=True)
 
         size = sum(t.numel() * t.element_size() for t in tensors) / 2**20
