@@ -1,14 +1,16 @@
 """What every trainer backend shares: the optimizer settings and the GRPO step.
 
 A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
-:class:`~trainer.megatron.MegatronBackend` for megatron-core) supplies the model's forward
-pass -- per sample, the log-probs of its completion tokens (and their entropies) -- and
-the weight export; :class:`Backend` does the rest the same way for all of them: it packs
-samples into micro-batches by a token budget, computes the old policy's log-probs with
-the same micro-batches (so the ratio is exactly 1 on fresh on-policy data), weights every
-token by its share of the step's loss (:func:`trainer.token_weights`, so packing does not
-change the gradients), runs the loss and backward per micro-batch, clips the gradient
-norm, skips a non-finite update and steps the optimizer at the scheduled learning rate.
+:class:`~trainer.megatron.MegatronBackend` for megatron-core) is a :class:`Backend`: the
+loop sees only its ``logprobs``, ``train_step``, weight export and checkpoints. Every
+backend's step is planned and scored the same way: it packs samples into micro-batches by
+a token budget, computes the old policy's log-probs with the same micro-batches (so the
+ratio is exactly 1 on fresh on-policy data), weights every token by its share of the
+step's loss (:func:`trainer.token_weights`, so packing does not change the gradients),
+runs the loss and backward per micro-batch, clips the gradient norm, skips a non-finite
+update and steps the optimizer at the scheduled learning rate. :class:`MicroBatchBackend`
+runs that step as a plain loop over one forward pass per micro-batch (the torch backend);
+megatron's runs it through megatron's own schedule.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "OPTIMIZERS",
     "Backend",
     "Item",
+    "MicroBatchBackend",
     "OptimConfig",
     "StepPlan",
     "Tally",
@@ -161,14 +164,13 @@ def response_positions(
 
 
 class Backend(abc.ABC):
-    """A model being trained with the GRPO loss; subclasses provide :meth:`_forward`
-    and the weight export.
+    """A model being trained with the GRPO loss: the interface the loop uses, and what
+    every backend's step shares (:meth:`_plan`, :meth:`_micro_loss`, :class:`Tally`).
 
     Attributes set by :meth:`_configure` (subclasses call it): ``optim_config``,
     ``loss_config``, ``max_tokens`` (the micro-batch token budget), ``entropy_metric``,
     ``steps``; the subclass sets ``device``, ``dtype``, ``model``, ``reference`` (a
-    frozen copy when ``loss.kl_coef > 0``, else ``None``) and then calls
-    :meth:`_make_optimizer`.
+    frozen copy when ``loss.kl_coef > 0``, else ``None``) and ``optimizer``.
     """
 
     device: torch.device
@@ -176,10 +178,6 @@ class Backend(abc.ABC):
     model: Any
     reference: Any
     optimizer: torch.optim.Optimizer
-    #: fp32 copies of a bf16/fp16 model's trained parameters: the optimizer updates these
-    #: and the model gets them rounded. Without them an update smaller than half the
-    #: parameter's bf16 spacing is lost (at |w| = 0.05 anything below ~1e-4).
-    master: list[torch.Tensor] | None = None
 
     def _configure(
         self,
@@ -198,40 +196,36 @@ class Backend(abc.ABC):
         self.entropy_metric = entropy_metric
         self.steps = 0
 
-    def _make_optimizer(self, *, master_weights: bool = False) -> None:
-        """The optimizer; with ``master_weights`` (for a low-precision model) over fp32
-        copies of the trained parameters."""
-        o = self.optim_config
-        params: list[torch.Tensor] = [p for p in self.parameters() if p.requires_grad]
-        self._trained = params
-        if master_weights:
-            self.master = [p.detach().float().clone() for p in params]
-            params = self.master
-        if o.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
-        else:
-            # CUDA: one fused kernel for the whole update instead of a few per tensor.
-            self.optimizer = torch.optim.AdamW(
-                params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                fused=self.device.type == "cuda",
-            )  # fmt: skip
-
     def parameters(self) -> Iterable[torch.nn.Parameter]:
         """The trained parameters."""
         params: Iterable[torch.nn.Parameter] = self.model.parameters()
         return params
 
-    def _forward(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per item of one micro-batch: the log-probs of its completion tokens (float32,
-        differentiable when grad is enabled) and, with ``with_entropy``, their entropies.
-        ``model`` defaults to the trained one (the reference model for KL).
+    @abc.abstractmethod
+    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+        """The current policy's (or, with ``reference``, the frozen reference model's)
+        log-probs, float32 on CPU, of each sample's completion tokens."""
 
-        What the shared :meth:`logprobs` and :meth:`train_step` run per micro-batch; a
-        backend that replaces both (megatron's, which runs megatron's schedule) needs none.
+    @abc.abstractmethod
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on ``samples`` (one per advantage) with the GRPO loss:
+        :meth:`_plan`'s micro-batches, :meth:`_micro_loss` per micro-batch, the gradient
+        norm clipped, a non-finite update skipped; returns the step's metrics.
+
+        ``old_logprobs`` default to the current policy's, taken with the same
+        micro-batches (the ratio is exactly 1 on fresh data). ``lr_step``: where on the
+        learning-rate schedule this update is (default: the number of updates so far).
+        The GRPO loop passes the rollout step's planned position, so that batches shrunk
+        by filters or skipped do not stretch the schedule.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no single micro-batch forward")
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -248,113 +242,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore :meth:`save_checkpoint`'s state; returns its ``extra``."""
-
-    # -- shared by every backend ----------------------------------------------------------
-    def _trainer_state(self) -> dict[str, Any]:
-        return {
-            "master": self.master,
-            "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "steps": self.steps,
-        }
-
-    def _load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.master is not None:
-            saved = state.get("master")
-            with torch.no_grad():
-                for i, (m, p) in enumerate(zip(self.master, self._trained, strict=True)):
-                    m.copy_(saved[i] if saved is not None else p)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"]:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        self.steps = int(state["steps"])
-
-    @torch.no_grad()
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
-        """The current policy's (or, with ``reference``, the frozen reference model's)
-        log-probs, float32 on CPU, of each sample's completion tokens."""
-        if reference and self.reference is None:
-            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
-        model = self.reference if reference else self.model
-        items = to_items(samples)
-        out: list[torch.Tensor | None] = [None] * len(items)
-        for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
-            lps, _ = self._forward([items[i] for i in group], with_entropy=False, model=model)
-            for i, lp in zip(group, lps, strict=True):
-                out[i] = lp.float().cpu()
-        return [t for t in out if t is not None]
-
-    # -- training -------------------------------------------------------------------------
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step on ``samples`` (one per advantage); returns its metrics.
-
-        ``lr_step``: where on the learning-rate schedule this update is (default: the
-        number of updates so far). The GRPO loop passes the rollout step's planned
-        position, so that batches shrunk by filters or skipped do not stretch the schedule.
-        """
-        plan = self._plan(samples, advantages, ref_logprobs)
-        t0 = time.perf_counter()
-        if old_logprobs is None:
-            # With the same micro-batches as the update: at the first step on fresh data
-            # the ratio is then exactly 1.
-            old: list[torch.Tensor | None] = [None] * len(plan.items)
-            with torch.no_grad():
-                for group in plan.groups:
-                    lps, _ = self._forward([plan.items[i] for i in group], with_entropy=False)
-                    for i, lp in zip(group, lps, strict=True):
-                        old[i] = lp.detach()
-            old_logprobs = [t for t in old if t is not None]
-        plan.old_logprobs = old_logprobs
-        t1 = time.perf_counter()
-        tally = Tally()
-        for group in plan.groups:
-            lps, ents = self._forward(
-                [plan.items[i] for i in group], with_entropy=plan.want_entropy
-            )
-            loss, part = self._micro_loss(plan, group, lps, ents)
-            loss.backward()  # type: ignore[no-untyped-call]
-            tally.add(part)
-        t2 = time.perf_counter()
-        updated: list[torch.Tensor] = self._trained
-        if self.master is not None:  # the gradients go to the fp32 copies
-            for m, p in zip(self.master, self._trained, strict=True):
-                m.grad = None if p.grad is None else p.grad.float()
-                p.grad = None
-            updated = self.master
-        clip = self.optim_config.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(updated, clip if clip > 0 else float("inf"))
-        skipped = not math.isfinite(float(norm))
-        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
-        if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
-            for param_group in self.optimizer.param_groups:
-                param_group["lr"] = lr
-            self.optimizer.step()
-            if self.master is not None:
-                with torch.no_grad():
-                    for m, p in zip(self.master, self._trained, strict=True):
-                        p.copy_(m)  # rounded to the model's dtype
-        self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
-        self.steps += 1
-        t3 = time.perf_counter()
-        return tally.metrics(
-            skipped_nonfinite=float(skipped),
-            grad_norm=float(norm),
-            lr=lr,
-            micro_batches=float(len(plan.groups)),
-            time_old_logprobs_s=t1 - t0,
-            time_forward_backward_s=t2 - t1,
-            time_optimizer_s=t3 - t2,
-        )
 
     def _plan(
         self,
@@ -415,6 +302,142 @@ class Backend(abc.ABC):
             if has_rollout
             else None,
             entropy=cat(ents) if ents is not None else None,
+        )
+
+
+class MicroBatchBackend(Backend):
+    """A backend whose step is a plain loop over micro-batches on one device: the
+    subclass provides :meth:`_forward` (one micro-batch's log-probs) and calls
+    :meth:`_make_optimizer`; this class runs :meth:`logprobs` and :meth:`train_step`
+    with it, keeps fp32 master weights for a low-precision model, and saves the
+    optimizer and RNG state (:meth:`_trainer_state`)."""
+
+    #: fp32 copies of a bf16/fp16 model's trained parameters: the optimizer updates these
+    #: and the model gets them rounded. Without them an update smaller than half the
+    #: parameter's bf16 spacing is lost (at |w| = 0.05 anything below ~1e-4).
+    master: list[torch.Tensor] | None = None
+
+    def _make_optimizer(self, *, master_weights: bool = False) -> None:
+        """The optimizer; with ``master_weights`` (for a low-precision model) over fp32
+        copies of the trained parameters."""
+        o = self.optim_config
+        params: list[torch.Tensor] = [p for p in self.parameters() if p.requires_grad]
+        self._trained = params
+        if master_weights:
+            self.master = [p.detach().float().clone() for p in params]
+            params = self.master
+        if o.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+        else:
+            # CUDA: one fused kernel for the whole update instead of a few per tensor.
+            self.optimizer = torch.optim.AdamW(
+                params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                fused=self.device.type == "cuda",
+            )  # fmt: skip
+
+    @abc.abstractmethod
+    def _forward(
+        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per item of one micro-batch: the log-probs of its completion tokens (float32,
+        differentiable when grad is enabled) and, with ``with_entropy``, their entropies.
+        ``model`` defaults to the trained one (the reference model for KL)."""
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "master": self.master,
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "steps": self.steps,
+        }
+
+    def _load_trainer_state(self, state: dict[str, Any]) -> None:
+        if self.master is not None:
+            saved = state.get("master")
+            with torch.no_grad():
+                for i, (m, p) in enumerate(zip(self.master, self._trained, strict=True)):
+                    m.copy_(saved[i] if saved is not None else p)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.steps = int(state["steps"])
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        model = self.reference if reference else self.model
+        items = to_items(samples)
+        out: list[torch.Tensor | None] = [None] * len(items)
+        for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
+            lps, _ = self._forward([items[i] for i in group], with_entropy=False, model=model)
+            for i, lp in zip(group, lps, strict=True):
+                out[i] = lp.float().cpu()
+        return [t for t in out if t is not None]
+
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
+    ) -> dict[str, float]:
+        plan = self._plan(samples, advantages, ref_logprobs)
+        t0 = time.perf_counter()
+        if old_logprobs is None:
+            # With the same micro-batches as the update: at the first step on fresh data
+            # the ratio is then exactly 1.
+            old: list[torch.Tensor | None] = [None] * len(plan.items)
+            with torch.no_grad():
+                for group in plan.groups:
+                    lps, _ = self._forward([plan.items[i] for i in group], with_entropy=False)
+                    for i, lp in zip(group, lps, strict=True):
+                        old[i] = lp.detach()
+            old_logprobs = [t for t in old if t is not None]
+        plan.old_logprobs = old_logprobs
+        t1 = time.perf_counter()
+        tally = Tally()
+        for group in plan.groups:
+            lps, ents = self._forward(
+                [plan.items[i] for i in group], with_entropy=plan.want_entropy
+            )
+            loss, part = self._micro_loss(plan, group, lps, ents)
+            loss.backward()  # type: ignore[no-untyped-call]
+            tally.add(part)
+        t2 = time.perf_counter()
+        updated: list[torch.Tensor] = self._trained
+        if self.master is not None:  # the gradients go to the fp32 copies
+            for m, p in zip(self.master, self._trained, strict=True):
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+            updated = self.master
+        clip = self.optim_config.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(updated, clip if clip > 0 else float("inf"))
+        skipped = not math.isfinite(float(norm))
+        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
+        if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr
+            self.optimizer.step()
+            if self.master is not None:
+                with torch.no_grad():
+                    for m, p in zip(self.master, self._trained, strict=True):
+                        p.copy_(m)  # rounded to the model's dtype
+        self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
+        self.steps += 1
+        t3 = time.perf_counter()
+        return tally.metrics(
+            skipped_nonfinite=float(skipped),
+            grad_norm=float(norm),
+            lr=lr,
+            micro_batches=float(len(plan.groups)),
+            time_old_logprobs_s=t1 - t0,
+            time_forward_backward_s=t2 - t1,
+            time_optimizer_s=t3 - t2,
         )
 
 

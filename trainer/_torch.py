@@ -1,7 +1,7 @@
 """The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device.
 
-Samples arrive as token ids (never re-tokenized); :class:`~trainer._backend.Backend` runs
-the step. For each micro-batch this backend runs the decoder, then the output layer *in
+Samples arrive as token ids (never re-tokenized); :class:`~trainer._backend.MicroBatchBackend`
+runs the step. For each micro-batch this backend runs the decoder, then the output layer *in
 chunks of tokens*: in fp32 under activation checkpointing (the full-vocabulary logits of
 one chunk exist at a time, in the forward and again in the backward), in bf16 through a
 custom autograd function that keeps the response tokens' logits in bf16 and does the fp32
@@ -19,13 +19,13 @@ import torch
 import torch.utils.checkpoint
 
 from agentenv import ConfigError
-from trainer._backend import Backend, Item, OptimConfig, pad, response_positions
+from trainer._backend import Item, MicroBatchBackend, OptimConfig, pad, response_positions
 from trainer._losses import LossConfig
 
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(Backend):
+class TorchBackend(MicroBatchBackend):
     """Trains an HF causal LM with the GRPO loss.
 
     Args:

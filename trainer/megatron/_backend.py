@@ -281,7 +281,7 @@ class MegatronBackend(Backend):
             ddp.config.grad_sync_func = ddp.start_grad_sync
         return ddp.train()
 
-    def _make_optimizer(self, *, master_weights: bool = True) -> None:
+    def _make_optimizer(self) -> None:
         """megatron's optimizer: it keeps fp32 main weights itself in bf16."""
         core = require_megatron()
         o = self.optim_config
