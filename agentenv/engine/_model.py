@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -298,19 +299,11 @@ class LlamaModel:
         """Copy some HF-named weights in place (one bucket of a distributed update); the
         others keep their values. Every name and shape is checked before anything changes."""
         views = self._weight_views()
-        for name, value in tensors.items():
-            if name not in views:
-                raise ConfigError(
-                    f"the model has no weight {name!r} (expected HF names such as "
-                    "'model.layers.0.self_attn.q_proj.weight')"
-                )
-            view = views[name]
-            expected = tuple((self.embed if view is None else view).shape)
-            if tuple(value.shape) != expected:
-                raise ConfigError(
-                    f"weight {name} has shape {tuple(value.shape)}, the model's is {expected}: "
-                    "an update must keep the architecture"
-                )
+        problem = weight_mismatch(
+            {name: tuple(value.shape) for name, value in tensors.items()}, self.weight_shapes()
+        )
+        if problem is not None:
+            raise ConfigError(f"{problem}: an update must keep the architecture")
         for name, value in tensors.items():
             view = views[name]
             if view is not None:
@@ -456,3 +449,19 @@ class LlamaModel:
         lp = torch.log_softmax(logits[:-1], dim=-1)
         target = torch.tensor(ids[1:], device=self.device)
         return lp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()
+
+
+def weight_mismatch(
+    shapes: Mapping[str, tuple[int, ...]], model: Mapping[str, tuple[int, ...]]
+) -> str | None:
+    """Why HF-named weights of ``shapes`` do not fit a model whose weights have the shapes
+    ``model`` (the first problem), or None."""
+    for name, shape in shapes.items():
+        if name not in model:
+            return (
+                f"the model has no weight {name!r} (expected HF names such as "
+                "'model.layers.0.self_attn.q_proj.weight')"
+            )
+        if shape != model[name]:
+            return f"weight {name} has shape {shape}, the model's is {model[name]}"
+    return None

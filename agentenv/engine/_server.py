@@ -53,6 +53,7 @@ from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import HTTPError, HTTPServer, Request, Response, Router, StreamingResponse, sse
 from agentenv.engine._engine import Engine
 from agentenv.engine._group import DEFAULT_GROUP_NAME, WeightUpdateGroup, parse_dtype
+from agentenv.engine._model import weight_mismatch
 
 __all__ = ["EngineServer"]
 
@@ -152,21 +153,6 @@ def _bucket(data: Mapping[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, 
             raise ConfigError(f"shapes[{i}] must be a list of non-negative ints, got {shape!r}")
         out.append((name, parsed, tuple(shape)))
     return out
-
-
-def _mismatch(
-    bucket: list[tuple[str, torch.dtype, tuple[int, ...]]], model: Mapping[str, tuple[int, ...]]
-) -> str | None:
-    """Why ``bucket`` does not fit the model (its first problem), or None."""
-    for name, _, shape in bucket:
-        if name not in model:
-            return (
-                f"the model has no weight {name!r} (expected HF names such as "
-                "'model.layers.0.self_attn.q_proj.weight')"
-            )
-        if shape != model[name]:
-            return f"weight {name} has shape {shape}, the model's is {model[name]}"
-    return None
 
 
 def _receive(
@@ -535,7 +521,7 @@ class EngineServer:
         except ConfigError as e:  # nothing is received: the request says nothing usable
             return _failure(f"Failed to update weights: {e}")
         # Checked now, refused after the bucket is received: the trainer is broadcasting it.
-        problem = _mismatch(bucket, self.engine.weight_shapes())
+        problem = weight_mismatch({n: shape for n, _, shape in bucket}, self.engine.weight_shapes())
         if data.get("abort_all_requests"):
             self.engine.abort(all=True)
         async with served.lock:
