@@ -250,17 +250,23 @@ class TrainConfig(pydantic.BaseModel):
         """The launched server's device (``None``: a running server, not known here)."""
         if self.rollout_url is not None:
             return None
-        if self.rollout_device is not None:
-            return self.rollout_device
-        if self.rollout_engine == "sglang":  # SGLang's own choice: --base-gpu-id, else 0
-            args = self.sglang_args
-            for i, arg in enumerate(args):
-                if arg.startswith("--base-gpu-id="):
-                    return f"cuda:{arg.split('=', 1)[1]}"
-                if arg == "--base-gpu-id" and i + 1 < len(args):
-                    return f"cuda:{args[i + 1]}"
-            return "cuda:0"
-        return self.device
+        if self.rollout_engine == "sglang":
+            # --sglang-base-gpu-id, else --rollout-device's GPU, else SGLang's default 0.
+            chosen = self.sglang_base_gpu()
+            if chosen is not None:
+                return f"cuda:{chosen}"
+            return self.rollout_device or "cuda:0"
+        return self.rollout_device or self.device
+
+    def sglang_base_gpu(self) -> str | None:
+        """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
+        args = self.sglang_args
+        for i, arg in enumerate(args):
+            if arg.startswith("--base-gpu-id="):
+                return arg.split("=", 1)[1]
+            if arg == "--base-gpu-id" and i + 1 < len(args):
+                return args[i + 1]
+        return None
 
     def weight_sync_backend(self) -> Literal["nccl", "gloo"]:
         """NCCL when the trainer and the server are both on CUDA, else gloo."""

@@ -86,8 +86,7 @@ async def rollout_engine(
         else:
             extra = list(config.sglang_args)
             gpu = config.rollout_device
-            chosen = any(a.split("=")[0] == "--base-gpu-id" for a in extra)
-            if gpu is not None and gpu.startswith("cuda:") and not chosen:
+            if gpu is not None and gpu.startswith("cuda:") and config.sglang_base_gpu() is None:
                 extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
             command = server_command(model, port=port, extra=extra)
         print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)

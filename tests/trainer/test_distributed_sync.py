@@ -223,6 +223,9 @@ def test_distributed_weight_sync_needs_servers_and_on_nccl_a_gpu_of_their_own() 
                     backend="megatron", actor_num_gpus_per_node=2)  # fmt: skip
     TrainConfig(**base, rollout_engine="serve", device="cuda", rollout_device="cuda:1")
     TrainConfig(**base, rollout_engine="sglang", device="cuda", sglang_args=["--base-gpu-id", "1"])
+    with pytest.raises(pydantic.ValidationError, match=own):  # SGLang's own flag wins
+        TrainConfig(**base, rollout_engine="sglang", device="cuda", rollout_device="cuda:1",
+                    sglang_args=["--base-gpu-id=0"])  # fmt: skip
     TrainConfig(**base, rollout_engine="serve")  # gloo on CPU: one machine is fine
     TrainConfig(**base, rollout_url="http://10.0.0.2:30000", device="cuda")
     # A CUDA trainer and a CPU server: gloo, not NCCL.
