@@ -201,6 +201,12 @@ class Backend(abc.ABC):
         params: Iterable[torch.nn.Parameter] = self.model.parameters()
         return params
 
+    def _model_for(self, reference: bool) -> Any:
+        """The trained model, or with ``reference`` the frozen reference model."""
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        return self.reference if reference else self.model
+
     @abc.abstractmethod
     def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
         """The current policy's (or, with ``reference``, the frozen reference model's)
@@ -366,9 +372,7 @@ class MicroBatchBackend(Backend):
 
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
-        if reference and self.reference is None:
-            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
-        model = self.reference if reference else self.model
+        model = self._model_for(reference)
         items = to_items(samples)
         out: list[torch.Tensor | None] = [None] * len(items)
         for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):

@@ -460,9 +460,7 @@ class MegatronBackend(Backend):
     @collective
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
-        if reference and self.reference is None:
-            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
-        model = self.reference if reference else self.model
+        model = self._model_for(reference)
         items = to_items(samples)
         mine = self._mine(pack_by_tokens([len(it.ids) for it in items], self.max_tokens))
         local = {i: lp.float().cpu() for i, lp in self._forward_only(items, mine, model).items()}
