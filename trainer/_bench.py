@@ -99,8 +99,10 @@ def _samples(n: int, tokens: int, varied: bool = False) -> list[Any]:
     g = torch.Generator().manual_seed(1)
     out = []
     for i in range(n):
-        length = int(torch.randint(max(2, tokens // 8), tokens + 1, (1,), generator=g))
-        length = length if varied else tokens
+        if varied:
+            length = int(torch.randint(max(2, tokens // 8), tokens + 1, (1,), generator=g))
+        else:
+            length = tokens
         half = length // 2
         out.append(
             Sample(
