@@ -33,7 +33,9 @@ refused at once, since the server could not receive it; a bucket that is well fo
 does not fit the model (an unknown weight name, a wrong shape) is still received -- so the
 trainer's broadcast completes and the group stays usable -- then dropped, and refused with
 the reason; the model is unchanged. Init waits ``timeout`` seconds (default 60) for every
-rank to join; a broadcast waits for its ranks for 30 minutes at most (torch's default).
+rank to join; a broadcast waits for its ranks for 30 minutes at most (torch's default),
+but a trainer whose process goes away mid-bucket fails the request within about a second,
+and destroying the group aborts a receive under way (NCCL; gloo's ends with the trainer).
 """
 
 from __future__ import annotations
