@@ -123,6 +123,21 @@ async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
     )
 
 
+async def test_turns_ending_on_endoftext_are_one_sample(chatml_tools: ChatTokenizer) -> None:
+    # A Qwen2.5-style model stops on either <|im_end|> or <|endoftext|>.
+    im_end, endoftext = chatml_tools.eos_token_id, chatml_tools.token_to_id("<|endoftext|>")
+    assert im_end is not None and endoftext is not None
+    model = ScriptedModel(chatml_tools, lambda ctx: "ok", end_of_turn=endoftext)
+    config = RolloutConfig(sampling=SamplingParams(stop_token_ids=[im_end, endoftext]))
+    s = await one_sample(Counter(), tasks(1), model, chatml_tools, config)
+    assert s.status is Status.COMPLETED and s.metadata["turns"] == 3 and "segment" not in s.metadata
+    turn = [*chatml_tools.encode("ok"), endoftext]
+    ids = list(s.completion_ids)
+    assert ids[: len(turn)] == turn and ids[-len(turn) :] == turn
+    assert ids.count(endoftext) == 3
+    assert s.loss_mask is not None and sum(s.loss_mask) == 3 * len(turn)
+
+
 async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, lambda ctx: "ok")
     s = await one_sample(
