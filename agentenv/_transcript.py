@@ -47,7 +47,7 @@ from agentenv._errors import (
 from agentenv._generator import Completion, FinishReason
 from agentenv._messages import Message, validate_messages
 from agentenv._sample import JSONValue, Sample, Status
-from agentenv._tokenizer import Tokenizer
+from agentenv._tokenizer import Tokenizer, check_template_kwargs
 
 __all__ = ["Segment", "Transcript", "tool_system_prompt"]
 
@@ -112,6 +112,8 @@ class Transcript:
             :class:`EpisodeTruncated`.
         on_history_rewrite: ``"new_sample"`` (default) starts a new segment when the
             template rewrites history; ``"error"`` raises :class:`HistoryRewriteError`.
+        chat_template_kwargs: extra template variables for every render of this
+            conversation, e.g. Qwen3's ``{"enable_thinking": False}``.
     """
 
     # Slots: a run holds thousands of transcripts in flight.
@@ -120,6 +122,7 @@ class Transcript:
         "_end",
         "_render_tools",
         "_seen",
+        "chat_template_kwargs",
         "context_length",
         "last_finish",
         "messages",
@@ -139,8 +142,12 @@ class Transcript:
         role: str | None = None,
         context_length: int | None = None,
         on_history_rewrite: HistoryPolicy = "new_sample",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template_kwargs: dict[str, Any] | None = (
+            check_template_kwargs(chat_template_kwargs) if chat_template_kwargs else None
+        )
         self.role = role
         self.context_length = context_length
         self.on_history_rewrite: HistoryPolicy = on_history_rewrite
@@ -315,8 +322,15 @@ class Transcript:
 
     # -- internals -------------------------------------------------------------------
     def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        if self.chat_template_kwargs is None:  # tokenizers without template arguments work
+            return self.tokenizer.render(
+                messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
+            )
         return self.tokenizer.render(
-            messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
+            messages,
+            tools=self._render_tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=self.chat_template_kwargs,
         )
 
     def _turn_end(self, full: str) -> str | None:

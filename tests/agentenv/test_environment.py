@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from agentenv import (
     ChatTokenizer,
     Completion,
+    ConfigError,
     Environment,
     Episode,
     FinishReason,
@@ -136,6 +138,46 @@ async def test_turns_ending_on_endoftext_are_one_sample(chatml_tools: ChatTokeni
     assert ids[: len(turn)] == turn and ids[-len(turn) :] == turn
     assert ids.count(endoftext) == 3
     assert s.loss_mask is not None and sum(s.loss_mask) == 3 * len(turn)
+
+
+class Thinker(SingleTurnEnv):
+    chat_template_kwargs: ClassVar[Mapping[str, Any]] = {"enable_thinking": False}
+
+
+async def test_template_arguments_from_run_environment_and_episode(
+    thinking: ChatTokenizer,
+) -> None:
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prompts: list[str] = []
+
+    def record(ctx) -> str:  # type: ignore[no-untyped-def]
+        prompts.append(ctx.text)
+        return "4"
+
+    model = ScriptedModel(thinking, record)
+    run = RolloutConfig(chat_template_kwargs={"enable_thinking": False})
+    await one_sample(Echo(), tasks(1), model, thinking, run)
+    assert prompts.pop().endswith(empty_think)
+    # The environment's own arguments are laid over the run's.
+    run = RolloutConfig(chat_template_kwargs={"enable_thinking": True})
+    await one_sample(Thinker(), tasks(1), model, thinking, run)
+    assert prompts.pop().endswith(empty_think)
+    await one_sample(Echo(), tasks(1), model, thinking, run)
+    assert not prompts.pop().endswith(empty_think)
+    # And a transcript's over the episode's.
+    episode = Episode(
+        task=tasks(1)[0],
+        tokenizer=thinking,
+        policy=model,
+        chat_template_kwargs=run.chat_template_kwargs,
+    )
+    t = episode.transcript("hi", chat_template_kwargs={"enable_thinking": False})
+    assert t.text.endswith(empty_think) and not episode.transcript("hi").text.endswith(empty_think)
+
+
+def test_bad_template_arguments_are_refused_at_configuration() -> None:
+    with pytest.raises(ConfigError, match="may not set 'messages'"):
+        RolloutConfig(chat_template_kwargs={"messages": []})
 
 
 async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:

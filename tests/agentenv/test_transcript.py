@@ -262,6 +262,16 @@ def test_rewrite_after_another_stop_id_is_explained_where_it_is(thinking: ChatTo
         t.add_messages("and 4+4?")
 
 
+def test_template_arguments_reach_every_render(thinking: ChatTokenizer) -> None:
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    t = Transcript(thinking, "2+2?", chat_template_kwargs={"enable_thinking": False})
+    assert thinking.decode(t.ids).endswith(empty_think)
+    t.add_completion(completion(thinking, "4"))
+    t.add_messages("and 3+3?")
+    assert thinking.decode(t.ids).endswith(f"and 3+3?<|im_end|>\n{empty_think}")
+    assert not Transcript(thinking, "2+2?").text.endswith(empty_think)
+
+
 def test_weight_versions_recorded_per_span(smollm2: ChatTokenizer) -> None:
     t = Transcript(smollm2, "a")
     t.add_completion(completion(smollm2, "b", version="3"))
