@@ -83,11 +83,13 @@ class Episode:
     the default policy (self-play). ``generate`` enforces the turn limit and the context
     budget, raising :class:`EpisodeTruncated`, and turns an engine abort into
     :class:`EpisodeAborted`; the convenience environments and the runner turn those into
-    truncated and aborted samples.
+    truncated and aborted samples. ``chat_template_kwargs`` are template arguments for
+    every transcript of the episode (e.g. ``{"enable_thinking": False}``).
     """
 
     # Slots: a run holds thousands of episodes in flight.
     __slots__ = (
+        "chat_template_kwargs",
         "completion_tokens",
         "group_id",
         "index",
@@ -115,6 +117,7 @@ class Episode:
         index: int = 0,
         seed: int | None = None,
         on_history_rewrite: HistoryPolicy = "new_sample",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.task = task
         self.tokenizer = tokenizer
@@ -126,6 +129,7 @@ class Episode:
         self.index = index
         self.seed = seed
         self.on_history_rewrite: HistoryPolicy = on_history_rewrite
+        self.chat_template_kwargs: Mapping[str, Any] = chat_template_kwargs or {}
         self.transcripts: list[Transcript] = []
         self.completion_tokens = 0
 
@@ -135,8 +139,15 @@ class Episode:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         role: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> Transcript:
-        """A new transcript for ``role``, tracked by the episode (for truncation and failures)."""
+        """A new transcript for ``role``, tracked by the episode (for truncation and failures).
+
+        ``chat_template_kwargs`` are laid over the episode's for this transcript.
+        """
+        kwargs = self.chat_template_kwargs
+        if chat_template_kwargs:
+            kwargs = {**kwargs, **chat_template_kwargs}
         t = Transcript(
             self.tokenizer,
             messages,
@@ -144,6 +155,7 @@ class Episode:
             role=role,
             context_length=self.limits.context_length,
             on_history_rewrite=self.on_history_rewrite,
+            chat_template_kwargs=kwargs,
         )
         self.transcripts.append(t)
         return t
@@ -212,10 +224,13 @@ class Environment(abc.ABC):
     """Base class of every environment.
 
     Subclasses implement :meth:`rollout` (and usually :meth:`tasks`). Set ``name`` to
-    register it under a short name for ``agentenv eval --env``.
+    register it under a short name for ``agentenv eval --env``. ``chat_template_kwargs``
+    are template arguments for every episode (e.g. ``{"enable_thinking": False}``), laid
+    over the run's (:class:`~agentenv.RolloutConfig`).
     """
 
     name: ClassVar[str] = ""
+    chat_template_kwargs: ClassVar[Mapping[str, Any]] = {}
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """The tasks of ``split`` (``"train"`` or ``"test"``)."""

@@ -28,7 +28,7 @@ from agentenv._environment import Environment, Episode, Limits, Task
 from agentenv._errors import ClosedResourceError, ConfigError, EpisodeAborted, EpisodeTruncated
 from agentenv._generator import Generator, SamplingParams
 from agentenv._sample import Sample, Status
-from agentenv._tokenizer import Tokenizer
+from agentenv._tokenizer import Tokenizer, check_template_kwargs
 from agentenv._transcript import HistoryPolicy
 
 __all__ = [
@@ -116,6 +116,9 @@ class RolloutConfig:
             of its model turns samples with a seed derived from that (unless
             ``sampling.seed`` is set), so a rollout on the embedded engine is reproducible.
         on_history_rewrite: what transcripts do when the template rewrites history.
+        chat_template_kwargs: template arguments for every render (SGLang's and vLLM's
+            name), e.g. Qwen3's ``{"enable_thinking": False}``; an environment's own
+            ``chat_template_kwargs`` are laid over them.
         progress: show a progress bar on stderr (``None``: when stderr is a terminal).
     """
 
@@ -125,9 +128,12 @@ class RolloutConfig:
     limits: Limits = dataclasses.field(default_factory=Limits)
     seed: int = 0
     on_history_rewrite: HistoryPolicy = "new_sample"
+    chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     progress: bool | None = None
 
     def __post_init__(self) -> None:
+        kwargs = check_template_kwargs(self.chat_template_kwargs)
+        object.__setattr__(self, "chat_template_kwargs", kwargs)
         if self.n_samples_per_prompt < 1:
             raise ConfigError(
                 f"n_samples_per_prompt must be at least 1, got {self.n_samples_per_prompt}"
@@ -299,6 +305,10 @@ async def run_rollouts(
     groups = [_Group(task, f"{task.id}@{run}", n) for task in tasks]
     stats = RolloutStats()
     start = time.perf_counter()
+    template_kwargs = {
+        **config.chat_template_kwargs,
+        **check_template_kwargs(getattr(env, "chat_template_kwargs", None) or {}),
+    }
     bar = _progress_bar(config.progress, len(tasks) * n, getattr(env, "name", "") or "rollout")
 
     async def finish(group: _Group) -> None:
@@ -347,6 +357,7 @@ async def run_rollouts(
                 index=i,
                 seed=_episode_seed(config.seed, group.task.id, i),
                 on_history_rewrite=config.on_history_rewrite,
+                chat_template_kwargs=template_kwargs,
             )
             samples = await play_episode(env, episode)
             for k, s in enumerate(samples):

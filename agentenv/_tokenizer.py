@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatTokenizer", "Tokenizer"]
 
+# What render passes itself; a template argument of the same name would be ambiguous.
+_RENDER_ARGUMENTS = frozenset({"messages", "tools", "add_generation_prompt"})
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -54,9 +57,32 @@ class Tokenizer(Protocol):
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The chat template applied to ``messages``, as text."""
+        """The chat template applied to ``messages``, as text.
+
+        ``chat_template_kwargs`` are extra template variables (SGLang's and vLLM's name),
+        e.g. Qwen3's ``{"enable_thinking": False}``; callers pass it only when non-empty.
+        """
         ...
+
+
+def check_template_kwargs(value: object) -> dict[str, Any]:
+    """``value`` as template arguments (a copy), or :class:`ConfigError` naming the problem."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            "chat_template_kwargs must be a mapping of names to values, got "
+            f"{type(value).__name__}: pass e.g. {{'enable_thinking': False}}"
+        )
+    for name in value:
+        if not isinstance(name, str):
+            raise ConfigError(f"chat_template_kwargs names must be strings, got {name!r}")
+        if name in _RENDER_ARGUMENTS:
+            raise ConfigError(
+                f"chat_template_kwargs may not set {name!r}: it is render's own argument "
+                "(the transcript passes it); remove it from chat_template_kwargs"
+            )
+    return dict(value)
 
 
 def _token_text(value: Any) -> str | None:
@@ -292,6 +318,7 @@ class ChatTokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         if self._template is None:
             raise TemplateError(
@@ -303,14 +330,16 @@ class ChatTokenizer:
             # What Template.render does, minus a copy of the globals per call: the
             # variables are laid over a prepared copy and used as the shared context.
             variables = dict(self._globals)
+            variables["bos_token"] = self.bos_token or ""
+            variables["eos_token"] = self.eos_token or ""
+            if chat_template_kwargs:  # laid over the special tokens, as transformers does
+                variables.update(check_template_kwargs(chat_template_kwargs))
             variables["messages"] = messages
             variables["tools"] = list(tools) if tools else None
             variables["add_generation_prompt"] = add_generation_prompt
-            variables["bos_token"] = self.bos_token or ""
-            variables["eos_token"] = self.eos_token or ""
             template = self._template
             return _concat(template.root_render_func(template.new_context(variables, shared=True)))
-        except TemplateError:
+        except (TemplateError, ConfigError):
             raise
         except Exception as e:  # a template bug must name itself, not surface as a KeyError
             raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e

@@ -12,6 +12,16 @@ character the tokenizer has no token for (SmolLM2 lacks six ASCII control charac
 dropped from the ids exactly as an engine would drop it; the ids remain exactly what the
 model is conditioned on.
 
+A model turn that ends on a stop id ends the assistant turn, whichever stop id it was.
+Models list several (Qwen2.5 stops on ``<|im_end|>`` and ``<|endoftext|>``, Llama 3 on
+``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>``), while the template closes a turn
+with one, the tokenizer's end-of-turn (:attr:`Tokenizer.eos_token_id`). Where the
+re-rendered conversation has that end-of-turn in place of the model's stop id, the turn
+ended where the template says it did: the model's stop id stays in the ids and only what
+the template renders after the end-of-turn is appended, so the episode stays one sample.
+A turn cut at ``max_new_tokens`` has no stop id: the template's end-of-turn is part of the
+environment's suffix (mask 0).
+
 If the template renders the history differently from what the model saw (templates that
 strip earlier ``<think>`` blocks or trim whitespace), the prefix check fails. The
 transcript then either raises :class:`HistoryRewriteError` or, by default, closes the
@@ -37,7 +47,7 @@ from agentenv._errors import (
 from agentenv._generator import Completion, FinishReason
 from agentenv._messages import Message, validate_messages
 from agentenv._sample import JSONValue, Sample, Status
-from agentenv._tokenizer import Tokenizer
+from agentenv._tokenizer import Tokenizer, check_template_kwargs
 
 __all__ = ["Segment", "Transcript", "tool_system_prompt"]
 
@@ -102,12 +112,17 @@ class Transcript:
             :class:`EpisodeTruncated`.
         on_history_rewrite: ``"new_sample"`` (default) starts a new segment when the
             template rewrites history; ``"error"`` raises :class:`HistoryRewriteError`.
+        chat_template_kwargs: extra template variables for every render of this
+            conversation, e.g. Qwen3's ``{"enable_thinking": False}``.
     """
 
     # Slots: a run holds thousands of transcripts in flight.
     __slots__ = (
+        "_accepted_ends",
+        "_end",
         "_render_tools",
         "_seen",
+        "chat_template_kwargs",
         "context_length",
         "last_finish",
         "messages",
@@ -127,8 +142,12 @@ class Transcript:
         role: str | None = None,
         context_length: int | None = None,
         on_history_rewrite: HistoryPolicy = "new_sample",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template_kwargs: dict[str, Any] | None = (
+            check_template_kwargs(chat_template_kwargs) if chat_template_kwargs else None
+        )
         self.role = role
         self.context_length = context_length
         self.on_history_rewrite: HistoryPolicy = on_history_rewrite
@@ -145,6 +164,8 @@ class Transcript:
         self.segments: list[Segment] = []
         self.last_finish: FinishReason | None = None
         self._seen = _SeenText("")
+        self._end: str | None = None
+        self._accepted_ends: tuple[str, ...] = ()
         self._start_segment(self._render(msgs, add_generation_prompt=True))
 
     # -- views -----------------------------------------------------------------------
@@ -206,15 +227,19 @@ class Transcript:
                 seg.weight_versions.append(version)
         seg.turns += 1
         self.last_finish = completion.finish_reason
-        piece = self.tokenizer.decode(ids)
-        self._seen.extend(piece)
-        content = piece
+        if self._end is not None:  # two model turns in a row: the model saw its own stop
+            self._seen.extend(self._end)
+            self._end = None
+        content = self.tokenizer.decode(ids)
         fr = completion.finish_reason
-        # The end-of-turn token is template markup, not content: the template adds it back.
+        # The stop id is template markup, not content: the template closes the turn itself.
+        # It is counted as seen once the next render shows where the template ends the turn.
         if fr.type == "stop" and isinstance(fr.matched, int) and ids[-1] == fr.matched:
             tail = self.tokenizer.decode(ids[-1:])
             if tail and content.endswith(tail):
                 content = content[: -len(tail)]
+                self._end = tail
+        self._seen.extend(content)
         message: Message = {"role": "assistant", "content": content}
         self.messages.append(message)
         return message
@@ -233,13 +258,15 @@ class Transcript:
         new = validate_messages(messages)
         conversation = [*self.messages, *new]
         full = self._render(conversation, add_generation_prompt=generation_prompt)
-        if not self._seen.is_prefix_of(full):
+        end = self._turn_end(full) if self._seen.is_prefix_of(full) else None
+        if end is None:
             if self.on_history_rewrite == "error":
-                raise HistoryRewriteError(_explain_rewrite(self.text, full))
+                raise HistoryRewriteError(_explain_rewrite(self.text, full, self._equivalent()))
             self.messages = conversation
             self._start_segment(full)
             return self.segments[-1].prompt_ids
-        suffix = full[self._seen.length :]
+        start = self._seen.length + len(end)
+        suffix = full[start:]
         ids = self.tokenizer.encode(suffix)
         seg = self.segments[-1]
         if self.context_length is not None and seg.num_tokens + len(ids) > self.context_length:
@@ -250,7 +277,10 @@ class Transcript:
         seg.ids.extend(ids)
         seg.loss_mask.extend([0] * len(ids))
         seg.logprobs.extend([0.0] * len(ids))
-        self._seen.extend(suffix)
+        if self._end is not None and end != self._end and self._end not in self._accepted_ends:
+            self._accepted_ends = (*self._accepted_ends, self._end)
+        self._seen.extend(end + suffix)
+        self._end = None
         self.messages = conversation
         return ids
 
@@ -292,9 +322,41 @@ class Transcript:
 
     # -- internals -------------------------------------------------------------------
     def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        if self.chat_template_kwargs is None:  # tokenizers without template arguments work
+            return self.tokenizer.render(
+                messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
+            )
         return self.tokenizer.render(
-            messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
+            messages,
+            tools=self._render_tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=self.chat_template_kwargs,
         )
+
+    def _turn_end(self, full: str) -> str | None:
+        """The text that ends the last model turn in ``full`` ('' if none is pending).
+
+        ``None`` when the template closes the turn with neither the model's own stop id
+        nor the tokenizer's end-of-turn: the history was rewritten.
+        """
+        if self._end is None:
+            return ""
+        at = self._seen.length
+        if full.startswith(self._end, at):
+            return self._end
+        eot = self._eot_text()
+        if eot and full.startswith(eot, at):
+            return eot
+        return None
+
+    def _eot_text(self) -> str:
+        eot = self.tokenizer.eos_token_id
+        return "" if eot is None else self.tokenizer.decode([eot])
+
+    def _equivalent(self) -> tuple[tuple[str, str], ...]:
+        """(model's stop text, template's end-of-turn) pairs the current segment holds."""
+        eot = self._eot_text()
+        return tuple((stop, eot) for stop in self._accepted_ends) if eot else ()
 
     def _start_segment(self, text: str) -> None:
         ids = self.tokenizer.encode(text)
@@ -309,6 +371,8 @@ class Transcript:
             raise ContextLengthError(message)
         self.segments.append(Segment(ids=ids, prompt_len=len(ids)))
         self._seen = _SeenText(text)
+        self._end = None
+        self._accepted_ends = ()
 
     def __repr__(self) -> str:
         return (
@@ -380,17 +444,25 @@ def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -
     return [first, *msgs[1:]]
 
 
-def _explain_rewrite(seen: str, rendered: str) -> str:
-    i = 0
-    for i, (a, b) in enumerate(zip(seen, rendered, strict=False)):  # noqa: B007
-        if a != b:
+def _explain_rewrite(seen: str, rendered: str, equivalent: Sequence[tuple[str, str]] = ()) -> str:
+    """Where ``rendered`` first departs from ``seen`` (a model's stop text where the template
+    renders its end-of-turn, a pair in ``equivalent``, is no departure)."""
+    i = j = 0
+    while i < len(seen) and j < len(rendered):
+        pair = next(
+            ((a, b) for a, b in equivalent if seen.startswith(a, i) and rendered.startswith(b, j)),
+            None,
+        )
+        if pair is not None:
+            i, j = i + len(pair[0]), j + len(pair[1])
+        elif seen[i] == rendered[j]:
+            i, j = i + 1, j + 1
+        else:
             break
-    else:
-        i = min(len(seen), len(rendered))
     return (
         "the chat template renders the conversation differently from the ids the model "
-        f"saw, from character {i}: model saw {seen[i : i + 40]!r}, template now renders "
-        f"{rendered[i : i + 40]!r}. This template rewrites history (e.g. strips earlier "
+        f"saw, from character {j}: model saw {seen[i : i + 40]!r}, template now renders "
+        f"{rendered[j : j + 40]!r}. This template rewrites history (e.g. strips earlier "
         "reasoning or trims whitespace); use on_history_rewrite='new_sample' to start a "
         "new sample from the re-rendered conversation"
     )

@@ -138,6 +138,10 @@ class TrainConfig(pydantic.BaseModel):
     apply_chat_template: bool = pydantic.Field(
         True, description="render prompts with the model's chat template (else raw text)"
     )
+    apply_chat_template_kwargs: dict[str, Any] = pydantic.Field(
+        default_factory=dict,
+        description='JSON object of chat-template arguments, e.g. {"enable_thinking": false}',
+    )
     rollout_engine: Literal["embedded", "serve", "sglang"] = pydantic.Field(
         "embedded",
         description="embedded (in this process), serve (an agentenv serve process) or "

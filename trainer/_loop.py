@@ -27,13 +27,21 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
 import torch
 
-from agentenv import ConfigError, Environment, Sample, SamplingParams, Task, Tokenizer
+from agentenv import (
+    ConfigError,
+    Environment,
+    RolloutConfig,
+    Sample,
+    SamplingParams,
+    Task,
+    Tokenizer,
+)
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._backend import Backend
@@ -66,6 +74,8 @@ class GRPOConfig:
             ``one_step_off`` then train on the groups they have; ``async`` stops with an
             error after that many rounds in a row keep nothing.
         shuffle: reshuffle the tasks (seeded) at each pass over them.
+        chat_template_kwargs: template arguments for every render (e.g.
+            ``{"enable_thinking": False}``; see :class:`~agentenv.RolloutConfig`).
     """
 
     num_rollout: int = 10
@@ -85,6 +95,7 @@ class GRPOConfig:
     filters: Sequence[GroupFilter] = ()
     max_rounds: int = 8
     shuffle: bool = True
+    chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "max_rounds"):
@@ -111,6 +122,7 @@ class GRPOConfig:
                 f"({self.rollout_batch_size})"
             )
         self.buffer_config()  # checks the batch identity, naming the four numbers
+        RolloutConfig(chat_template_kwargs=self.chat_template_kwargs)  # checks the arguments
 
     @property
     def samples_per_step(self) -> int:
@@ -204,7 +216,7 @@ async def run_grpo(
                 env, stream, engine, tokenizer, buffer,
                 round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
                 sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
-                max_rounds=config.max_rounds,
+                max_rounds=config.max_rounds, chat_template_kwargs=config.chat_template_kwargs,
             )  # fmt: skip
             if config.schedule == "async":
                 tg.start_soon(producer.run_forever, first)

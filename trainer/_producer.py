@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -104,6 +104,7 @@ class Producer:
         concurrency: int,
         seed: int,
         max_rounds: int = 8,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.env, self.stream, self.policy, self.tokenizer = env, stream, policy, tokenizer
         self.buffer = buffer
@@ -113,6 +114,7 @@ class Producer:
         self.concurrency = concurrency
         self.seed = seed
         self.max_rounds = max_rounds
+        self.chat_template_kwargs: Mapping[str, Any] = chat_template_kwargs or {}
         self.stats = RoundStats()
         self.groups_per_prompt = 1  # the Buffer keeps one group per role of an episode
         self.first_put = anyio.Event()
@@ -155,6 +157,7 @@ class Producer:
                     sampling=self.sampling,
                     concurrency=self.concurrency,
                     seed=seed,
+                    chat_template_kwargs=self.chat_template_kwargs,
                     progress=False,
                 ),
             )

@@ -231,6 +231,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if config.dynamic_sampling_filter_path
         else (),
         shuffle=config.rollout_shuffle,
+        chat_template_kwargs=config.apply_chat_template_kwargs,
     )
     loss = LossConfig(
         eps_clip=config.eps_clip,
@@ -305,6 +306,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                     temperature=config.eval_temperature,
                 ),
                 seed=12345,
+                chat_template_kwargs=config.apply_chat_template_kwargs,
                 progress=False,
             ),
         )

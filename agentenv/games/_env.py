@@ -359,7 +359,12 @@ class GameEnv(Environment):
         if not out:
             # The seat never generated (an opponent forfeited first, or a limit hit before
             # its first turn): one sample with no completion keeps the outcome on record.
-            prompt = Transcript(episode.tokenizer, game.observation(role), role=role)
+            prompt = Transcript(
+                episode.tokenizer,
+                game.observation(role),
+                role=role,
+                chat_template_kwargs=episode.chat_template_kwargs,
+            )
             out.append(
                 Sample(
                     prompt_ids=prompt.ids,
@@ -404,7 +409,11 @@ class GameEnv(Environment):
     ) -> bool:
         """One turn of a frozen model's seat (no sample); False when it forfeits."""
         tokenizer = player.tokenizer or episode.tokenizer
-        transcript = Transcript(tokenizer, game.observation(role), role=role)
+        # The episode's template arguments are for its tokenizer's template, not another's.
+        kwargs = episode.chat_template_kwargs if player.tokenizer is None else None
+        transcript = Transcript(
+            tokenizer, game.observation(role), role=role, chat_template_kwargs=kwargs
+        )
         params = player.sampling or episode.sampling
         for attempt in range(self.retries + 1):
             rid = f"{episode.group_id}/{episode.index}/{role}/{move}/{attempt}"

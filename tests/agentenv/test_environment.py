@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from agentenv import (
     ChatTokenizer,
     Completion,
+    ConfigError,
     Environment,
     Episode,
     FinishReason,
@@ -121,6 +123,61 @@ async def test_multi_turn_masks_and_completion(smollm2: ChatTokenizer) -> None:
     assert all(
         lp == 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask or [], strict=True) if m == 0
     )
+
+
+async def test_turns_ending_on_endoftext_are_one_sample(chatml_tools: ChatTokenizer) -> None:
+    # A Qwen2.5-style model stops on either <|im_end|> or <|endoftext|>.
+    im_end, endoftext = chatml_tools.eos_token_id, chatml_tools.token_to_id("<|endoftext|>")
+    assert im_end is not None and endoftext is not None
+    model = ScriptedModel(chatml_tools, lambda ctx: "ok", end_of_turn=endoftext)
+    config = RolloutConfig(sampling=SamplingParams(stop_token_ids=[im_end, endoftext]))
+    s = await one_sample(Counter(), tasks(1), model, chatml_tools, config)
+    assert s.status is Status.COMPLETED and s.metadata["turns"] == 3 and "segment" not in s.metadata
+    turn = [*chatml_tools.encode("ok"), endoftext]
+    ids = list(s.completion_ids)
+    assert ids[: len(turn)] == turn and ids[-len(turn) :] == turn
+    assert ids.count(endoftext) == 3
+    assert s.loss_mask is not None and sum(s.loss_mask) == 3 * len(turn)
+
+
+class Thinker(SingleTurnEnv):
+    chat_template_kwargs: ClassVar[Mapping[str, Any]] = {"enable_thinking": False}
+
+
+async def test_template_arguments_from_run_environment_and_episode(
+    thinking: ChatTokenizer,
+) -> None:
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prompts: list[str] = []
+
+    def record(ctx) -> str:  # type: ignore[no-untyped-def]
+        prompts.append(ctx.text)
+        return "4"
+
+    model = ScriptedModel(thinking, record)
+    run = RolloutConfig(chat_template_kwargs={"enable_thinking": False})
+    await one_sample(Echo(), tasks(1), model, thinking, run)
+    assert prompts.pop().endswith(empty_think)
+    # The environment's own arguments are laid over the run's.
+    run = RolloutConfig(chat_template_kwargs={"enable_thinking": True})
+    await one_sample(Thinker(), tasks(1), model, thinking, run)
+    assert prompts.pop().endswith(empty_think)
+    await one_sample(Echo(), tasks(1), model, thinking, run)
+    assert not prompts.pop().endswith(empty_think)
+    # And a transcript's over the episode's.
+    episode = Episode(
+        task=tasks(1)[0],
+        tokenizer=thinking,
+        policy=model,
+        chat_template_kwargs=run.chat_template_kwargs,
+    )
+    t = episode.transcript("hi", chat_template_kwargs={"enable_thinking": False})
+    assert t.text.endswith(empty_think) and not episode.transcript("hi").text.endswith(empty_think)
+
+
+def test_bad_template_arguments_are_refused_at_configuration() -> None:
+    with pytest.raises(ConfigError, match="may not set 'messages'"):
+        RolloutConfig(chat_template_kwargs={"messages": []})
 
 
 async def test_turn_limit_truncates(smollm2: ChatTokenizer) -> None:

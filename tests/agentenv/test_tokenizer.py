@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentenv import ChatTokenizer, TemplateError
+from agentenv import ChatTokenizer, ConfigError, TemplateError
 from agentenv.engine._models import resolve_model
 
 TOOLS = [
@@ -63,6 +63,30 @@ def test_render_matches_transformers(
     assert ours == theirs
 
 
+@pytest.mark.parametrize("kwargs", [{"enable_thinking": False}, {"enable_thinking": True}])
+def test_template_arguments_render_as_transformers_does(
+    thinking: ChatTokenizer, hf_tokenizer: Any, kwargs: dict[str, Any]
+) -> None:
+    msgs = [{"role": "user", "content": "2+2?"}]
+    ours = thinking.render(msgs, add_generation_prompt=True, chat_template_kwargs=kwargs)
+    theirs = hf_tokenizer.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False, chat_template=thinking.chat_template,
+        **kwargs,
+    )  # fmt: skip
+    assert ours == theirs
+    assert ours.endswith("<think>\n\n</think>\n\n") is (kwargs["enable_thinking"] is False)
+
+
+def test_template_arguments_that_render_sets_are_refused(thinking: ChatTokenizer) -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(ConfigError, match=r"'add_generation_prompt'.*render's own argument"):
+        thinking.render(msgs, chat_template_kwargs={"add_generation_prompt": True})
+    with pytest.raises(ConfigError, match=r"a mapping of names to values, got list"):
+        thinking.render(msgs, chat_template_kwargs=[("enable_thinking", False)])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"names must be strings, got 1"):
+        thinking.render(msgs, chat_template_kwargs={1: False})  # type: ignore[dict-item]
+
+
 def test_template_tool_support_is_detected(
     smollm2: ChatTokenizer, chatml_tools: ChatTokenizer
 ) -> None:
@@ -96,7 +120,6 @@ def test_decode_keeps_special_tokens(smollm2: ChatTokenizer) -> None:
 
 
 def test_from_dir_without_tokenizer_json(tmp_path: Any) -> None:
-    from agentenv import ConfigError
 
     with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
         ChatTokenizer.from_dir(tmp_path)

@@ -22,14 +22,21 @@ from agentenv._scripted import scripted_logprob
 
 
 def completion(
-    tok: ChatTokenizer, text: str, *, eot: bool = True, version: str = "v0"
+    tok: ChatTokenizer,
+    text: str,
+    *,
+    eot: bool = True,
+    stop: int | None = None,
+    version: str = "v0",
 ) -> Completion:
-    """What an engine returns for ``text``: its ids, the end-of-turn id, aligned log-probs."""
+    """What an engine returns for ``text``: its ids, a stop id (default: the end-of-turn)
+    unless ``eot=False`` (cut at max_new_tokens), aligned log-probs."""
     ids = tok.encode(text)
     assert tok.eos_token_id is not None
     if eot:
-        ids.append(tok.eos_token_id)
-        finish = FinishReason("stop", matched=tok.eos_token_id)
+        end = tok.eos_token_id if stop is None else stop
+        ids.append(end)
+        finish = FinishReason("stop", matched=end)
     else:
         finish = FinishReason("length", length=len(ids))
     return Completion(
@@ -176,6 +183,95 @@ def test_truncated_completion_gets_end_of_turn_from_environment(smollm2: ChatTok
     assert smollm2.decode(appended).startswith("<|im_end|>\n<|im_start|>user")
 
 
+def endoftext(tok: ChatTokenizer) -> int:
+    """The second stop id of Qwen2.5-style models (``<|endoftext|>``), not the template's."""
+    eos = tok.token_to_id("<|endoftext|>")
+    assert eos is not None and eos != tok.eos_token_id
+    return eos
+
+
+def test_turns_ending_on_another_stop_id_stay_one_sample(chatml_tools: ChatTokenizer) -> None:
+    # Qwen2.5 stops on <|im_end|> and <|endoftext|>; its template closes turns with <|im_end|>.
+    tok, eos = chatml_tools, endoftext(chatml_tools)
+    t = Transcript(tok, "2+2?", on_history_rewrite="error")
+    prompt = list(t.ids)
+    replies = ["4", "6", "8"]
+    model: list[Completion] = []
+    env: list[list[int]] = []
+    for k, reply in enumerate(replies):
+        c = completion(tok, reply, stop=eos)
+        model.append(c)
+        assert t.add_completion(c) == {"role": "assistant", "content": reply}
+        if k < len(replies) - 1:
+            env.append(t.add_messages(f"and {k}?"))
+    # What the environment appends is what the template renders after its end-of-turn.
+    assert tok.decode(env[0]) == "\n<|im_start|>user\nand 0?<|im_end|>\n<|im_start|>assistant\n"
+    (sample,) = t.to_samples(1.0)
+    assert sample.metadata["turns"] == 3 and len(t.segments) == 1
+    assert list(sample.prompt_ids) == prompt
+    a, b, c = (m.output_ids for m in model)
+    assert list(sample.completion_ids) == [*a, *env[0], *b, *env[1], *c]  # the model's own ids
+    assert a[-1] == b[-1] == c[-1] == eos
+    mask = [*[1] * len(a), *[0] * len(env[0]), *[1] * len(b), *[0] * len(env[1]), *[1] * len(c)]
+    assert list(sample.loss_mask) == mask
+    la, lb, lc = (m.logprobs or [] for m in model)
+    zeros = [[0.0] * len(e) for e in env]
+    assert list(sample.rollout_logprobs or []) == [*la, *zeros[0], *lb, *zeros[1], *lc]
+    # The ids are the template's rendering with the model's stop id where it ended its turns.
+    rendered = tok.render(t.messages).removesuffix("<|im_end|>\n")
+    assert tok.decode([*prompt, *sample.completion_ids]) == (
+        rendered.replace("<|im_end|>\n<|im_start|>user", "<|endoftext|>\n<|im_start|>user")
+        + "<|endoftext|>"
+    )
+
+
+def test_turn_cut_at_max_new_tokens_gets_end_of_turn_among_other_stops(
+    chatml_tools: ChatTokenizer,
+) -> None:
+    tok, eos = chatml_tools, endoftext(chatml_tools)
+    t = Transcript(tok, "count", on_history_rewrite="error")
+    c1 = completion(tok, "1 2", stop=eos)
+    t.add_completion(c1)
+    t.add_messages("more")
+    c2 = completion(tok, "3 4 5", eot=False)  # cut at max_new_tokens: no stop id
+    assert t.add_completion(c2)["content"] == "3 4 5"
+    appended = t.add_messages("go on")
+    # No stop id to keep: the template's end-of-turn is the environment's (mask 0).
+    assert tok.decode(appended).startswith("<|im_end|>\n<|im_start|>user\ngo on")
+    c3 = completion(tok, "6")
+    t.add_completion(c3)
+    (sample,) = t.to_samples(0.0)
+    assert sample.metadata["turns"] == 3
+    ids = list(sample.completion_ids)
+    n1 = len(c1.output_ids)
+    assert ids[:n1] == c1.output_ids and ids[-len(c3.output_ids) :] == c3.output_ids
+    start = ids.index(c2.output_ids[0], n1)
+    assert ids[start : start + len(c2.output_ids)] == c2.output_ids
+    assert sum(sample.loss_mask) == n1 + len(c2.output_ids) + len(c3.output_ids)
+    after = start + len(c2.output_ids)
+    assert ids[after] == tok.eos_token_id and sample.loss_mask[after] == 0
+
+
+def test_rewrite_after_another_stop_id_is_explained_where_it_is(thinking: ChatTokenizer) -> None:
+    eos = endoftext(thinking)
+    t = Transcript(thinking, "2+2?", on_history_rewrite="error")
+    t.add_completion(completion(thinking, "4", stop=eos))
+    t.add_messages("and 3+3?")  # <|endoftext|> where the template has <|im_end|>: no rewrite
+    t.add_completion(completion(thinking, "<think>easy</think>6", stop=eos))
+    with pytest.raises(HistoryRewriteError, match="model saw '<think>easy"):
+        t.add_messages("and 4+4?")
+
+
+def test_template_arguments_reach_every_render(thinking: ChatTokenizer) -> None:
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    t = Transcript(thinking, "2+2?", chat_template_kwargs={"enable_thinking": False})
+    assert thinking.decode(t.ids).endswith(empty_think)
+    t.add_completion(completion(thinking, "4"))
+    t.add_messages("and 3+3?")
+    assert thinking.decode(t.ids).endswith(f"and 3+3?<|im_end|>\n{empty_think}")
+    assert not Transcript(thinking, "2+2?").text.endswith(empty_think)
+
+
 def test_weight_versions_recorded_per_span(smollm2: ChatTokenizer) -> None:
     t = Transcript(smollm2, "a")
     t.add_completion(completion(smollm2, "b", version="3"))
@@ -270,6 +366,8 @@ _text = st.text(
     turns=st.lists(
         st.tuples(
             _text,
+            # How the model's turn ends: the end-of-turn id, another stop id, max_new_tokens.
+            st.sampled_from(["eot", "other", "length"]),
             st.lists(st.tuples(st.sampled_from(["user", "tool"]), _text), min_size=1, max_size=3),
         ),
         min_size=1,
@@ -280,20 +378,26 @@ _text = st.text(
 def test_property_decode_reproduces_render_and_spans_are_exact(
     request: pytest.FixtureRequest,
     opening: str,
-    turns: list[tuple[str, list[tuple[str, str]]]],
+    turns: list[tuple[str, str, list[tuple[str, str]]]],
     family: str,
 ) -> None:
     tok: ChatTokenizer = request.getfixturevalue(family)
+    eot, other = tok.eos_token_id, endoftext(tok)
     t = Transcript(tok, opening, on_history_rewrite="error")
     spans: list[tuple[int, list[int]]] = []
-    for reply, env_msgs in turns:
-        c = completion(tok, reply)
+    for reply, end, env_msgs in turns:
+        c = completion(tok, reply, eot=end != "length", stop=other if end == "other" else None)
         spans.append((len(t.current.completion_ids), list(c.output_ids)))
         t.add_completion(c)
         # Group tool messages after each other, as a tool-use environment sends them.
         msgs = sorted(({"role": r, "content": x} for r, x in env_msgs), key=lambda m: m["role"])
         t.add_messages(msgs)
-        assert tok.decode(t.ids) == tok.render(t.messages, add_generation_prompt=True)
+        # With the model's other stop ids read as the end-of-turn, the ids are the render.
+        ids = list(t.ids)
+        for start, span in spans:
+            if span[-1] == other:
+                ids[t.current.prompt_len + start + len(span) - 1] = eot
+        assert tok.decode(ids) == tok.render(t.messages, add_generation_prompt=True)
     seg = t.current
     for start, ids in spans:
         assert seg.completion_ids[start : start + len(ids)] == ids

@@ -8,13 +8,24 @@ import argparse
 import math
 from pathlib import Path
 
+import anyio
 import pytest
 
-from agentenv import ChatTokenizer, ConfigError, Task
+from agentenv import (
+    ChatTokenizer,
+    ConfigError,
+    Rubric,
+    SamplingParams,
+    ScriptedModel,
+    SingleTurnEnv,
+    Task,
+)
+from agentenv._scripted import ScriptContext
+from agentenv.buffer import Buffer
 from agentenv.cli._config import add_model_arguments, build_config
-from trainer import OptimConfig
+from trainer import GRPOConfig, OptimConfig
 from trainer._cli import TrainConfig
-from trainer._producer import TaskStream
+from trainer._producer import Producer, TaskStream
 from trainer._train import RAW_TEMPLATE, load_filter
 
 
@@ -72,6 +83,44 @@ def test_without_the_chat_template_prompts_are_raw_text(smollm2: ChatTokenizer) 
     msgs = [{"role": "user", "content": "2 + 2 ="}]
     assert raw.render(msgs, add_generation_prompt=True) == "2 + 2 ="
     assert "<|im_start|>" in smollm2.render(msgs, add_generation_prompt=True)
+
+
+class Answer(SingleTurnEnv):
+    rubric = Rubric(lambda task, state: 1.0)
+
+
+def test_template_arguments_reach_the_rounds_prompts(thinking: ChatTokenizer) -> None:
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser, TrainConfig, exclude=("sglang_args", "megatron_args"))
+    argv = ["--env", "x", "--apply-chat-template-kwargs", '{"enable_thinking": false}']
+    config = build_config(TrainConfig, parser.parse_args(argv))
+    assert config.apply_chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="may not set 'tools'"):
+        GRPOConfig(chat_template_kwargs={"tools": []})
+    prompts: list[str] = []
+
+    def answer(ctx: ScriptContext) -> str:
+        prompts.append(ctx.text)
+        return "4"
+
+    tasks = [Task(id="a", prompt="2+2?")]
+
+    async def play() -> None:
+        with anyio.fail_after(60):
+            await play_one()
+
+    async def play_one() -> None:
+        async with Buffer() as buffer:
+            producer = Producer(
+                Answer(), TaskStream(tasks, seed=0, shuffle=False),
+                ScriptedModel(thinking, answer), thinking, buffer, round_size=1,
+                n_samples_per_prompt=1, sampling=SamplingParams(), concurrency=1, seed=0,
+                chat_template_kwargs=config.apply_chat_template_kwargs,
+            )  # fmt: skip
+            assert await producer.play(tasks, seed=0) == 1
+
+    anyio.run(play)
+    assert prompts and prompts[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def _parse(tmp_path: Path, text: str, suffix: str, *argv: str) -> TrainConfig:
