@@ -104,7 +104,9 @@ def add_parser(sub: Any) -> None:
         help="serve a durable Buffer over HTTP",
         description="Serve a durable Buffer to remote rollout workers and trainers.",
     )
-    add_model_arguments(serve, ServeConfig)
+    add_model_arguments(
+        serve, ServeConfig, metavars={"path": "DIR", "token_file": "FILE", "host": "HOST"}
+    )
     serve.set_defaults(handler=run_serve)
 
     stats = actions.add_parser("stats", help="summarise a Buffer on disk (read-only)")
@@ -114,9 +116,15 @@ def add_parser(sub: Any) -> None:
 
     export = actions.add_parser("export", help="write a Buffer's samples to JSONL or Parquet")
     export.add_argument("path", type=Path, help="the Buffer's directory (or its buffer.sqlite)")
-    export.add_argument("--format", required=True, choices=["jsonl", "parquet"])
     export.add_argument(
-        "--out", type=Path, default=None, help="output file (jsonl: default standard output)"
+        "--format", required=True, choices=["jsonl", "parquet"], help="the output's format"
+    )
+    export.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="output file (jsonl: default standard output)",
     )
     export.add_argument(
         "--state",
