@@ -54,7 +54,9 @@ def _help(field: FieldInfo) -> str:
     if not field.is_required() and "default:" not in text.lower():
         value = field.get_default(call_default_factory=True)
         if value is not None:
-            shown = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            shown = (
+                json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+            )
             text = f"{text} (default: {shown})" if text else f"default: {shown}"
     return text.replace("%", "%%")
 
@@ -80,7 +82,7 @@ def add_model_arguments(
     maps field names to a more precise metavar than their type's (``{"save": "DIR"}``)."""
     unknown = sorted(set(metavars or ()) - set(model.model_fields))
     if unknown:
-        raise TypeError(f"metavars for fields {model.__name__} does not have: {unknown}")
+        raise TypeError(f"metavars name fields that {model.__name__} does not have: {unknown}")
     if config_file:
         parser.add_argument(
             "--config",
