@@ -55,7 +55,9 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer jobs (< 60 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.add_argument("--size", type=int, help="warm containers (default: CPU count)")
+    parser.add_argument(
+        "--size", type=int, metavar="N", help="warm containers (default: CPU count)"
+    )
     parser.set_defaults(handler=_main)
 
 

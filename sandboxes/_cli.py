@@ -40,8 +40,10 @@ def add_parser(sub: Any) -> None:
         usage="agentenv sandbox exec [options] -- CMD [ARG ...]",
     )
     _common(ex)
-    ex.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds (10)")
-    ex.add_argument("--memory", type=int, default=512, help="memory in MB (512)")
+    ex.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="wall-clock seconds (10)"
+    )
+    ex.add_argument("--memory", type=int, default=512, metavar="MB", help="memory in MB (512)")
     ex.add_argument(
         "--file",
         action="append",
@@ -55,9 +57,13 @@ def add_parser(sub: Any) -> None:
     batch = actions.add_parser("batch", help="run a JSONL file of jobs; one result per line")
     _common(batch)
     batch.add_argument("jobs", help='JSONL: {"id", "files": {name: text}, "cmd": [...], ...}')
-    batch.add_argument("--concurrency", type=int, help="jobs at once (default: CPU count)")
-    batch.add_argument("--timeout", type=float, default=10.0, help="default per-job timeout")
-    batch.add_argument("--memory", type=int, default=512, help="default memory in MB")
+    batch.add_argument(
+        "--concurrency", type=int, metavar="N", help="jobs at once (default: CPU count)"
+    )
+    batch.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="default per-job timeout"
+    )
+    batch.add_argument("--memory", type=int, default=512, metavar="MB", help="default memory in MB")
     batch.set_defaults(handler=_batch)
 
 

@@ -3,23 +3,32 @@ checkpoints build on these).
 
 It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
 here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
+
+The names load on first use (most of them need torch), so importing ``trainer`` -- or
+``trainer._cli``, which defines ``agentenv train``'s flags -- stays light.
 """
 
-from trainer._advantages import ESTIMATORS, compute_advantages
-from trainer._backend import Backend, OptimConfig
-from trainer._batching import pack_by_tokens
-from trainer._data import load_prompt_data
-from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
-from trainer._losses import (
-    AGGREGATIONS,
-    KL_TYPES,
-    LossConfig,
-    kl_estimate,
-    policy_loss,
-    token_weights,
-)
-from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
-from trainer._torch import TorchBackend
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer._advantages import ESTIMATORS, compute_advantages
+    from trainer._backend import Backend, OptimConfig
+    from trainer._batching import pack_by_tokens
+    from trainer._data import load_prompt_data
+    from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
+    from trainer._losses import (
+        AGGREGATIONS,
+        KL_TYPES,
+        LossConfig,
+        kl_estimate,
+        policy_loss,
+        token_weights,
+    )
+    from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
+    from trainer._torch import TorchBackend
 
 __all__ = [
     "AGGREGATIONS",
@@ -43,3 +52,40 @@ __all__ = [
     "run_grpo",
     "token_weights",
 ]
+
+# Where each public name lives (the imports above, for the type checker).
+_MODULES = {
+    "AGGREGATIONS": "trainer._losses",
+    "ESTIMATORS": "trainer._advantages",
+    "KL_TYPES": "trainer._losses",
+    "SCHEDULES": "trainer._loop",
+    "Backend": "trainer._backend",
+    "DiskSync": "trainer._sync",
+    "DistributedSync": "trainer._sync",
+    "GRPOConfig": "trainer._loop",
+    "InProcessSync": "trainer._sync",
+    "LossConfig": "trainer._losses",
+    "OptimConfig": "trainer._backend",
+    "TorchBackend": "trainer._torch",
+    "WeightSync": "trainer._sync",
+    "compute_advantages": "trainer._advantages",
+    "kl_estimate": "trainer._losses",
+    "load_prompt_data": "trainer._data",
+    "pack_by_tokens": "trainer._batching",
+    "policy_loss": "trainer._losses",
+    "run_grpo": "trainer._loop",
+    "token_weights": "trainer._losses",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -34,19 +34,23 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--hidden", type=int, default=2048, help="hidden size (2048: ~0.9B)")
-    parser.add_argument("--layers", type=int, default=16, help="decoder layers")
-    parser.add_argument("--samples", type=int, default=8, help="samples per step")
-    parser.add_argument("--tokens", type=int, default=1024, help="tokens per sample")
+    parser.add_argument("--device", default="cuda", metavar="DEVICE", help="cuda (default) or cpu")
+    parser.add_argument(
+        "--hidden", type=int, metavar="N", default=2048, help="hidden size (2048: ~0.9B)"
+    )
+    parser.add_argument("--layers", type=int, metavar="N", default=16, help="decoder layers")
+    parser.add_argument("--samples", type=int, metavar="N", default=8, help="samples per step")
+    parser.add_argument("--tokens", type=int, metavar="N", default=1024, help="tokens per sample")
     parser.add_argument(
         "--varied-lengths",
         action="store_true",
         help="samples of tokens/8 to tokens tokens (seeded), as rollouts are; the plain HF "
         "step (one equal-length batch) is then left out",
     )
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
-    parser.add_argument("--logit-chunk", type=int, default=2048, help="ours: logit chunk rows")
+    parser.add_argument("--steps", type=int, metavar="N", default=5, help="timed steps per side")
+    parser.add_argument(
+        "--logit-chunk", type=int, metavar="N", default=2048, help="ours: logit chunk rows"
+    )
     parser.add_argument(
         "--entropy",
         action=argparse.BooleanOptionalAction,
@@ -58,7 +62,9 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="also time the megatron backend's step on the same model (needs megatron-core)",
     )
-    parser.add_argument("--tokenizer-dir", help="where tokenizer.json is (default: smollm2-135m's)")
+    parser.add_argument(
+        "--tokenizer-dir", metavar="DIR", help="where tokenizer.json is (default: smollm2-135m's)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main)
 

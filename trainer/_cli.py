@@ -1,4 +1,5 @@
-"""``agentenv train`` (an ``agentenv`` plug-in): GRPO on an environment, torch backend.
+"""``agentenv train`` (an ``agentenv`` plug-in): GRPO on an environment, on the torch or
+the megatron backend (``--backend``).
 
     agentenv train --env arithmetic --hf-checkpoint smollm2-135m --num-rollout 10 \\
         --rollout-batch-size 8 --n-samples-per-prompt 4 --lr 1e-6 --save runs/a --json
@@ -76,7 +77,9 @@ class TrainConfig(pydantic.BaseModel):
         pydantic.Field("grpo", description="advantage estimator")
     )
     eps_clip: float = pydantic.Field(0.2, ge=0.0, description="lower clip of the ratio")
-    eps_clip_high: float | None = pydantic.Field(None, ge=0.0, description="upper clip")
+    eps_clip_high: float | None = pydantic.Field(
+        None, ge=0.0, description="upper clip of the ratio (default: --eps-clip)"
+    )
     entropy_coef: float = pydantic.Field(0.0, ge=0.0, description="entropy bonus weight")
     use_kl_loss: bool = pydantic.Field(
         False, description="penalise KL to the starting model (loads a frozen copy)"
@@ -105,7 +108,7 @@ class TrainConfig(pydantic.BaseModel):
     min_lr: float = pydantic.Field(0.0, ge=0.0, description="the decay's final learning rate")
     adam_eps: float = pydantic.Field(1e-8, gt=0.0, description="Adam epsilon")
     use_dynamic_batch_size: bool = pydantic.Field(
-        True, description="pack micro-batches by --max-tokens-per-gpu (always on: torch backend)"
+        True, description="pack micro-batches by --max-tokens-per-gpu (always on)"
     )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
@@ -294,7 +297,24 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(
-        parser, TrainConfig, config_file=True, exclude=("sglang_args", "megatron_args")
+        parser,
+        TrainConfig,
+        config_file=True,
+        exclude=("sglang_args", "megatron_args"),
+        metavars={
+            "env": "NAME",
+            "hf_checkpoint": "MODEL",
+            "prompt_data": "FILE",
+            "input_key": "KEY",
+            "label_key": "KEY",
+            "save": "DIR",
+            "load": "DIR",
+            "dynamic_sampling_filter_path": "FUNCTION",
+            "rollout_url": "URL",
+            "rollout_device": "DEVICE",
+            "weight_sync_master_address": "HOST",
+            "device": "DEVICE",
+        },
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main, sglang_passthrough=True, megatron_passthrough=True)

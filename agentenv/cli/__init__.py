@@ -49,15 +49,19 @@ def add_plugins(sub: object, group: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from agentenv.sglang._launcher import split_passthrough
-
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after "--": a command's own
-    try:
-        ours, server_flags, router_flags = split_passthrough(argv[:cut])
-    except AgentEnvError as e:
-        parser.error(str(e))
+    ours = argv[:cut]
+    server_flags: list[str] = []
+    router_flags: list[str] = []
+    if any(a.startswith(("--sglang-", "--router-")) for a in ours):
+        from agentenv.sglang._launcher import split_passthrough  # loads the client (httpx)
+
+        try:
+            ours, server_flags, router_flags = split_passthrough(ours)
+        except AgentEnvError as e:
+            parser.error(str(e))
     args, extra = parser.parse_known_args(ours + argv[cut:])
     if extra and not getattr(args, "megatron_passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -58,6 +58,7 @@ def add_parser(sub: Any) -> None:
     rollout.add_argument(
         "--verifiers-python",
         default=None,
+        metavar="PYTHON",
         help="python of a virtualenv with verifiers installed (default: this one)",
     )
     rollout.set_defaults(handler=run_rollout)
@@ -69,10 +70,17 @@ def add_parser(sub: Any) -> None:
     engine = kinds.add_parser("engine", help="embedded engine vs HF generate, tokens/s")
     engine.add_argument("--quick", action="store_true", help="32 new tokens, not 128")
     engine.add_argument("--json", action="store_true", help="print one JSON object last")
-    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    engine.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     engine.add_argument(
-        "--model", default="smollm2-135m", help="model name or HF directory (smollm2-135m)"
+        "--device", default="cpu", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cpu)"
+    )
+    engine.add_argument(
+        "--dtype", default=None, metavar="DTYPE", help="default: float32 on CPU, bfloat16 on CUDA"
+    )
+    engine.add_argument(
+        "--model",
+        default="smollm2-135m",
+        metavar="MODEL",
+        help="model name or HF directory (default: smollm2-135m)",
     )
     engine.add_argument(
         "--random-weights",
@@ -80,7 +88,12 @@ def add_parser(sub: Any) -> None:
         help="random weights of the model's shape (where the model package is missing)",
     )
     engine.add_argument(
-        "--levels", type=int, nargs="+", default=[1, 8, 32, 128], help="concurrency levels"
+        "--levels",
+        type=int,
+        nargs="+",
+        default=[1, 8, 32, 128],
+        metavar="N",
+        help="concurrency levels (default: 1 8 32 128)",
     )
     engine.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
     engine.set_defaults(handler=run_engine)

@@ -29,18 +29,17 @@ import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import anyio
 import pydantic
 
 from agentenv._errors import ConfigError
-from agentenv.buffer._buffer import Buffer
-from agentenv.buffer._codec import decode_sample
-from agentenv.buffer._config import BufferConfig, RewardStdFilter
-from agentenv.buffer._service import BufferServer
-from agentenv.buffer._store import StoreReader, open_readonly
 from agentenv.cli._config import add_model_arguments, build_config
+
+if TYPE_CHECKING:  # the Buffer (numpy, httpx) loads only in the command that uses it
+    from agentenv.buffer._config import BufferConfig
+    from agentenv.buffer._store import StoreReader
 
 __all__ = ["add_parser"]
 
@@ -105,7 +104,9 @@ def add_parser(sub: Any) -> None:
         help="serve a durable Buffer over HTTP",
         description="Serve a durable Buffer to remote rollout workers and trainers.",
     )
-    add_model_arguments(serve, ServeConfig)
+    add_model_arguments(
+        serve, ServeConfig, metavars={"path": "DIR", "token_file": "FILE", "host": "HOST"}
+    )
     serve.set_defaults(handler=run_serve)
 
     stats = actions.add_parser("stats", help="summarise a Buffer on disk (read-only)")
@@ -115,9 +116,15 @@ def add_parser(sub: Any) -> None:
 
     export = actions.add_parser("export", help="write a Buffer's samples to JSONL or Parquet")
     export.add_argument("path", type=Path, help="the Buffer's directory (or its buffer.sqlite)")
-    export.add_argument("--format", required=True, choices=["jsonl", "parquet"])
     export.add_argument(
-        "--out", type=Path, default=None, help="output file (jsonl: default standard output)"
+        "--format", required=True, choices=["jsonl", "parquet"], help="the output's format"
+    )
+    export.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="output file (jsonl: default standard output)",
     )
     export.add_argument(
         "--state",
@@ -147,6 +154,8 @@ def read_token(path: Path) -> str:
 
 
 def buffer_config(cfg: ServeConfig) -> BufferConfig:
+    from agentenv.buffer._config import BufferConfig, RewardStdFilter
+
     return BufferConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,
         min_group_size=cfg.min_group_size,
@@ -164,6 +173,9 @@ def buffer_config(cfg: ServeConfig) -> BufferConfig:
 
 async def serve(cfg: ServeConfig) -> None:
     """Serve the Buffer ``cfg`` describes until SIGINT or SIGTERM."""
+    from agentenv.buffer._buffer import Buffer
+    from agentenv.buffer._service import BufferServer
+
     token = read_token(cfg.token_file)
     with contextlib.suppress(OSError):
         if stat.S_IMODE(cfg.token_file.stat().st_mode) & 0o077:
@@ -358,6 +370,8 @@ def render(path: Path, summary: dict[str, Any]) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from agentenv.buffer._store import open_readonly
+
     store = open_readonly(args.path)
     try:
         summary = summarise(store)
@@ -372,6 +386,8 @@ def run_stats(args: argparse.Namespace) -> int:
 # -- export -----------------------------------------------------------------------------------
 def rows(store: StoreReader, state: str) -> Iterator[dict[str, Any]]:
     """One dict per sample, in put order: ``Sample.to_dict()`` plus its group's fields."""
+    from agentenv.buffer._codec import decode_sample
+
     query = (
         "SELECT g.seq, g.state, g.step, g.reason, s.offset, s.length FROM groups g "
         "JOIN samples s ON s.seq = g.seq"
@@ -462,6 +478,8 @@ def export_parquet(store: StoreReader, state: str, out: Path, chunk: int = 4096)
 def run_export(args: argparse.Namespace) -> int:
     if args.format == "parquet" and args.out is None:
         raise ConfigError("--format parquet writes a binary file: give it --out FILE")
+    from agentenv.buffer._store import open_readonly
+
     store = open_readonly(args.path)
     try:
         if args.format == "parquet":

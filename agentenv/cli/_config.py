@@ -1,7 +1,12 @@
 """Command-line flags generated from a pydantic config model.
 
-Every field becomes ``--field-name`` with its type, default and description; the parsed
-values are validated by the model, so a bad flag fails with the model's message.
+Every field becomes ``--field-name`` with its description as the help, the default
+appended as ``(default: X)`` unless the description already says what the default is (a
+``None`` default is "not set": the description says what that means), and a metavar naming
+the kind of value: ``N`` (int), ``FLOAT``, ``TEXT`` (str), ``PATH``, ``JSON`` (dict, list),
+``{a,b}`` (a ``Literal``), or a more precise one the command names (``metavars``: ``DIR``,
+``FILE``, ``URL``, ...).
+The parsed values are validated by the model, so a bad flag fails with the model's message.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
 import pydantic
+from pydantic.fields import FieldInfo
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -27,6 +33,32 @@ def _unwrap_optional(annotation: Any) -> Any:
         if len(args) == 1:
             return args[0]
     return annotation
+
+
+# The metavar of each value type (argparse would print the upper-cased flag name instead).
+TYPE_METAVARS: dict[Any, str] = {int: "N", float: "FLOAT", str: "TEXT", Path: "PATH"}
+
+
+def _metavar(annotation: Any) -> str:
+    return "JSON" if _is_json(annotation) else TYPE_METAVARS.get(annotation, "TEXT")
+
+
+def _is_json(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (dict, list) or annotation in (dict, list)
+
+
+def _help(field: FieldInfo) -> str:
+    """The description, then the default unless the description states it; ``%`` escaped
+    (argparse formats help strings)."""
+    text = field.description or ""
+    if not field.is_required() and "default:" not in text.lower():
+        value = field.get_default(call_default_factory=True)
+        if value is not None:
+            shown = (
+                json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+            )
+            text = f"{text} (default: {shown})" if text else f"default: {shown}"
+    return text.replace("%", "%%")
 
 
 def _json_object(text: str) -> Any:
@@ -42,10 +74,15 @@ def add_model_arguments(
     *,
     config_file: bool = False,
     exclude: Collection[str] = (),
+    metavars: Mapping[str, str] | None = None,
 ) -> None:
     """Add one flag per field of ``model`` (but ``exclude``); values default to ``SUPPRESS``
     (model defaults win). With ``config_file``, ``--config FILE`` reads any of the fields
-    from a YAML, JSON or TOML file; flags on the command line override it."""
+    from a YAML, JSON or TOML file; flags on the command line override it. ``metavars``
+    maps field names to a more precise metavar than their type's (``{"save": "DIR"}``)."""
+    unknown = sorted(set(metavars or ()) - set(model.model_fields))
+    if unknown:
+        raise TypeError(f"metavars name fields that {model.__name__} does not have: {unknown}")
     if config_file:
         parser.add_argument(
             "--config",
@@ -61,24 +98,21 @@ def add_model_arguments(
         key = field.alias or name
         flag = "--" + key.replace("_", "-")
         annotation = _unwrap_optional(field.annotation)
-        help_text = field.description or ""
-        if not field.is_required():
-            help_text += f" (default: {field.default})"
-        kwargs: dict[str, Any] = {"help": help_text, "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"help": _help(field), "default": argparse.SUPPRESS}
         if field.is_required() and not config_file:  # else the file may hold it
             kwargs["required"] = True
         if annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is Literal:
             kwargs["choices"] = list(typing.get_args(annotation))
-        elif annotation in (int, float, str):
-            kwargs["type"] = annotation
-            kwargs["metavar"] = annotation.__name__.upper()
-        elif typing.get_origin(annotation) is dict or annotation is dict:
-            kwargs["type"] = _json_object
-            kwargs["metavar"] = "JSON"
         else:
-            kwargs["type"] = str
+            kwargs["metavar"] = (metavars or {}).get(name) or _metavar(annotation)
+            if annotation in (int, float):
+                kwargs["type"] = annotation
+            elif _is_json(annotation):
+                kwargs["type"] = _json_object
+            else:
+                kwargs["type"] = str  # the model converts (Path, ...)
         parser.add_argument(flag, dest=key, **kwargs)
 
 

@@ -1,6 +1,6 @@
 """``agentenv eval``: run an environment's tasks against a model and summarise.
 
-    agentenv eval --env arithmetic --model scripted:examples/scripts/arithmetic_oracle.py \
+    agentenv eval --env arithmetic --model scripted:examples/scripts/arithmetic_oracle.py \\
         --n 50 --n-samples-per-prompt 4 --out samples.jsonl --json
 
 Game environments also report win/draw/loss per seat with 95 % confidence intervals and
@@ -89,7 +89,17 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, EvalConfig)
+    add_model_arguments(
+        parser,
+        EvalConfig,
+        metavars={
+            "env": "NAME",
+            "model": "MODEL",
+            "tokenizer": "MODEL",
+            "opponent": "PLAYER",
+            "seat": "SEAT",
+        },
+    )
     parser.set_defaults(handler=run)
 
 

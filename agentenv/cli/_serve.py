@@ -50,9 +50,22 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, ServeConfig)
+    add_model_arguments(
+        parser,
+        ServeConfig,
+        metavars={
+            "model": "MODEL",
+            "host": "HOST",
+            "device": "DEVICE",
+            "weight_version": "VERSION",
+        },
+    )
     parser.add_argument(  # SGLang's name: launchers can start either server
-        "--model-path", dest="model", default=argparse.SUPPRESS, help="same as --model"
+        "--model-path",
+        dest="model",
+        metavar="MODEL",
+        default=argparse.SUPPRESS,
+        help="same as --model",
     )
     parser.set_defaults(handler=run)
 

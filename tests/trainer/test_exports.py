@@ -1,0 +1,33 @@
+"""The trainer's public surface: ``__all__`` is sorted and complete, every name loads on
+first use, and importing the package loads no torch."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import trainer
+
+
+def test_all_is_sorted_and_every_name_loads() -> None:
+    names = trainer.__all__
+    assert names == sorted(names, key=lambda n: (not n.isupper(), n))
+    assert set(trainer._MODULES) == set(names)
+    assert set(names) <= set(dir(trainer))
+    for name in names:
+        module = importlib.import_module(trainer._MODULES[name])
+        assert getattr(trainer, name) is getattr(module, name)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
+        _ = trainer.Trainer
+
+
+def test_import_loads_no_torch() -> None:
+    code = "import sys, trainer, trainer._cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
