@@ -1,0 +1,122 @@
+"""A new user's first mistakes: each is refused where it is made, naming the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from agentenv import (
+    ChatTokenizer,
+    ConfigError,
+    MultiTurnEnv,
+    Rubric,
+    ScriptedModel,
+    SingleTurnEnv,
+    State,
+    Status,
+    Task,
+    ToolEnv,
+    run_rollouts,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def exact(task: Task, state: State) -> float:
+    return 1.0 if state.completion.strip() == str(task.answer) else 0.0
+
+
+def test_a_plain_function_as_a_tool_is_refused_where_the_class_is_defined() -> None:
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(ConfigError, match=r"tools holds 'add', which is not a Tool: decorate it"):
+
+        class Adder(ToolEnv):
+            tools = (add,)
+
+
+async def test_tools_set_per_instance_are_checked_before_the_first_episode(
+    smollm2: ChatTokenizer,
+) -> None:
+    class Adder(ToolEnv):
+        rubric = Rubric(exact)
+
+        def __init__(self) -> None:
+            self.tools = [len]  # type: ignore[misc]
+
+    with pytest.raises(ConfigError, match="decorate it with @tool"):
+        await run_rollouts(Adder(), [Task(id="a")], ScriptedModel(smollm2, [(".", "x")]))
+
+
+def test_respond_without_async_is_refused_where_the_class_is_defined() -> None:
+    with pytest.raises(ConfigError, match=r"Chat\.respond must be a coroutine function: write "):
+
+        class Chat(MultiTurnEnv):
+            rubric = Rubric(exact)
+
+            def respond(self, task: Task, state: State) -> str:  # type: ignore[override]
+                return "more"
+
+
+def test_rollout_without_async_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"`async def rollout\(...\)`"):
+
+        class Custom(SingleTurnEnv):
+            def rollout(self, task: Task, episode: Any) -> Any:  # type: ignore[override]
+                return []
+
+
+async def test_tasks_as_dicts_are_refused_naming_the_fix(smollm2: ChatTokenizer) -> None:
+    class Dicts(SingleTurnEnv):
+        rubric = Rubric(exact)
+
+        def tasks(self, split: str = "train") -> Sequence[Task]:
+            return [{"id": "a", "prompt": "hi"}]  # type: ignore[list-item]
+
+    env = Dicts()
+    with pytest.raises(ConfigError, match=r"item 0 is dict .*return Task\(id=\.\.\."):
+        await run_rollouts(env, env.tasks(), ScriptedModel(smollm2, [(".", "x")]))
+
+
+async def test_an_environment_without_a_rubric_is_refused(smollm2: ChatTokenizer) -> None:
+    class NoReward(SingleTurnEnv):
+        pass
+
+    with pytest.raises(ConfigError, match=r"NoReward has no rubric.*rubric = Rubric\(my_reward\)"):
+        await run_rollouts(NoReward(), [Task(id="a")], ScriptedModel(smollm2, [(".", "x")]))
+
+    class NoRewardOnPurpose(SingleTurnEnv):
+        rubric = Rubric()
+
+    stats = await run_rollouts(
+        NoRewardOnPurpose(), [Task(id="a")], ScriptedModel(smollm2, [(".", "x")])
+    )
+    assert stats.status == {"completed": 1}
+
+
+async def test_a_bug_in_an_environment_names_its_type_and_line(smollm2: ChatTokenizer) -> None:
+    def grade(task: Task, state: State) -> float:
+        return float(task.info["points"])  # a KeyError: the task has no "points"
+
+    class Buggy(SingleTurnEnv):
+        rubric = Rubric(grade)
+
+    stats = await run_rollouts(Buggy(), [Task(id="a")], ScriptedModel(smollm2, [(".", "x")]))
+    ((reason, count),) = stats.top_failures()
+    line = grade.__code__.co_firstlineno + 1
+    assert reason == f"KeyError: 'points' (at tests/agentenv/test_mistakes.py:{line} in grade)"
+    assert count == 1 and stats.all_failed
+    assert stats.to_dict()["failure_reasons"] == [[reason, 1]]
+
+
+async def test_the_tokenizer_comes_from_the_scripted_model(smollm2: ChatTokenizer) -> None:
+    class Echo(SingleTurnEnv):
+        rubric = Rubric(exact)
+
+    stats = await run_rollouts(
+        Echo(), [Task(id="a", answer="x")], ScriptedModel(smollm2, [(".", "x")])
+    )
+    assert stats.rewards == [1.0] and stats.status == {Status.COMPLETED.value: 1}
