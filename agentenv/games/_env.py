@@ -42,7 +42,7 @@ from agentenv._generator import Generator
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._transcript import Transcript
 from agentenv.games._baseline import RoleBaseline
-from agentenv.games._game import Game, InvalidMove
+from agentenv.games._game import Game, InvalidMove, checked_legal_actions
 from agentenv.games._players import ModelPlayer, Player, RandomPlayer
 
 __all__ = ["GameEnv", "Opponent"]
@@ -146,6 +146,13 @@ class GameEnv(Environment):
         self.set_opponent(opponent, seat=seat)
 
     # -- configuration -------------------------------------------------------------------
+    def check(self) -> None:
+        """Before a run: the game's first position lists its moves as strings (or none)."""
+        probe = self.new_game()
+        probe.reset(0)
+        if probe.current_role() is not None:
+            checked_legal_actions(probe)
+
     def new_game(self) -> Game:
         """A new, not yet reset, match."""
         if self._factory is None:
