@@ -87,8 +87,10 @@ class GameEnv(Environment):
             ``retries`` times; then it forfeits.
         invalid_penalty: the forfeiting role's return.
         forfeit_reward: every other role's return after a forfeit.
-        discount: reward of turn ``k`` of ``K`` is ``discount ** (K - 1 - k)`` times the
-            return, in ``(0, 1]``.
+        discount: in ``(0, 1]``; below 1, turn ``k`` of a role's ``K`` turns gets
+            ``metadata["advantage_scale"] = discount ** (K - 1 - k)``, by which the trainer
+            scales its advantage after the group normalisation; the reward stays the
+            return.
         baseline: a :class:`RoleBaseline` (or its decay) subtracted from returns.
         max_moves: moves per match before it ends truncated.
         n_train, n_test: tasks per split (each a seed).

@@ -120,3 +120,35 @@ async def test_the_tokenizer_comes_from_the_scripted_model(smollm2: ChatTokenize
         Echo(), [Task(id="a", answer="x")], ScriptedModel(smollm2, [(".", "x")])
     )
     assert stats.rewards == [1.0] and stats.status == {Status.COMPLETED.value: 1}
+
+
+class Grading(MultiTurnEnv):
+    """Records in respond which turns it saw (what the guide warns about)."""
+
+    max_turns = 2
+    rubric = Rubric(exact)
+
+    async def respond(self, task: Task, state: State) -> str:
+        seen = state.info.setdefault("responded", [])
+        assert isinstance(seen, list)
+        seen.append(state.turns)
+        return "again"
+
+
+async def test_the_loop_ends_as_the_guide_says(smollm2: ChatTokenizer) -> None:
+    from agentenv import ListSink, RolloutConfig, SamplingParams
+
+    model = ScriptedModel(smollm2, [(".", "a long answer of many tokens")])
+    sink = ListSink()
+    cut = RolloutConfig(sampling=SamplingParams(max_new_tokens=2))
+    await run_rollouts(Grading(), [Task(id="a")], model, sink=sink, config=cut)
+    (s,) = sink.samples
+    # cut at max_new_tokens: respond never saw the turn
+    assert s.status is Status.TRUNCATED and s.reason == "length: hit max_new_tokens"
+    assert "responded" not in s.metadata
+    sink = ListSink()
+    await run_rollouts(Grading(), [Task(id="a")], model, sink=sink)
+    (s,) = sink.samples
+    # a reply to the last allowed turn: truncated, the reply not added
+    assert s.status is Status.TRUNCATED and s.reason == "max_turns: reached 2 turns"
+    assert s.metadata["responded"] == [1, 2] and s.metadata["turns"] == 2
