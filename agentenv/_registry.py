@@ -125,8 +125,8 @@ def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str
                 hints[key], config=pydantic.ConfigDict(arbitrary_types_allowed=True)
             )
             out[key] = adapter.validate_python(value)
-        except pydantic.PydanticSchemaGenerationError:
-            continue  # a type pydantic cannot describe: the constructor checks it
+        except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError):
+            continue  # a type pydantic cannot check (a Protocol): the constructor does
         except pydantic.ValidationError as e:
             problem = e.errors()[0]["msg"]
             raise ConfigError(
