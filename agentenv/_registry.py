@@ -3,7 +3,9 @@
 Packages register environments under the entry-point group ``agentenv.environments``
 (the bundled ones do, in ``pyproject.toml``); code can call :func:`register`. ``--env``
 also accepts ``package.module:ClassName`` for anything importable and
-``path/to/file.py:ClassName`` for a file.
+``path/to/file.py:ClassName`` for a file. A name that is not found comes with the close
+names; the keyword arguments are checked against the constructor's signature and type
+hints before it is called.
 """
 
 from __future__ import annotations
