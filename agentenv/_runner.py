@@ -228,8 +228,8 @@ def describe_error(error: BaseException) -> str:
     ``KeyError: 'answer' (at my_env.py:12 in correct)``.
     """
     message = str(error) or repr(error)
-    if isinstance(error, AgentEnvError):
-        return message[:_MAX_REASON]
+    if isinstance(error, AgentEnvError) or error.__traceback__ is None:
+        return message[:_MAX_REASON]  # ours, or made by the runner (an episode's timeout)
     where = _raising_frame(error)
     suffix = f" (at {where})" if where else ""
     head = f"{type(error).__name__}: {message}"
@@ -290,11 +290,12 @@ def _episode_seed(seed: int, task_id: str, index: int) -> int:
 async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     """Run one episode; every outcome, including errors, comes back as samples."""
     timeout = episode.limits.timeout_s
+    deadline: anyio.CancelScope | None = None
     try:
         if timeout is None:  # a cancel scope is not free; skip it when there is no limit
             result = await env.rollout(episode.task, episode)
         else:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(timeout) as deadline:
                 result = await env.rollout(episode.task, episode)
         samples = [result] if isinstance(result, Sample) else list(result)
         if not samples:
@@ -312,7 +313,9 @@ async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     except EpisodeAborted as e:
         samples = _limit_samples(episode, Status.ABORTED, str(e) or "aborted")
     except TimeoutError as e:
-        error = e if timeout is None else TimeoutError(f"episode exceeded its {timeout} s timeout")
+        if deadline is None or not deadline.cancelled_caught:  # the environment's own
+            return [failed_sample(episode, e)]
+        error = TimeoutError(f"episode exceeded its {timeout} s timeout")
         return [failed_sample(episode, error, error_type="EpisodeTimeout")]
     except Exception as e:
         return [failed_sample(episode, e)]

@@ -152,3 +152,22 @@ async def test_the_loop_ends_as_the_guide_says(smollm2: ChatTokenizer) -> None:
     # a reply to the last allowed turn: truncated, the reply not added
     assert s.status is Status.TRUNCATED and s.reason == "max_turns: reached 2 turns"
     assert s.metadata["responded"] == [1, 2] and s.metadata["turns"] == 2
+
+
+async def test_an_environments_own_timeout_error_is_not_the_episode_timeout(
+    smollm2: ChatTokenizer,
+) -> None:
+    from agentenv import Limits, RolloutConfig
+
+    class OwnTimeout(SingleTurnEnv):
+        rubric = Rubric(exact)
+
+        async def respond(self, task: Task, state: State) -> None:
+            raise TimeoutError("the verifier's server did not answer")
+
+    config = RolloutConfig(limits=Limits(timeout_s=30))
+    model = ScriptedModel(smollm2, [(".", "x")])
+    stats = await run_rollouts(OwnTimeout(), [Task(id="a")], model, config=config)
+    assert stats.failed == {"TimeoutError": 1}
+    ((reason, _),) = stats.top_failures()
+    assert reason.startswith("TimeoutError: the verifier's server did not answer (at tests/")
