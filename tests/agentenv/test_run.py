@@ -70,3 +70,22 @@ async def test_run_inside_an_event_loop_points_to_the_async_api(smollm2: ChatTok
     model = ScriptedModel(smollm2, [(".", "x")])
     with pytest.raises(RuntimeError, match=r"await run_rollouts\(env, tasks, model"):
         agentenv.run(Echo(), model)
+
+
+def test_the_tokenizer_comes_from_the_models_directory_or_is_asked_for(
+    smollm2: ChatTokenizer,
+) -> None:
+    from agentenv._runner import policy_tokenizer
+    from agentenv.engine._models import resolve_model
+
+    class EngineLike:  # what the embedded engine exposes: a raw tokenizer and its directory
+        tokenizer = object()
+        model_path = resolve_model("smollm2-135m")
+
+    assert policy_tokenizer(EngineLike()).encode("hi") == smollm2.encode("hi")  # type: ignore[arg-type]
+
+    class ClientLike:
+        pass
+
+    with pytest.raises(ConfigError, match=r"pass tokenizer=ChatTokenizer\.load\("):
+        policy_tokenizer(ClientLike())  # type: ignore[arg-type]
