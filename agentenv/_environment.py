@@ -24,7 +24,7 @@ from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tokenizer import Tokenizer
 from agentenv._transcript import HistoryPolicy, Transcript
 
-__all__ = ["DEFAULT_ROLE", "Environment", "Episode", "Limits", "Task", "check_tasks"]
+__all__ = ["DEFAULT_ROLE", "Environment", "Episode", "Limits", "Task"]
 
 DEFAULT_ROLE = "policy"
 
@@ -45,16 +45,17 @@ class Task:
     answer: JSONValue = None
     info: Mapping[str, JSONValue] = dataclasses.field(default_factory=dict)
 
-
-def check_tasks(tasks: Sequence[Any], source: str) -> None:
-    """Refuse anything in ``tasks`` that is not a :class:`Task`, naming ``source`` and the fix."""
-    for i, task in enumerate(tasks):
-        if not isinstance(task, Task):
-            raise ConfigError(
-                f"{source} must be agentenv.Task objects, but item {i} is "
-                f"{type(task).__name__} {_short(task)}; return "
-                "Task(id=..., prompt=..., answer=...) for each one"
-            )
+    @staticmethod
+    def check_all(tasks: Sequence[Any], source: str = "tasks") -> None:
+        """Refuse anything in ``tasks`` that is not a :class:`Task`, naming ``source``
+        (e.g. ``"MyEnv.tasks('train')"``) and the fix."""
+        for i, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise ConfigError(
+                    f"{source} must be agentenv.Task objects, but item {i} is "
+                    f"{type(task).__name__} {_short(task)}; return "
+                    "Task(id=..., prompt=..., answer=...) for each one"
+                )
 
 
 def _short(value: Any) -> str:

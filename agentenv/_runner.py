@@ -26,7 +26,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio
 
-from agentenv._environment import Environment, Episode, Limits, Task, check_tasks
+from agentenv._environment import Environment, Episode, Limits, Task
 from agentenv._errors import (
     AgentEnvError,
     ClosedResourceError,
@@ -371,7 +371,7 @@ async def run_rollouts(
     """
     config = config or RolloutConfig()
     sink = sink if sink is not None else ListSink()
-    check_tasks(tasks, "the tasks of a run")
+    Task.check_all(tasks, "the tasks of a run")
     env.check()
     tok = (
         tokenizer

@@ -122,6 +122,7 @@ class GRPOConfig:
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""
+        Task.check_all(tasks, "the training tasks")
         distinct = len({t.id for t in tasks})
         if distinct < self.round_size:
             raise ConfigError(

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import anyio
 import pydantic
 
-from agentenv._environment import Limits
+from agentenv._environment import Limits, Task
 from agentenv._errors import ConfigError, ModelNotFoundError
 from agentenv._generator import SamplingParams
 from agentenv._policies import open_policy
@@ -136,6 +136,7 @@ async def _set_opponent(cfg: EvalConfig, env: GameEnv, stack: contextlib.AsyncEx
 
 async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> dict[str, Any]:
     tasks = list(env.tasks(cfg.split))[: cfg.n]
+    Task.check_all(tasks, f"{type(env).__name__}.tasks({cfg.split!r})")
     config = RolloutConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,
         concurrency=cfg.concurrency,

@@ -151,3 +151,21 @@ def test_eval_shows_why_episodes_failed_and_exits_1_when_all_did(
     assert f"why failed         3x {reason}" in captured.out
     assert json.loads(captured.out.strip().splitlines()[-1])["failure_reasons"] == [[reason, 3]]
     assert "every sample failed (3 of 3)" in captured.err
+
+
+def test_eval_refuses_tasks_that_are_not_tasks(tmp_path: Path) -> None:
+    env_file = tmp_path / "dict_env.py"
+    env_file.write_text(
+        "from agentenv import Rubric, SingleTurnEnv\n"
+        "class Dicts(SingleTurnEnv):\n"
+        "    rubric = Rubric(lambda task, state: 1.0)\n"
+        "    def tasks(self, split='train'):\n"
+        "        return [{'id': 'a', 'prompt': 'hi'}]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", "--env", f"{env_file}:Dicts",
+         "--model", f"scripted:{ORACLE}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "Dicts.tasks('test') must be agentenv.Task objects, but item 0 is dict" in proc.stderr

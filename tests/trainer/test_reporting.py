@@ -50,3 +50,11 @@ def test_no_held_out_tasks_prints_skipped_not_none(capsys: pytest.CaptureFixture
         "held-out reward: skipped (--n-eval 0)",
         "held-out reward before: 0.25",
     ]
+
+
+def test_training_tasks_that_are_not_tasks_are_refused_naming_the_fix() -> None:
+    from agentenv import ConfigError
+    from trainer import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"the training tasks must be agentenv\.Task objects"):
+        GRPOConfig(rollout_batch_size=1).check_tasks([{"id": "a"}])  # type: ignore[list-item]
