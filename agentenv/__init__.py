@@ -1,9 +1,10 @@
 """agentenv: reinforcement learning of language models on agentic tasks.
 
 Write an :class:`Environment` (or a :class:`SingleTurnEnv`, :class:`MultiTurnEnv`,
-:class:`ToolEnv`), test it offline with a :class:`ScriptedModel`, run it at scale with
-:func:`run_rollouts`. Samples are token-exact: see :class:`Transcript`. Multi-agent
-games: a :class:`Game` holds the rules, :class:`GameEnv` plays it (``agentenv.games``).
+:class:`ToolEnv`), test it offline with a :class:`ScriptedModel` (:func:`run` plays it in
+one synchronous call), run it at scale with :func:`run_rollouts`. Samples are token-exact:
+see :class:`Transcript`. Multi-agent games: a :class:`Game` holds the rules,
+:class:`GameEnv` plays it (``agentenv.games``).
 """
 
 from agentenv._environment import DEFAULT_ROLE, Environment, Episode, Limits, Task
@@ -30,6 +31,7 @@ from agentenv._messages import Message, validate_messages
 from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, State, ToolEnv
 from agentenv._registry import load_environment, register
 from agentenv._rewards import Rubric, reward
+from agentenv._run import RolloutResult, run
 from agentenv._runner import (
     JsonlSink,
     ListSink,
@@ -92,6 +94,7 @@ __all__ = [
     "RewardError",
     "RoleBaseline",
     "RolloutConfig",
+    "RolloutResult",
     "RolloutStats",
     "Rubric",
     "Rule",
@@ -117,6 +120,7 @@ __all__ = [
     "play_match",
     "register",
     "reward",
+    "run",
     "run_rollouts",
     "run_tool_calls",
     "tool",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -43,6 +44,23 @@ class Task:
     prompt: str | Sequence[Mapping[str, Any]] = ""
     answer: JSONValue = None
     info: Mapping[str, JSONValue] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def check_all(tasks: Sequence[Any], source: str = "tasks") -> None:
+        """Refuse anything in ``tasks`` that is not a :class:`Task`, naming ``source``
+        (e.g. ``"MyEnv.tasks('train')"``) and the fix."""
+        for i, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise ConfigError(
+                    f"{source} must be agentenv.Task objects, but item {i} is "
+                    f"{type(task).__name__} {_short(task)}; return "
+                    "Task(id=..., prompt=..., answer=...) for each one"
+                )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,6 +249,26 @@ class Environment(abc.ABC):
 
     name: ClassVar[str] = ""
     chat_template_kwargs: ClassVar[Mapping[str, Any]] = {}
+    # Methods the SDK awaits: a subclass that defines one without ``async`` is refused
+    # when the class is defined, not in every episode as "can't be used in 'await'".
+    _async_methods: ClassVar[tuple[str, ...]] = ("rollout", "score_group")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for method in cls._async_methods:
+            fn = cls.__dict__.get(method)
+            if fn is None or getattr(fn, "__isabstractmethod__", False):
+                continue
+            if not inspect.iscoroutinefunction(fn):
+                raise ConfigError(
+                    f"{cls.__name__}.{method} must be a coroutine function: write "
+                    f"`async def {method}(...)` (the SDK awaits it)"
+                )
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming the fix if the environment cannot run as
+        configured. The runner calls it once, before the first episode (default: no check)."""
+        return None
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """The tasks of ``split`` (``"train"`` or ``"test"``)."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv._environment import Environment, Episode, Task
-from agentenv._errors import EpisodeAborted, EpisodeTruncated, ToolCallError
+from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, ToolCallError
 from agentenv._messages import Message
 from agentenv._rewards import Rubric
 from agentenv._sample import JSONValue, Sample, Status
@@ -57,20 +57,39 @@ class State:
         return self.transcript.turns
 
 
+# The rubric of an environment that set none. Running one is refused (every sample would
+# score 0); an environment that means to give no reward sets ``rubric = Rubric()`` itself.
+_NO_RUBRIC = Rubric()
+
+
 class MultiTurnEnv(Environment):
     """The environment answers each assistant turn until :meth:`respond` returns ``None``.
 
     Class attributes (override them):
         system_prompt: prepended as a system message when set.
         max_turns: model turns per episode; more ends the episode as truncated.
-        rubric: scores the episode.
+        rubric: scores the episode (required: a run refuses an environment without one;
+            ``Rubric()`` set on purpose scores every sample 0).
         sampling: overrides of the run's sampling parameters for this environment.
+
+    ``respond`` (and ``rollout``, ``score_group``) must be ``async def``: a class that
+    defines one without ``async`` is refused where it is defined.
     """
 
     system_prompt: ClassVar[str | None] = None
     max_turns: ClassVar[int] = 10
-    rubric: Rubric = Rubric()
+    rubric: Rubric = _NO_RUBRIC
     sampling: ClassVar[Mapping[str, Any]] = {}
+    _async_methods: ClassVar[tuple[str, ...]] = (*Environment._async_methods, "respond")
+
+    def check(self) -> None:
+        super().check()
+        if self.rubric is _NO_RUBRIC and type(self).rollout is MultiTurnEnv.rollout:
+            raise ConfigError(
+                f"{type(self).__name__} has no rubric, so every sample would score 0; set "
+                "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
+                "or rubric = Rubric() to run without a reward on purpose"
+            )
 
     def prompt(self, task: Task) -> list[Message]:
         """The opening messages of ``task`` (default: system prompt + ``task.prompt``)."""
@@ -149,6 +168,15 @@ class ToolEnv(MultiTurnEnv):
     tools: ClassVar[Sequence[Tool]] = ()
     parser: ClassVar[ToolCallParser] = HermesParser()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "tools" in cls.__dict__:
+            _check_tools(cls.__name__, cls.__dict__["tools"])
+
+    def check(self) -> None:
+        super().check()
+        _check_tools(type(self).__name__, self.tools)
+
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         # Built once per environment: every episode offers the same tools.
         cached: list[dict[str, Any]] | None = self.__dict__.get("_tool_schemas")
@@ -169,3 +197,21 @@ class ToolEnv(MultiTurnEnv):
                 info["tool_errors"] = int(info.get("tool_errors", 0)) + 1
 
         return await run_tool_calls(calls, self.tools, on_result=count)
+
+
+def _check_tools(owner: str, tools: Any) -> None:
+    """Refuse ``tools`` unless it is a sequence of :class:`Tool` (``@tool`` functions)."""
+    if isinstance(tools, Tool) or callable(tools) or not isinstance(tools, Sequence):
+        raise ConfigError(
+            f"{owner}.tools must be a tuple of @tool functions, got {type(tools).__name__}; "
+            "write tools = (my_tool,)"
+        )
+    for item in tools:
+        if not isinstance(item, Tool):
+            name = getattr(item, "__name__", None) or type(item).__name__
+            fix = (
+                f"decorate it with @tool (from agentenv import tool; @tool above `def {name}`)"
+                if callable(item)
+                else "pass @tool functions"
+            )
+            raise ConfigError(f"{owner}.tools holds {name!r}, which is not a Tool: {fix}")

@@ -3,19 +3,25 @@
 Packages register environments under the entry-point group ``agentenv.environments``
 (the bundled ones do, in ``pyproject.toml``); code can call :func:`register`. ``--env``
 also accepts ``package.module:ClassName`` for anything importable and
-``path/to/file.py:ClassName`` for a file.
+``path/to/file.py:ClassName`` for a file. A name that is not found comes with the close
+names; the keyword arguments are checked against the constructor's signature and type
+hints before it is called.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_type_hints
+
+import pydantic
 
 from agentenv._environment import Environment
 from agentenv._errors import ConfigError
@@ -75,7 +81,65 @@ def _import(spec: str) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from None
+        names = [n for n in vars(module) if not n.startswith("_")]
+        close = _close(attr, names)
+        raise ConfigError(
+            f"module {module_name!r} has no attribute {attr!r}"
+            + (f"; did you mean {close}?" if close else "")
+        ) from None
+
+
+def _close(name: str, candidates: Iterable[str]) -> str:
+    """The names in ``candidates`` closest to ``name`` ("A or B"), or "" when none is."""
+    return " or ".join(difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6))
+
+
+def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` checked against ``cls``'s constructor: names, then types from its hints.
+
+    Returns the validated values (JSON numbers coerced as the hints say, e.g. 1 -> 1.0).
+    """
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no introspectable signature: let the call decide
+        return dict(kwargs)
+    params = signature.parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in params and not takes_any:
+            close = _close(key, named)
+            raise ConfigError(
+                f"{cls.__name__} has no argument {key!r}"
+                + (f" (did you mean {close}?)" if close else "")
+                + f"; its arguments: {named or 'none'}"
+            )
+    try:
+        hints = get_type_hints(cls.__init__)
+    except Exception:  # unresolvable hints: check names only
+        hints = {}
+    out = dict(kwargs)
+    for key, value in kwargs.items():
+        if key not in hints or key not in params:
+            continue
+        try:
+            adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(
+                hints[key], config=pydantic.ConfigDict(arbitrary_types_allowed=True)
+            )
+            out[key] = adapter.validate_python(value)
+        except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError):
+            continue  # a type pydantic cannot check (a Protocol): the constructor does
+        except pydantic.ValidationError as e:
+            problem = e.errors()[0]["msg"]
+            raise ConfigError(
+                f"{cls.__name__} argument {key!r} must be {_type_name(hints[key])}, got "
+                f"{type(value).__name__} {value!r} ({problem})"
+            ) from None
+    return out
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
@@ -87,15 +151,19 @@ def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Envi
     else:
         eps = _entry_points()
         if spec not in eps:
+            names = available_environments()
+            close = _close(spec, names)
             raise ConfigError(
-                f"unknown environment {spec!r}; registered: {available_environments()} "
-                "(or pass module:Class or path/to/file.py:Class)"
+                f"unknown environment {spec!r}"
+                + (f" (did you mean {close}?)" if close else "")
+                + f"; registered: {names} (or pass module:Class or path/to/file.py:Class)"
             )
         cls = eps[spec].load()
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ConfigError(f"{spec!r} is not an agentenv Environment subclass")
+    checked = _check_kwargs(cls, kwargs or {})
     try:
-        env: Environment = cls(**dict(kwargs or {}))
+        env: Environment = cls(**checked)
         return env
     except TypeError as e:
         raise ConfigError(

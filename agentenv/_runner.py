@@ -15,7 +15,9 @@ import hashlib
 import math
 import os
 import sys
+import sysconfig
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -25,7 +27,13 @@ from typing import IO, Any, Protocol, runtime_checkable
 import anyio
 
 from agentenv._environment import Environment, Episode, Limits, Task
-from agentenv._errors import ClosedResourceError, ConfigError, EpisodeAborted, EpisodeTruncated
+from agentenv._errors import (
+    AgentEnvError,
+    ClosedResourceError,
+    ConfigError,
+    EpisodeAborted,
+    EpisodeTruncated,
+)
 from agentenv._generator import Generator, SamplingParams
 from agentenv._sample import Sample, Status
 from agentenv._tokenizer import Tokenizer, check_template_kwargs
@@ -41,6 +49,7 @@ __all__ = [
 ]
 
 _MAX_REASON = 1000
+_TOP_REASONS = 5
 
 
 @runtime_checkable
@@ -153,7 +162,17 @@ class RolloutStats:
     failed: Counter[str] = dataclasses.field(default_factory=Counter)
     status: Counter[str] = dataclasses.field(default_factory=Counter)
     rewards: list[float] = dataclasses.field(default_factory=list)
+    failure_reasons: Counter[str] = dataclasses.field(default_factory=Counter)
     wall_s: float = 0.0
+
+    @property
+    def all_failed(self) -> bool:
+        """Whether there were samples and every one of them failed."""
+        return self.samples > 0 and self.status.get(Status.FAILED.value, 0) == self.samples
+
+    def top_failures(self, k: int = _TOP_REASONS) -> list[tuple[str, int]]:
+        """The ``k`` commonest reasons of failed samples, with their counts."""
+        return self.failure_reasons.most_common(k)
 
     @property
     def reward_mean(self) -> float:
@@ -174,6 +193,7 @@ class RolloutStats:
             "reward_mean": self.reward_mean,
             "reward_std": self.reward_std,
             "failed": dict(sorted(self.failed.items())),
+            "failure_reasons": [[reason, n] for reason, n in self.top_failures()],
             "status": dict(sorted(self.status.items())),
             "completion_tokens": self.completion_tokens,
             "wall_s": round(self.wall_s, 4),
@@ -190,7 +210,7 @@ def failed_sample(
         first = episode.transcripts[0]
         prompt = list(first.segments[0].prompt_ids)
         role = first.role
-    message = str(error) or repr(error)
+    message = describe_error(error)
     return Sample(
         prompt_ids=prompt,
         completion_ids=[],
@@ -201,6 +221,61 @@ def failed_sample(
         reason=message[:_MAX_REASON],
         error_type=error_type or type(error).__name__,
         metadata={"turns": sum(t.turns for t in episode.transcripts)},
+    )
+
+
+def describe_error(error: BaseException) -> str:
+    """The reason a failed sample gives for ``error``, at most ``_MAX_REASON`` characters.
+
+    agentenv's own errors say what went wrong and the fix in their message, which is kept
+    as it is. Any other exception (a bug in an environment, a verifier that raised) is
+    named with its type and the innermost frame of the code that raised it -- the
+    environment's, not a library's, when the traceback passes through it:
+    ``KeyError: 'answer' (at my_env.py:12 in correct)``.
+    """
+    message = str(error) or repr(error)
+    if isinstance(error, AgentEnvError) or error.__traceback__ is None:
+        return message[:_MAX_REASON]  # ours, or made by the runner (an episode's timeout)
+    where = _raising_frame(error)
+    suffix = f" (at {where})" if where else ""
+    head = f"{type(error).__name__}: {message}"
+    return head[: _MAX_REASON - len(suffix)] + suffix
+
+
+def _raising_frame(error: BaseException) -> str | None:
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    library = [str(Path(__file__).parent)]  # agentenv itself
+    library += {sysconfig.get_path(k) for k in ("stdlib", "purelib", "platlib")}
+    own = [f for f in frames if not any(f.filename.startswith(d) for d in library if d)]
+    frame = (own or frames)[-1]
+    path = Path(frame.filename)
+    try:
+        shown = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return f"{shown}:{frame.lineno} in {frame.name}"
+
+
+def policy_tokenizer(policy: Generator) -> Tokenizer:
+    """The tokenizer that renders transcripts for ``policy``: the chat tokenizer it carries
+    (a :class:`ScriptedModel`'s), or the one beside its model (the embedded engine).
+
+    Raises:
+        ConfigError: when ``policy`` has neither (a server client): pass ``tokenizer=``.
+    """
+    own = getattr(policy, "tokenizer", None)
+    if own is not None and all(hasattr(own, a) for a in ("render", "encode", "decode")):
+        return own  # type: ignore[no-any-return]
+    model_path = getattr(policy, "model_path", None)
+    if model_path is not None and Path(model_path, "tokenizer.json").is_file():
+        from agentenv._tokenizer import ChatTokenizer
+
+        return ChatTokenizer.load(str(model_path))
+    raise ConfigError(
+        f"cannot tell the tokenizer of {type(policy).__name__}: pass "
+        'tokenizer=ChatTokenizer.load("<model name or directory>")'
     )
 
 
@@ -221,11 +296,12 @@ def _episode_seed(seed: int, task_id: str, index: int) -> int:
 async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     """Run one episode; every outcome, including errors, comes back as samples."""
     timeout = episode.limits.timeout_s
+    deadline: anyio.CancelScope | None = None
     try:
         if timeout is None:  # a cancel scope is not free; skip it when there is no limit
             result = await env.rollout(episode.task, episode)
         else:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(timeout) as deadline:
                 result = await env.rollout(episode.task, episode)
         samples = [result] if isinstance(result, Sample) else list(result)
         if not samples:
@@ -243,7 +319,9 @@ async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     except EpisodeAborted as e:
         samples = _limit_samples(episode, Status.ABORTED, str(e) or "aborted")
     except TimeoutError as e:
-        error = e if timeout is None else TimeoutError(f"episode exceeded its {timeout} s timeout")
+        if deadline is None or not deadline.cancelled_caught:  # the environment's own
+            return [failed_sample(episode, e)]
+        error = TimeoutError(f"episode exceeded its {timeout} s timeout")
         return [failed_sample(episode, error, error_type="EpisodeTimeout")]
     except Exception as e:
         return [failed_sample(episode, e)]
@@ -278,7 +356,7 @@ async def run_rollouts(
     tasks: Sequence[Task],
     policy: Generator,
     *,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None = None,
     sink: SampleSink | None = None,
     config: RolloutConfig | None = None,
     policies: Mapping[str, Generator] | None = None,
@@ -289,13 +367,23 @@ async def run_rollouts(
         env: the environment.
         tasks: the tasks to play (e.g. ``env.tasks("test")[:100]``).
         policy: the generator for every role not in ``policies``.
-        tokenizer: the policy's tokenizer (renders transcripts).
-        sink: receives each finished group's samples, in order within the group.
+        tokenizer: the policy's tokenizer (renders transcripts); default: the policy's
+            own (a :class:`ScriptedModel`'s, the embedded engine's model directory).
+        sink: receives each finished group's samples, in order within the group; without
+            one the samples are counted in the stats and dropped (:func:`agentenv.run`
+            returns them).
         config: group size, concurrency, sampling, limits, seed, progress bar.
         policies: per-role generators (fixed opponents, other models).
     """
     config = config or RolloutConfig()
     sink = sink if sink is not None else ListSink()
+    Task.check_all(tasks, "the tasks of a run")
+    env.check()
+    tok = (
+        tokenizer
+        if tokenizer is not None
+        else await anyio.to_thread.run_sync(policy_tokenizer, policy)
+    )
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         dupes = sorted(k for k, v in Counter(ids).items() if v > 1)[:5]
@@ -322,7 +410,7 @@ async def run_rollouts(
                     dataclasses.replace(
                         s,
                         status=Status.FAILED,
-                        reason=f"group reward: {e}"[:_MAX_REASON],
+                        reason=f"group reward: {describe_error(e)}"[:_MAX_REASON],
                         error_type=type(e).__name__,
                         reward=0.0,
                         metadata=dict(s.metadata),
@@ -335,6 +423,9 @@ async def run_rollouts(
             stats.status[s.status.value] += 1
             if s.status is Status.FAILED:
                 stats.failed[s.error_type or "Error"] += 1
+                kind, reason = s.error_type or "Error", s.reason or ""
+                key = reason if reason.startswith(f"{kind}:") else f"{kind}: {reason}"
+                stats.failure_reasons[key[:200]] += 1
             else:
                 stats.rewards.append(s.reward)
         group.samples.clear()
@@ -348,7 +439,7 @@ async def run_rollouts(
         for group, i in items:
             episode = Episode(
                 task=group.task,
-                tokenizer=tokenizer,
+                tokenizer=tok,
                 policy=policy,
                 policies=policies,
                 sampling=config.sampling,

@@ -109,7 +109,12 @@ def _on_asyncio() -> bool:
 class Tool:
     """A function the model may call. Build one with :func:`tool`.
 
+    Calling the tool calls the function (``add(1, 2)``); the original is at :attr:`fn`.
+    A model's call goes through :meth:`call`, which returns text: a ``str`` result as it
+    is, anything else as JSON (``json.dumps``), or ``str(result)`` when it is not JSON.
+
     Attributes:
+        fn: the decorated function.
         name: the function name the model uses.
         description: from the docstring's first paragraph.
         parameters: the JSON schema of the arguments.
@@ -216,8 +221,12 @@ class Tool:
         except (TypeError, ValueError):
             return str(result)
 
-    async def __call__(self, **kwargs: Any) -> str:
-        return await self.call(kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the decorated function itself, as if undecorated (for tests and reuse):
+        ``add(1, 2) == 3`` for a sync tool, ``await add(1, 2)`` for an async one. What the
+        model's calls go through -- validation, the timeout, the result as text -- is
+        :meth:`call`."""
+        return self.fn(*args, **kwargs)
 
     async def _run(self, kwargs: dict[str, Any]) -> Any:
         # Raises _Overrun when the timeout fires; a TimeoutError the tool raises itself

@@ -6,6 +6,7 @@
 
     class MathWithPython(ToolEnv):
         tools = (python_interpreter(),)
+        rubric = Rubric(correct)
 
 The model calls ``python(code=...)``; it gets back what the program printed, its errors
 and exit status, or that it timed out -- every run in a fresh, locked-down sandbox

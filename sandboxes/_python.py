@@ -46,14 +46,19 @@ async def check_python(
     """Run ``tests`` against the function ``entry_point`` defined by ``solution``.
 
     Args:
-        sandbox: where to run (a started :class:`Sandbox`).
+        sandbox: where to run; a :class:`Sandbox` not started yet starts on this first
+            job (it stays up for the next ones: close it with ``aclose()`` or ``async
+            with``).
         solution: the model's Python source; it must define ``entry_point``.
-        tests: Python source run in the grader: asserts at top level and/or a function
-            ``check(candidate)`` (HumanEval's form) that is then called with the solution.
+        tests: Python source run in the grader, where the solution's function is named
+            ``entry_point`` and ``candidate``: asserts at top level and/or a function
+            named by ``check`` (HumanEval's ``check(candidate)``), then called with it.
         entry_point: the name of the function under test.
         setup: trusted Python run in the grader before ``tests`` (e.g. HumanEval's prompt,
             whose helper functions some tests call).
-        check: the name of the test function to call, or None for top-level asserts.
+        check: the name of the function in ``tests`` to call with the solution (default
+            ``"check"``: ``tests`` must define it), or ``None`` when ``tests`` holds only
+            top-level asserts.
         limits: the job's limits (default: the sandbox's).
     """
     if not entry_point.isidentifier():

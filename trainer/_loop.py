@@ -134,6 +134,7 @@ class GRPOConfig:
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""
+        Task.check_all(tasks, "the training tasks")
         distinct = len({t.id for t in tasks})
         if distinct < self.round_size:
             raise ConfigError(
@@ -386,6 +387,9 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "reward_mean": played,
         "batch/reward_mean": batch_reward,
         "samples": float(len(samples)),
+        # Groups whose rewards are all equal get advantage 0 (no policy gradient); at 1.0
+        # the step learns nothing from its rewards.
+        "rollout/zero_std_groups": _zero_std_fraction(samples),
         "failed_episodes": float(rounds.failed),
         "rollout/busy_s": gen,
         "rollout/rounds": float(rounds.rounds),
@@ -394,6 +398,17 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
     }
+
+
+def _zero_std_fraction(samples: list[Sample]) -> float:
+    """The share of the batch's groups (per prompt and role, as the advantages see them)
+    whose rewards are all equal; 0.0 for an empty batch."""
+    rewards: dict[tuple[str | None, str | None], set[float]] = {}
+    for s in samples:
+        rewards.setdefault((s.group_id, s.role), set()).add(s.reward)
+    if not rewards:
+        return 0.0
+    return sum(len(r) == 1 for r in rewards.values()) / len(rewards)
 
 
 def _schedule(config: GRPOConfig) -> dict[str, Any]:

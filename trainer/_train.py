@@ -157,11 +157,13 @@ class Reporter:
             f"rollout {m['time_rollout_s']:.1f}s  train {m['time_train_s']:.1f}s  "
             f"sync {m['time_sync_s']:.2f}s"
         )
+        # All groups with equal rewards: every advantage is 0 and the step learns nothing.
+        flat = "  no signal: every group's rewards are equal" if _no_signal(m) else ""
         if self.bar is not None:
             self.bar.n = step + 1
-            self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}")
+            self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}{flat}")
         else:
-            line = f"step {step + 1}/{self.total}  reward {m['reward_mean']:.3f}  {split}"
+            line = f"step {step + 1}/{self.total}  reward {m['reward_mean']:.3f}  {split}{flat}"
             print(line, file=sys.stderr, flush=True)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps(m) + "\n")
@@ -172,10 +174,22 @@ class Reporter:
                     self.writer.add_scalar(name, value, step)
             self.writer.flush()
 
+    def held_out(self, when: str, reward: float | None, n_eval: int) -> None:
+        """The held-out reward before or after training (once, when there is none)."""
+        if reward is not None:
+            print(f"held-out reward {when}: {reward}", file=sys.stderr, flush=True)
+        elif when == "before":
+            why = "--n-eval 0" if n_eval == 0 else "the environment has no test tasks"
+            print(f"held-out reward: skipped ({why})", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         for thing in (self.bar, self.metrics_file, self.writer):
             if thing is not None:
                 thing.close()
+
+
+def _no_signal(m: dict[str, float]) -> bool:
+    return m.get("samples", 0.0) > 0 and m.get("rollout/zero_std_groups", 0.0) == 1.0
 
 
 def _checkpoint_dir(config: TrainConfig) -> tuple[Path | None, bool]:
@@ -315,14 +329,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
     async def go(weights_dir: Path) -> dict[str, Any]:
         async with rollout_engine(config, tokenizer, weights_dir) as (policy, sync):
             before = await evaluate(policy)
-            print(f"held-out reward before: {before}", file=sys.stderr, flush=True)
+            report.held_out("before", before, config.n_eval)
             history = await run_grpo(
                 env, train_tasks, backend, policy, tokenizer, grpo, sync=sync, on_step=report,
                 checkpoint=checkpoint, save_interval=config.save_interval,
                 evaluate=lambda: evaluate(policy), eval_interval=config.eval_interval,
             )  # fmt: skip
             after = await evaluate(policy)
-            print(f"held-out reward after: {after}", file=sys.stderr, flush=True)
+            report.held_out("after", after, config.n_eval)
         return {"before": before, "after": after, "history": history}
 
     try:

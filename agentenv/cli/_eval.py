@@ -3,6 +3,9 @@
     agentenv eval --env arithmetic --model scripted:examples/scripts/arithmetic_oracle.py \\
         --n 50 --n-samples-per-prompt 4 --out samples.jsonl --json
 
+The summary lists the commonest reasons of failed samples; when every sample failed the
+command exits with status 1.
+
 Game environments also report win/draw/loss per seat with 95 % confidence intervals and
 the invalid-move rate; ``--opponent`` picks who the model plays against:
 
@@ -22,7 +25,7 @@ from typing import Any, Literal
 import anyio
 import pydantic
 
-from agentenv._environment import Limits
+from agentenv._environment import Limits, Task
 from agentenv._errors import ConfigError, ModelNotFoundError
 from agentenv._generator import SamplingParams
 from agentenv._policies import open_policy
@@ -143,6 +146,7 @@ async def _set_opponent(cfg: EvalConfig, env: GameEnv, stack: contextlib.AsyncEx
 
 async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> dict[str, Any]:
     tasks = list(env.tasks(cfg.split))[: cfg.n]
+    Task.check_all(tasks, f"{type(env).__name__}.tasks({cfg.split!r})")
     config = RolloutConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,
         concurrency=cfg.concurrency,
@@ -202,6 +206,15 @@ def run(args: argparse.Namespace) -> int:
     if cfg.json_output:
         print(json.dumps(summary, separators=(",", ":")))
     sys.stdout.flush()
+    failed = summary["status"].get("failed", 0)
+    if summary["samples"] and failed == summary["samples"]:
+        # Nothing was measured: a script or CI must not read this run as a result.
+        print(
+            f"agentenv eval: every sample failed ({failed} of {summary['samples']}); "
+            "the commonest reasons are in the summary above",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -225,6 +238,8 @@ def _table(summary: dict[str, Any]) -> str:
         rows.append(("invalid moves", _rate(summary, "invalid_move_rate")))
     if "out" in summary:
         rows.append(("samples file", summary["out"]))
+    for i, (reason, n) in enumerate(summary["failure_reasons"]):
+        rows.append(("why failed" if i == 0 else "", f"{n}x {reason}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

@@ -42,7 +42,7 @@ from agentenv._generator import Generator
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._transcript import Transcript
 from agentenv.games._baseline import RoleBaseline
-from agentenv.games._game import Game, InvalidMove
+from agentenv.games._game import Game, InvalidMove, checked_legal_actions
 from agentenv.games._players import ModelPlayer, Player, RandomPlayer
 
 __all__ = ["GameEnv", "Opponent"]
@@ -87,8 +87,10 @@ class GameEnv(Environment):
             ``retries`` times; then it forfeits.
         invalid_penalty: the forfeiting role's return.
         forfeit_reward: every other role's return after a forfeit.
-        discount: reward of turn ``k`` of ``K`` is ``discount ** (K - 1 - k)`` times the
-            return, in ``(0, 1]``.
+        discount: in ``(0, 1]``; below 1, turn ``k`` of a role's ``K`` turns gets
+            ``metadata["advantage_scale"] = discount ** (K - 1 - k)``, by which the trainer
+            scales its advantage after the group normalisation; the reward stays the
+            return.
         baseline: a :class:`RoleBaseline` (or its decay) subtracted from returns.
         max_moves: moves per match before it ends truncated.
         n_train, n_test: tasks per split (each a seed).
@@ -146,6 +148,13 @@ class GameEnv(Environment):
         self.set_opponent(opponent, seat=seat)
 
     # -- configuration -------------------------------------------------------------------
+    def check(self) -> None:
+        """Before a run: the game's first position lists its moves as strings (or none)."""
+        probe = self.new_game()
+        probe.reset(0)
+        if probe.current_role() is not None:
+            checked_legal_actions(probe)
+
     def new_game(self) -> Game:
         """A new, not yet reset, match."""
         if self._factory is None:

@@ -19,10 +19,10 @@ import dataclasses
 import re
 from typing import ClassVar, Self
 
-from agentenv._errors import IllegalMoveError
+from agentenv._errors import ConfigError, IllegalMoveError
 from agentenv._messages import Message
 
-__all__ = ["Game", "InvalidMove", "last_bracketed"]
+__all__ = ["Game", "InvalidMove", "checked_legal_actions", "last_bracketed"]
 
 _BRACKETED = re.compile(r"\[([^\[\]\n]{1,64})\]")
 
@@ -32,6 +32,30 @@ def last_bracketed(text: str) -> str | None:
     characters), or ``None`` when there is none."""
     found = _BRACKETED.findall(text)
     return found[-1].strip() if found else None
+
+
+def checked_legal_actions(game: Game) -> list[str] | None:
+    """``game.legal_actions()``, refused unless it is ``None`` or a list of strings.
+
+    Moves are compared as text (a player writes ``[5]``, which parses to ``"5"``), so a
+    game listing ``[1, 2]`` would reject every move, ``1`` included.
+    """
+    legal = game.legal_actions()
+    if legal is None:
+        return None
+    if isinstance(legal, str) or not isinstance(legal, list | tuple):
+        raise ConfigError(
+            f"{type(game).__name__}.legal_actions() must return a list of strings or None, "
+            f"got {type(legal).__name__} {legal!r}"
+        )
+    bad = [a for a in legal if not isinstance(a, str)]
+    if bad:
+        raise ConfigError(
+            f"{type(game).__name__}.legal_actions() must return moves as strings, got "
+            f"{type(bad[0]).__name__} {bad[0]!r} in {list(legal)!r}; return their text, "
+            "e.g. [str(m) for m in moves], and take a string in apply()"
+        )
+    return list(legal)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +139,7 @@ class Game(abc.ABC):
                 f"e.g. {self.move_hint}."
             )
         action = self.normalize(found)
-        legal = self.legal_actions()
+        legal = checked_legal_actions(self)
         if legal is not None and action not in legal:
             return InvalidMove(
                 f"[{found}] is not a legal move now; legal moves: "
@@ -142,7 +166,7 @@ class Game(abc.ABC):
             raise IllegalMoveError(
                 f"{role!r} played {action!r} out of turn: it is the turn of {current!r}"
             )
-        legal = self.legal_actions()
+        legal = checked_legal_actions(self)
         if legal is not None and action not in legal:
             raise IllegalMoveError(
                 f"{action!r} is not a legal move for {role!r} now; legal: {legal}"

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 from agentenv._errors import ConfigError
 from agentenv._generator import Generator, SamplingParams
 from agentenv._tokenizer import Tokenizer
-from agentenv.games._game import Game
+from agentenv.games._game import Game, checked_legal_actions
 
 __all__ = ["Match", "ModelPlayer", "Player", "RandomPlayer", "StrategyPlayer", "play_match"]
 
@@ -68,7 +68,7 @@ class RandomPlayer(StrategyPlayer):
     name: str = "random"
 
     def strategy(self, game: Game, role: str) -> dict[str, float]:
-        legal = game.legal_actions()
+        legal = checked_legal_actions(game)
         if legal is None:
             raise ConfigError(
                 f"RandomPlayer needs legal moves, but {type(game).__name__}.legal_actions() "

@@ -298,8 +298,22 @@ async def test_async_tool_runs() -> None:
         return a + b
 
     assert await add.call({"a": 1}) == "3"
-    assert await add(a=1, b=5) == "6"
     assert add.is_async
+
+
+@pytest.mark.anyio
+async def test_calling_a_tool_calls_the_function() -> None:
+    @tool
+    def mul(a: int, b: int) -> int:
+        return a * b
+
+    @tool
+    async def add(a: int, b: int = 2) -> int:
+        return a + b
+
+    assert mul(2, 3) == 6 and mul(a=2, b=4) == 8
+    assert await add(1, b=5) == 6
+    assert mul.fn(2, 5) == 10
 
 
 @pytest.mark.anyio

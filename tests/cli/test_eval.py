@@ -127,3 +127,45 @@ def test_eval_out_directory_is_a_durable_buffer(tmp_path: Path) -> None:
             return (await b.statistics()).ready
 
     assert anyio.run(read) == 0
+
+
+def test_eval_shows_why_episodes_failed_and_exits_1_when_all_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env_file = tmp_path / "broken_env.py"
+    env_file.write_text(
+        "from agentenv import Rubric, SingleTurnEnv, Task\n"
+        "def grade(task, state):\n"
+        "    return float(task.info['points'])\n"
+        "class Broken(SingleTurnEnv):\n"
+        "    rubric = Rubric(grade)\n"
+        "    def tasks(self, split='train'):\n"
+        "        return [Task(id=str(i), prompt='hi') for i in range(3)]\n"
+    )
+    script = tmp_path / "s.json"
+    script.write_text('{"rules": [], "default": "x"}')
+    argv = ["eval", "--env", f"{env_file}:Broken", "--model", f"scripted:{script}", "--json"]
+    assert main([*argv, "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    reason = f"KeyError: 'points' (at {env_file}:3 in grade)"
+    assert f"why failed         3x {reason}" in captured.out
+    assert json.loads(captured.out.strip().splitlines()[-1])["failure_reasons"] == [[reason, 3]]
+    assert "every sample failed (3 of 3)" in captured.err
+
+
+def test_eval_refuses_tasks_that_are_not_tasks(tmp_path: Path) -> None:
+    env_file = tmp_path / "dict_env.py"
+    env_file.write_text(
+        "from agentenv import Rubric, SingleTurnEnv\n"
+        "class Dicts(SingleTurnEnv):\n"
+        "    rubric = Rubric(lambda task, state: 1.0)\n"
+        "    def tasks(self, split='train'):\n"
+        "        return [{'id': 'a', 'prompt': 'hi'}]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", "--env", f"{env_file}:Dicts",
+         "--model", f"scripted:{ORACLE}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "Dicts.tasks('test') must be agentenv.Task objects, but item 0 is dict" in proc.stderr

@@ -14,6 +14,7 @@ from agentenv import (
     ChatTokenizer,
     ListSink,
     RolloutConfig,
+    Rubric,
     SamplingParams,
     ScriptedModel,
     Task,
@@ -99,6 +100,7 @@ class PythonEnv(ToolEnv):
     name = "python_test"
     tools = ()
     max_turns = 3
+    rubric = Rubric()  # the test reads the transcript, not a reward
 
 
 async def test_the_python_tool_runs_code_in_the_sandbox(

@@ -153,3 +153,22 @@ def test_wilson_interval() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     lo, hi = wilson_interval(0, 20)
     assert lo == 0.0 and 0.1 < hi < 0.2
+
+
+class IntMoves(Countdown):
+    """Lists its moves as ints: every move would be rejected, the listed ones included."""
+
+    def legal_actions(self) -> list[str] | None:
+        return [1, 2]  # type: ignore[list-item]
+
+
+def test_moves_that_are_not_strings_are_refused_naming_the_fix() -> None:
+    game = IntMoves()
+    game.reset(0)
+    fix = r"legal_actions\(\) must return moves as strings, got int 1 in \[1, 2\]; return"
+    with pytest.raises(ConfigError, match=fix):
+        game.parse("[1]")
+    with pytest.raises(ConfigError, match=fix):
+        game.play("a", "1")
+    with pytest.raises(ConfigError, match=fix):
+        RandomPlayer().act(game, "a", random.Random(0))
