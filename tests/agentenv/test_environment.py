@@ -140,7 +140,7 @@ async def test_turns_ending_on_endoftext_are_one_sample(chatml_tools: ChatTokeni
     assert s.loss_mask is not None and sum(s.loss_mask) == 3 * len(turn)
 
 
-class Thinker(SingleTurnEnv):
+class Thinker(Echo):
     chat_template_kwargs: ClassVar[Mapping[str, Any]] = {"enable_thinking": False}
 
 
