@@ -15,7 +15,9 @@ from trainer._losses import (
     KL_TYPES,
     LossConfig,
     kl_estimate,
+    logprob_temperature,
     policy_loss,
+    tempered_logits,
     token_weights,
 )
 from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
@@ -38,8 +40,10 @@ __all__ = [
     "compute_advantages",
     "kl_estimate",
     "load_prompt_data",
+    "logprob_temperature",
     "pack_by_tokens",
     "policy_loss",
     "run_grpo",
+    "tempered_logits",
     "token_weights",
 ]

@@ -232,3 +232,44 @@ def test_kl_to_a_frozen_reference_several_steps_per_rollout_and_evaluation(
     assert backend.reference is not None
     with pytest.raises(ConfigError, match="no reference model"):
         TorchBackend(model).logprobs([], reference=True)
+
+
+def test_train_at_rollout_temperature_0_7_scores_the_distribution_it_sampled(
+    tmp_path: Path,
+) -> None:
+    """``--rollout-temperature 0.7``: the trainer's log-probs are of softmax(logits / 0.7),
+    as the engine's are, so the first step's ratio is exactly 1 and the trainer-vs-rollout
+    difference is float noise (at T = 1 it would be whole nats on this model)."""
+    import json
+    import subprocess
+    import sys
+
+    model = tiny_llama(tmp_path / "tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train",
+         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+         "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "8", "--rollout-temperature", "0.7", "--n-eval", "0",
+         "--use-tis", "--save", str(tmp_path / "run"), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    (line,) = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(line)
+    assert first["train/ratio_max"] == 1.0 and first["train/ratio_min"] == 1.0
+    assert first["train/rollout_train_logprob_abs_diff"] <= 1e-4
+    assert abs(first["train/tis_weight"] - 1.0) <= 1e-3
+
+
+def test_a_backend_at_another_temperature_than_the_rollouts_is_refused(tmp_path: Path) -> None:
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    config = GRPOConfig(
+        num_rollout=1, rollout_batch_size=2, n_samples_per_prompt=2,
+        sampling=SamplingParams(max_new_tokens=4, temperature=0.7),
+    )  # fmt: skip
+    backend = TorchBackend(model, loss=LossConfig())  # log-probs at temperature 1
+    env = GoodTokensEnv()
+    with pytest.raises(ConfigError, match=r"LossConfig\(temperature=0.7\)"):
+        anyio.run(lambda: run_grpo(env, env.tasks(), backend, None, tokenizer, config))
+
