@@ -132,9 +132,13 @@ class TorchBackend(MicroBatchBackend):
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """The current weights as an HF model directory (config + safetensors), e.g. for a
-        server's ``/update_weights_from_disk``."""
+        """The current weights as a complete HF model directory (config, safetensors and
+        the source model's tokenizer, chat template and generation config), e.g. for a
+        server's ``/update_weights_from_disk`` or ``--save``."""
+        from trainer._files import copy_model_files
+
         self.model.save_pretrained(directory, safe_serialization=True)
+        copy_model_files(self.path, directory)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
@@ -155,7 +159,7 @@ class TorchBackend(MicroBatchBackend):
         from trainer._files import replace_dir
 
         with replace_dir(directory) as tmp:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            self.save_hf(tmp / "model")
             torch.save(self._trainer_state(), tmp / "trainer_state.pt")
             (tmp / "checkpoint.json").write_text(
                 json.dumps({"model": self._identity(), "extra": extra}, indent=1)

@@ -626,7 +626,7 @@ class MegatronBackend(Backend):
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
         shards = self._gather()
         if shards is not None and self.rank == 0:
-            export_hf(directory, shards, self.cfg, dtype=self.dtype)
+            export_hf(directory, shards, self.cfg, dtype=self.dtype, source=self.path)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
