@@ -306,21 +306,30 @@ def test_loss_and_gradients_do_not_depend_on_packing(aggregation: str) -> None:
             assert torch.allclose(g, h, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_token_logprob_matches_log_softmax_and_its_gradient(dtype: torch.dtype) -> None:
-    from trainer._torch import _TokenLogprob
+def test_chunked_token_logprob_matches_log_softmax_and_its_gradient(
+    dtype: torch.dtype, temperature: float
+) -> None:
+    """The torch backend's chunked log-prob (bf16 path, hand-written backward) and its
+    fp32 path give ``log_softmax(logits / T)``, its gradient and entropy."""
+    from trainer._torch import _token_logprobs, _TokenLogprob
 
     torch.manual_seed(0)
     logits = (3 * torch.randn(37, 101)).to(dtype)
     target = torch.randint(0, 101, (37,))
     weight = torch.randn(37)
     mine = logits.clone().requires_grad_(True)
-    lp = _TokenLogprob.apply(mine, target, 8)  # type: ignore[no-untyped-call]
+    lp = _TokenLogprob.apply(mine, target, 8, temperature)  # type: ignore[no-untyped-call]
     (lp * weight).sum().backward()
     ref_in = logits.float().requires_grad_(True)
-    ref = torch.log_softmax(ref_in, -1).gather(-1, target[:, None])[:, 0]
+    ref = torch.log_softmax(ref_in / temperature, -1).gather(-1, target[:, None])[:, 0]
     (ref * weight).sum().backward()
     assert torch.allclose(lp, ref.detach(), atol=1e-5)
     assert mine.grad is not None and ref_in.grad is not None
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert torch.allclose(mine.grad.float(), ref_in.grad, atol=tol)
+    fp32, entropy = _token_logprobs(torch.nn.Identity(), logits, target, True, temperature)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    assert torch.allclose(fp32, ref.detach(), atol=1e-5)
+    assert torch.allclose(entropy, -(probs * probs.log()).sum(-1), atol=1e-5)

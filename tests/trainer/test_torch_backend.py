@@ -106,30 +106,6 @@ def test_at_temperature_0_7_the_logprobs_still_match_and_the_first_ratio_is_one(
     assert metrics["train/rollout_train_logprob_abs_diff"] <= 1e-4
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_the_bf16_logprob_function_matches_autograd_at_the_temperature(
-    temperature: float,
-) -> None:
-    """The chunked log-prob of the low-precision path and its hand-written backward give
-    what autograd gives for ``log_softmax(logits / T)``, as does the fp32 path."""
-    from trainer._torch import _token_logprobs, _TokenLogprob
-
-    torch.manual_seed(0)
-    logits = (3 * torch.randn(9, 20)).requires_grad_()
-    target = torch.randint(0, 20, (9,))
-    grad = torch.randn(9)
-    want = torch.log_softmax(logits / temperature, dim=-1).gather(-1, target[:, None])[:, 0]
-    (want_grad,) = torch.autograd.grad(want, logits, grad)
-    mine = _TokenLogprob.apply(logits, target, 4, temperature)  # type: ignore[no-untyped-call]
-    (mine_grad,) = torch.autograd.grad(mine, logits, grad)
-    assert torch.allclose(mine, want, atol=1e-6)
-    assert torch.allclose(mine_grad, want_grad, atol=1e-6)
-    lp, ent = _token_logprobs(torch.nn.Identity(), logits, target, True, temperature)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    assert torch.allclose(lp, want, atol=1e-6)
-    assert torch.allclose(ent, -(probs * probs.log()).sum(-1), atol=1e-5)
-
-
 def test_first_step_ratio_is_one_and_the_update_follows_the_advantages(
     backend: TorchBackend, rollouts: list[Sample]
 ) -> None:
