@@ -8,8 +8,9 @@ Accepted:
 * ``scripted:<file>.json`` -- rules ``{"rules": [{"pattern", "reply"}], "default"}``;
 * ``scripted:<file>.py`` -- a module defining ``reply(ctx: ScriptContext) -> str``.
 
-The tokenizer is ``--tokenizer``; by default the engine's model, the server's model when
-its directory is readable here, else ``smollm2-135m``.
+The tokenizer is ``--tokenizer`` (for the embedded engine too: its stop strings use it);
+by default the engine's model, the server's model when its directory is readable here,
+else ``smollm2-135m``.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ async def open_policy(
                 name = str(path) if (path / "tokenizer.json").is_file() else DEFAULT_TOKENIZER
             yield client, ChatTokenizer.load(name)
         return
-    from agentenv.engine import Engine
+    from agentenv.engine import Engine, resolve_model
 
-    engine = Engine(spec)
-    async with engine:
-        yield engine, ChatTokenizer.load(tokenizer or str(engine.model_path))
+    # One tokenizer for the transcripts and the engine's stop strings: --tokenizer when
+    # given (a model directory without tokenizer files needs it), else the model's own.
+    tok = ChatTokenizer.load(tokenizer or resolve_model(spec))
+    async with Engine(spec, tokenizer=tok) as engine:
+        yield engine, tok

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
         KL_TYPES,
         LossConfig,
         kl_estimate,
+        logprob_temperature,
         policy_loss,
+        tempered_logits,
         token_weights,
     )
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
@@ -47,9 +49,11 @@ __all__ = [
     "compute_advantages",
     "kl_estimate",
     "load_prompt_data",
+    "logprob_temperature",
     "pack_by_tokens",
     "policy_loss",
     "run_grpo",
+    "tempered_logits",
     "token_weights",
 ]
 
@@ -71,9 +75,11 @@ _MODULES = {
     "compute_advantages": "trainer._advantages",
     "kl_estimate": "trainer._losses",
     "load_prompt_data": "trainer._data",
+    "logprob_temperature": "trainer._losses",
     "pack_by_tokens": "trainer._batching",
     "policy_loss": "trainer._losses",
     "run_grpo": "trainer._loop",
+    "tempered_logits": "trainer._losses",
     "token_weights": "trainer._losses",
 }
 

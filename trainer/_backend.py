@@ -239,7 +239,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """The current weights as an HF model directory (config + safetensors)."""
+        """The current weights as a complete HF model directory: config, safetensors and
+        the source model's tokenizer, chat template and generation config
+        (:func:`trainer._files.copy_model_files`), loadable wherever the source was."""
 
     @abc.abstractmethod
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:

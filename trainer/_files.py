@@ -1,5 +1,7 @@
 """Local resources: directories written whole or not at all (checkpoints, weight
-exports), and a free loopback port (servers and process groups started for a run)."""
+exports), what an exported HF model directory takes from the model it was trained from
+(tokenizer, chat template, generation config), and a free loopback port (servers and
+process groups started for a run)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,23 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["free_port", "replace_dir"]
+__all__ = ["MODEL_FILES", "copy_model_files", "free_port", "replace_dir"]
+
+#: The files of an HF model directory besides its weights and ``config.json`` that
+#: tokenizers, chat templates and generation defaults are read from (transformers'
+#: ``AutoTokenizer``, SGLang, ``agentenv``): an export carries the source's over.
+MODEL_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
 
 @contextlib.contextmanager
@@ -30,6 +48,16 @@ def replace_dir(directory: str | os.PathLike[str]) -> Iterator[Path]:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_model_files(source: str | os.PathLike[str], directory: str | os.PathLike[str]) -> None:
+    """Copy the :data:`MODEL_FILES` that ``source`` (an HF model directory) has into
+    ``directory``, replacing those there: weights exported into ``directory`` then load
+    as a complete model, with the tokenizer and chat template they were trained with."""
+    src, dst = Path(source), Path(directory)
+    for name in MODEL_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
 
 
 def free_port() -> int:

@@ -190,6 +190,7 @@ async def run_grpo(
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
+    backend.loss_config.check_sampling(config.sampling)
     sync = sync or InProcessSync(engine)
     stream = TaskStream(tasks, seed=config.seed, shuffle=config.shuffle)
     history: list[dict[str, float]] = []

@@ -1,6 +1,11 @@
 """The policy loss: clipped ratio (asymmetric, dual clip), KL to a reference, entropy bonus,
 truncated importance sampling against the rollout's log-probs.
 
+Every log-prob here -- old, new, reference -- and the entropy are of
+``softmax(logits / temperature)`` (:func:`tempered_logits`), the distribution the rollout
+engine sampled from and whose log-probs it reports (as SGLang does): at the rollout's
+temperature, or 1 for greedy rollouts (:func:`logprob_temperature`).
+
 Tensors are flat over the response tokens of a micro-batch (samples packed back to back).
 Each token carries a weight (:func:`token_weights`) that encodes the loss aggregation for
 the *whole step*, so that summing ``weight * per-token loss`` over micro-batches gives the
@@ -15,14 +20,16 @@ from collections.abc import Sequence
 
 import torch
 
-from agentenv import ConfigError
+from agentenv import ConfigError, SamplingParams
 
 __all__ = [
     "AGGREGATIONS",
     "KL_TYPES",
     "LossConfig",
     "kl_estimate",
+    "logprob_temperature",
     "policy_loss",
+    "tempered_logits",
     "token_weights",
 ]
 
@@ -52,6 +59,10 @@ class LossConfig:
         use_tis: weight each token by ``clamp(exp(train_logp_old - rollout_logp))``,
             correcting for the rollout engine's numerics [--use-tis].
         tis_clip_low, tis_clip_high: the clamp's bounds [--tis-clip-low, --tis-clip].
+        temperature: the rollout's sampling temperature (> 0): every log-prob and entropy
+            the backend computes is of ``softmax(logits / temperature)``, as the engine's
+            are; :func:`logprob_temperature` gives it for some sampling parameters (1 for
+            greedy) [--rollout-temperature].
     """
 
     eps_clip: float = 0.2
@@ -65,12 +76,19 @@ class LossConfig:
     use_tis: bool = False
     tis_clip_low: float = 0.0
     tis_clip_high: float = 2.0
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("eps_clip", "kl_coef", "entropy_coef", "tis_clip_low", "tis_clip_high"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        t = self.temperature
+        if not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            raise ConfigError(
+                f"temperature must be a finite number > 0, got {t!r} (greedy rollouts: "
+                "logprob_temperature(sampling) gives 1)"
+            )
         if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
             raise ConfigError(
                 f"eps_clip_high ({self.eps_clip_high}) must be >= eps_clip ({self.eps_clip})"
@@ -91,6 +109,36 @@ class LossConfig:
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Refuse rollouts sampled at another temperature than this loss's log-probs are
+        computed at: their ratio to the rollouts' log-probs, TIS weights and mismatch
+        metrics would compare two different distributions."""
+        want = logprob_temperature(sampling)
+        if self.temperature != want:
+            raise ConfigError(
+                f"the rollouts sample at temperature {sampling.temperature} but the loss "
+                f"computes log-probs at temperature {self.temperature}: build the backend "
+                f"with LossConfig(temperature={want}) (logprob_temperature(sampling))"
+            )
+
+
+def logprob_temperature(sampling: SamplingParams) -> float:
+    """The temperature of the distribution whose log-probs the engine reports for rollouts
+    sampled with ``sampling``: its temperature, or 1 when it is greedy (the engine then
+    takes the argmax of the plain logits)."""
+    return 1.0 if sampling.greedy else sampling.temperature
+
+
+def tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` in fp32, [..., V] -> [..., V], differentiable: the logits
+    whose softmax the rollout engine sampled from, divided as its sampler divides them (an
+    fp32 division by a tensor on the logits' device, skipped at 1; CUDA would multiply by
+    a rounded reciprocal for a Python number)."""
+    scaled = logits.float()
+    if temperature == 1.0:
+        return scaled
+    return scaled / torch.full((), temperature, dtype=torch.float32, device=scaled.device)
 
 
 def token_weights(

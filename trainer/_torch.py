@@ -5,7 +5,8 @@ runs the step. For each micro-batch this backend runs the decoder, then the outp
 chunks of tokens*: in fp32 under activation checkpointing (the full-vocabulary logits of
 one chunk exist at a time, in the forward and again in the backward), in bf16 through a
 custom autograd function that keeps the response tokens' logits in bf16 and does the fp32
-log-softmax and its gradient a chunk at a time.
+log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
+``softmax(logits / loss.temperature)``, the rollout's sampling distribution.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.utils.checkpoint
 
 from agentenv import ConfigError
 from trainer._backend import Item, MicroBatchBackend, OptimConfig, pad, response_positions
-from trainer._losses import LossConfig
+from trainer._losses import LossConfig, tempered_logits
 
 __all__ = ["TorchBackend"]
 
@@ -33,7 +34,7 @@ class TorchBackend(MicroBatchBackend):
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: default float32 on CPU, bfloat16 on CUDA.
         optim: AdamW settings.
-        loss: loss settings.
+        loss: loss settings (``loss.temperature``: the rollout's sampling temperature).
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens).
         logit_chunk: tokens whose full-vocabulary logits exist at once.
         entropy_metric: report the policy's per-token entropy (one more pass over each
@@ -95,6 +96,7 @@ class TorchBackend(MicroBatchBackend):
         h = hidden[rows.to(self.device), cols.to(self.device)]
         target = target.to(self.device)
         head = model.get_output_embeddings()
+        temperature = self.loss_config.temperature
         logps, ents = [], []
         differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
         if torch.is_grad_enabled() and self.dtype != torch.float32 and not differentiable_entropy:
@@ -102,11 +104,11 @@ class TorchBackend(MicroBatchBackend):
             # bytes of fp32) and do the fp32 math a chunk at a time, in the forward and in
             # the backward, without running the output layer twice.
             logits = head(h)
-            logps.append(_TokenLogprob.apply(logits, target, self.logit_chunk))  # type: ignore[no-untyped-call]
+            logps.append(_TokenLogprob.apply(logits, target, self.logit_chunk, temperature))  # type: ignore[no-untyped-call]
             if with_entropy:
                 with torch.no_grad():
                     for lo in range(0, h.shape[0], self.logit_chunk):
-                        chunk = logits[lo : lo + self.logit_chunk].float()
+                        chunk = tempered_logits(logits[lo : lo + self.logit_chunk], temperature)
                         ents.append(_entropy(chunk, torch.logsumexp(chunk, dim=-1)))
         else:
             for lo in range(0, h.shape[0], self.logit_chunk):
@@ -114,10 +116,11 @@ class TorchBackend(MicroBatchBackend):
                 if torch.is_grad_enabled():
                     # fp32 (or an entropy bonus): recompute each chunk in the backward.
                     lp, ent = torch.utils.checkpoint.checkpoint(
-                        _token_logprobs, head, hs, ts, with_entropy, use_reentrant=False
-                    )
+                        _token_logprobs, head, hs, ts, with_entropy, temperature,
+                        use_reentrant=False,
+                    )  # fmt: skip
                 else:
-                    lp, ent = _token_logprobs(head, hs, ts, with_entropy)
+                    lp, ent = _token_logprobs(head, hs, ts, with_entropy, temperature)
                 logps.append(lp)
                 ents.append(ent)
         logp = torch.cat(logps)
@@ -129,9 +132,13 @@ class TorchBackend(MicroBatchBackend):
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """The current weights as an HF model directory (config + safetensors), e.g. for a
-        server's ``/update_weights_from_disk``."""
+        """The current weights as a complete HF model directory (config, safetensors and
+        the source model's tokenizer, chat template and generation config), e.g. for a
+        server's ``/update_weights_from_disk`` or ``--save``."""
+        from trainer._files import copy_model_files
+
         self.model.save_pretrained(directory, safe_serialization=True)
+        copy_model_files(self.path, directory)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
@@ -152,7 +159,7 @@ class TorchBackend(MicroBatchBackend):
         from trainer._files import replace_dir
 
         with replace_dir(directory) as tmp:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            self.save_hf(tmp / "model")
             torch.save(self._trainer_state(), tmp / "trainer_state.pt")
             (tmp / "checkpoint.json").write_text(
                 json.dumps({"model": self._identity(), "extra": extra}, indent=1)
@@ -194,10 +201,15 @@ class TorchBackend(MicroBatchBackend):
 
 
 def _token_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, target: torch.Tensor, with_entropy: bool
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    target: torch.Tensor,
+    with_entropy: bool,
+    temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of ``target`` (and entropies) from one chunk of hidden states, in fp32."""
-    logits = head(hidden).float()
+    """Log-probs of ``target`` (and entropies) under ``softmax(logits / temperature)``
+    from one chunk of hidden states, in fp32."""
+    logits = tempered_logits(head(hidden), temperature)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, target[:, None])[:, 0] - logz
     entropy = _entropy(logits, logz) if with_entropy else logp.new_zeros(0)
@@ -205,39 +217,44 @@ def _token_logprobs(
 
 
 def _entropy(logits: torch.Tensor, logz: torch.Tensor) -> torch.Tensor:
-    """Per-row entropy of ``softmax(logits)`` (fp32 logits, their log-normaliser)."""
+    """Per-row entropy of ``softmax(logits)`` (fp32 logits already divided by the
+    temperature, their log-normaliser)."""
     return logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """``log softmax(logits)[target]`` with fp32 math one chunk of rows at a time.
+    """``log softmax(logits / T)[target]`` with fp32 math one chunk of rows at a time.
 
     Saves the logits as they are (bf16 on GPU) and each row's log-normaliser; the backward
-    rebuilds the fp32 softmax chunk by chunk (d logp / d logits = one-hot - softmax).
+    rebuilds the fp32 softmax chunk by chunk (d logp / d logits = (one-hot - softmax) / T).
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, logits: torch.Tensor, target: torch.Tensor, chunk: int, temperature: float
+    ) -> torch.Tensor:
         n = logits.shape[0]
         logz = torch.empty(n, dtype=torch.float32, device=logits.device)
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         for lo in range(0, n, chunk):
-            rows = logits[lo : lo + chunk].float()
+            rows = tempered_logits(logits[lo : lo + chunk], temperature)
             z = torch.logsumexp(rows, dim=-1)
             logz[lo : lo + chunk] = z
             logp[lo : lo + chunk] = rows.gather(-1, target[lo : lo + chunk, None])[:, 0] - z
         ctx.save_for_backward(logits, target, logz)
         ctx.chunk = chunk
+        ctx.temperature = temperature
         return logp
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         logits, target, logz = ctx.saved_tensors
+        t = ctx.temperature
         out = torch.empty_like(logits)
         for lo in range(0, logits.shape[0], ctx.chunk):
             hi = lo + ctx.chunk
-            g = grad[lo:hi, None].float()
-            d = torch.exp(logits[lo:hi].float() - logz[lo:hi, None]) * -g
+            g = grad[lo:hi, None].float() / t  # the chain rule through logits / T
+            d = torch.exp(tempered_logits(logits[lo:hi], t) - logz[lo:hi, None]) * -g
             d.scatter_add_(1, target[lo:hi, None], g)
             out[lo:hi] = d.to(logits.dtype)
-        return out, None, None
+        return out, None, None, None

@@ -223,7 +223,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from agentenv import run_rollouts as rollouts
     from trainer._backend import Backend, OptimConfig
     from trainer._loop import GRPOConfig, run_grpo
-    from trainer._losses import LossConfig
+    from trainer._losses import LossConfig, logprob_temperature
     from trainer._torch import TorchBackend
 
     sampling = SamplingParams(
@@ -255,6 +255,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         kl_coef=config.kl_loss_coef if config.use_kl_loss else 0.0,
         kl_type=config.kl_loss_type,
         use_tis=config.use_tis,
+        temperature=logprob_temperature(sampling),
     )
     optim = OptimConfig(
         optimizer=config.optimizer,

@@ -11,13 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentenv import ConfigError
+from agentenv import ConfigError, SamplingParams
 from trainer import (
     LossConfig,
     compute_advantages,
     kl_estimate,
+    logprob_temperature,
     pack_by_tokens,
     policy_loss,
+    tempered_logits,
     token_weights,
 )
 
@@ -196,11 +198,45 @@ def test_kl_estimators_are_zero_on_equal_policies_and_k3_is_non_negative() -> No
         ({"aggregation": "constant"}, "needs max_response_len"),
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
         ({"eps_clip": -0.1}, "eps_clip must be a finite number >= 0"),
+        ({"temperature": 0.0}, r"temperature must be a finite number > 0, got 0.0 \(greedy"),
+        ({"temperature": math.nan}, "temperature must be a finite number > 0, got nan"),
     ],
 )
 def test_bad_loss_config(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         LossConfig(**kwargs)
+
+
+# -- temperature --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+def test_tempered_log_probs_are_the_engines(temperature: float) -> None:
+    """The log-probs of ``tempered_logits`` are, bit for bit, those the engine's sampler
+    reports for the tokens it draws at that temperature."""
+    from agentenv.engine._sampler import SampleRow, sample
+
+    torch.manual_seed(0)
+    logits = 4 * torch.randn(6, 50)
+    params = SamplingParams(temperature=temperature)
+    ids, reported = sample(logits, [SampleRow(params, seed=7, counter=i) for i in range(6)])
+    scaled = tempered_logits(logits, temperature)
+    chosen = torch.tensor(ids)[:, None]
+    picked = scaled.gather(-1, chosen)[:, 0] - torch.logsumexp(scaled, dim=-1)
+    assert picked.tolist() == reported
+    if temperature != 1.0:  # and at T = 1 they would be another distribution's
+        plain = torch.log_softmax(logits, dim=-1).gather(-1, chosen)[:, 0]
+        assert float((plain - picked).abs().max()) > 0.1
+
+
+def test_the_logprob_temperature_of_sampling_and_its_check() -> None:
+    assert logprob_temperature(SamplingParams(temperature=0.7)) == 0.7
+    assert logprob_temperature(SamplingParams(temperature=0.0)) == 1.0  # greedy: argmax
+    LossConfig(temperature=0.7).check_sampling(SamplingParams(temperature=0.7))
+    LossConfig().check_sampling(SamplingParams(temperature=0.0))
+    with pytest.raises(ConfigError, match=r"sample at temperature 0.7 .* at temperature 1.0: "
+                       r"build the backend with LossConfig\(temperature=0.7\)"):  # fmt: skip
+        LossConfig().check_sampling(SamplingParams(temperature=0.7))
 
 
 # -- packing ------------------------------------------------------------------------------
@@ -270,21 +306,30 @@ def test_loss_and_gradients_do_not_depend_on_packing(aggregation: str) -> None:
             assert torch.allclose(g, h, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_token_logprob_matches_log_softmax_and_its_gradient(dtype: torch.dtype) -> None:
-    from trainer._torch import _TokenLogprob
+def test_chunked_token_logprob_matches_log_softmax_and_its_gradient(
+    dtype: torch.dtype, temperature: float
+) -> None:
+    """The torch backend's chunked log-prob (bf16 path, hand-written backward) and its
+    fp32 path give ``log_softmax(logits / T)``, its gradient and entropy."""
+    from trainer._torch import _token_logprobs, _TokenLogprob
 
     torch.manual_seed(0)
     logits = (3 * torch.randn(37, 101)).to(dtype)
     target = torch.randint(0, 101, (37,))
     weight = torch.randn(37)
     mine = logits.clone().requires_grad_(True)
-    lp = _TokenLogprob.apply(mine, target, 8)  # type: ignore[no-untyped-call]
+    lp = _TokenLogprob.apply(mine, target, 8, temperature)  # type: ignore[no-untyped-call]
     (lp * weight).sum().backward()
     ref_in = logits.float().requires_grad_(True)
-    ref = torch.log_softmax(ref_in, -1).gather(-1, target[:, None])[:, 0]
+    ref = torch.log_softmax(ref_in / temperature, -1).gather(-1, target[:, None])[:, 0]
     (ref * weight).sum().backward()
     assert torch.allclose(lp, ref.detach(), atol=1e-5)
     assert mine.grad is not None and ref_in.grad is not None
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert torch.allclose(mine.grad.float(), ref_in.grad, atol=tol)
+    fp32, entropy = _token_logprobs(torch.nn.Identity(), logits, target, True, temperature)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    assert torch.allclose(fp32, ref.detach(), atol=1e-5)
+    assert torch.allclose(entropy, -(probs * probs.log()).sum(-1), atol=1e-5)

@@ -232,3 +232,129 @@ def test_kl_to_a_frozen_reference_several_steps_per_rollout_and_evaluation(
     assert backend.reference is not None
     with pytest.raises(ConfigError, match="no reference model"):
         TorchBackend(model).logprobs([], reference=True)
+
+
+def test_train_at_rollout_temperature_0_7_scores_the_distribution_it_sampled(
+    tmp_path: Path,
+) -> None:
+    """``--rollout-temperature 0.7``: the trainer's log-probs are of softmax(logits / 0.7),
+    as the engine's are, so the first step's ratio is exactly 1 and the trainer-vs-rollout
+    difference is float noise (at T = 1 it would be whole nats on this model)."""
+    import json
+    import subprocess
+    import sys
+
+    model = tiny_llama(tmp_path / "tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train",
+         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+         "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "8", "--rollout-temperature", "0.7", "--n-eval", "0",
+         "--use-tis", "--save", str(tmp_path / "run"), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    (line,) = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(line)
+    assert first["train/ratio_max"] == 1.0 and first["train/ratio_min"] == 1.0
+    assert first["train/rollout_train_logprob_abs_diff"] <= 1e-4
+    assert abs(first["train/tis_weight"] - 1.0) <= 1e-3
+
+
+def test_a_backend_at_another_temperature_than_the_rollouts_is_refused(tmp_path: Path) -> None:
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    config = GRPOConfig(
+        num_rollout=1, rollout_batch_size=2, n_samples_per_prompt=2,
+        sampling=SamplingParams(max_new_tokens=4, temperature=0.7),
+    )  # fmt: skip
+    backend = TorchBackend(model, loss=LossConfig())  # log-probs at temperature 1
+    env = GoodTokensEnv()
+    with pytest.raises(ConfigError, match=r"LossConfig\(temperature=0.7\)"):
+        anyio.run(lambda: run_grpo(env, env.tasks(), backend, None, tokenizer, config))
+
+
+def test_the_saved_model_is_a_complete_hf_directory_every_loader_takes(tmp_path: Path) -> None:
+    """``train --save R`` writes ``R/model`` with the source's tokenizer, chat template,
+    special tokens and generation config beside the weights: transformers, ``agentenv
+    eval``, ``agentenv serve`` and ``agentenv train --hf-checkpoint`` all load it."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentenv.sglang import Launcher, SGLangClient, server_command
+    from trainer._files import free_port
+
+    source = tiny_llama(tmp_path / "tiny")
+    (source / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})
+    )
+
+    def agentenv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentenv", *args], capture_output=True, text=True, timeout=300
+        )
+
+    def train(model: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return agentenv(
+            "train", "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint",
+            str(model), "--num-rollout", "1", "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4", "--n-eval", "0",
+            *extra,
+        )  # fmt: skip
+
+    out = train(source, "--save", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    saved = tmp_path / "run" / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json"):  # fmt: skip
+        assert (saved / name).read_bytes() == (source / name).read_bytes(), name
+    assert {"config.json", "model.safetensors"} <= {p.name for p in saved.iterdir()}
+
+    tok = AutoTokenizer.from_pretrained(saved)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == (
+        ChatTokenizer.load(source).render([{"role": "user", "content": "hi"}])
+    )
+    assert AutoModelForCausalLM.from_pretrained(saved).config.vocab_size == 49152
+
+    out = agentenv("eval", "--env", "tests.trainer.test_loop:GoodTokensEnv", "--model",
+                   str(saved), "--n", "2", "--max-new-tokens", "4", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["episodes"] == 2
+
+    out = train(saved)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+    async def serve() -> list[int]:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = server_command(
+            str(saved), port=port, program=[sys.executable, "-m", "agentenv", "serve"]
+        )
+        with anyio.fail_after(180):
+            async with Launcher(command, url, health_timeout=120), SGLangClient(url) as client:
+                c = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=3))
+                return c.output_ids
+
+    assert len(anyio.run(serve)) == 3
+
+
+def test_eval_takes_the_tokenizer_flag_for_a_model_directory_without_one(tmp_path: Path) -> None:
+    """A model directory holding only weights and config runs with ``--tokenizer``."""
+    import json
+    import subprocess
+    import sys
+
+    model = tiny_llama(tmp_path / "tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "eval", "--env", "tests.trainer.test_loop:GoodTokensEnv",
+         "--model", str(model), "--tokenizer", "smollm2-135m", "--n", "2",
+         "--max-new-tokens", "4", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["episodes"] == 2

@@ -1,9 +1,10 @@
 """The torch backend on SmolLM2-135M (fp32, CPU): its log-probs reproduce the embedded
-engine's rollout log-probs, the first step on fresh data has ratio exactly 1, and a step
-moves the policy the way the advantages say."""
+engine's rollout log-probs (at T = 1 and at the rollout's temperature), the first step on
+fresh data has ratio exactly 1, and a step moves the policy the way the advantages say."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -18,23 +19,25 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def rollouts(smollm2: ChatTokenizer) -> list[Sample]:
-    """Four sampled completions of two prompts, with the engine's log-probs."""
+def sampled(smollm2: ChatTokenizer) -> dict[float, list[Sample]]:
+    """At temperatures 1 and 0.7: four completions of two prompts, with the engine's
+    log-probs."""
     import anyio
 
-    async def go() -> list[Sample]:
-        out = []
+    async def go() -> dict[float, list[Sample]]:
+        out: dict[float, list[Sample]] = {1.0: [], 0.7: []}
         async with Engine("smollm2-135m", device="cpu", dtype=torch.float32) as engine:
-            for k, question in enumerate(["What is 2 + 2?", "Name a colour."]):
+            for (k, question), t in itertools.product(
+                enumerate(["What is 2 + 2?", "Name a colour."]), out
+            ):
                 text = smollm2.render(
                     [{"role": "user", "content": question}], add_generation_prompt=True
                 )
                 prompt = smollm2.encode(text)
                 for j in range(2):
-                    c = await engine.generate(
-                        prompt, SamplingParams(max_new_tokens=12, temperature=1.0, seed=10 * k + j)
-                    )
-                    out.append(
+                    params = SamplingParams(max_new_tokens=12, temperature=t, seed=10 * k + j)
+                    c = await engine.generate(prompt, params)
+                    out[t].append(
                         Sample(
                             prompt_ids=prompt,
                             completion_ids=c.output_ids,
@@ -49,24 +52,58 @@ def rollouts(smollm2: ChatTokenizer) -> list[Sample]:
 
 
 @pytest.fixture(scope="module")
-def backend() -> TorchBackend:
+def rollouts(sampled: dict[float, list[Sample]]) -> list[Sample]:
+    return sampled[1.0]
+
+
+def smollm2_backend(temperature: float = 1.0) -> TorchBackend:
     torch.manual_seed(0)
     return TorchBackend(
         "smollm2-135m",
         optim=OptimConfig(lr=1e-5, grad_clip=1.0),
-        loss=LossConfig(eps_clip=0.2, eps_clip_high=0.28),
+        loss=LossConfig(eps_clip=0.2, eps_clip_high=0.28, temperature=temperature),
         max_tokens_per_micro_batch=64,  # several micro-batches
         logit_chunk=7,  # several chunks per micro-batch
     )
 
 
+@pytest.fixture(scope="module")
+def backend() -> TorchBackend:
+    return smollm2_backend()
+
+
+def max_logprob_gap(backend: TorchBackend, samples: list[Sample]) -> float:
+    """The largest trainer-vs-rollout log-prob difference of any token."""
+    gaps = []
+    for s, lp in zip(samples, backend.logprobs(samples), strict=True):
+        assert s.rollout_logprobs is not None
+        gaps.append(float((lp.double() - torch.tensor(list(s.rollout_logprobs))).abs().max()))
+    return max(gaps)
+
+
 def test_trainer_logprobs_reproduce_the_engines(
     backend: TorchBackend, rollouts: list[Sample]
 ) -> None:
-    for s, lp in zip(rollouts, backend.logprobs(rollouts), strict=True):
-        assert s.rollout_logprobs is not None
-        diff = (lp.double() - torch.tensor(list(s.rollout_logprobs))).abs().max()
-        assert float(diff) <= 1e-4, float(diff)
+    assert max_logprob_gap(backend, rollouts) <= 1e-4
+
+
+def test_at_temperature_0_7_the_logprobs_still_match_and_the_first_ratio_is_one(
+    backend: TorchBackend, sampled: dict[float, list[Sample]]
+) -> None:
+    """Rollouts sampled at T = 0.7 report log-probs of softmax(logits / 0.7); a backend
+    built for that temperature reproduces them as closely as at T = 1, and the first
+    step's ratio is exactly 1 with the same small trainer-vs-rollout difference."""
+    hot = sampled[0.7]
+    at_one = max_logprob_gap(backend, sampled[1.0])
+    # At T = 1 the T = 0.7 tokens' log-probs are another distribution's, far off.
+    assert max_logprob_gap(backend, hot) > 0.1
+    cold = smollm2_backend(0.7)
+    gap = max_logprob_gap(cold, hot)
+    assert gap <= max(2 * at_one, 1e-4), (gap, at_one)
+    adv = compute_advantages([s.reward for s in hot], [s.group_id for s in hot])
+    metrics = cold.train_step(hot, adv)
+    assert metrics["ratio_max"] == 1.0 and metrics["ratio_min"] == 1.0
+    assert metrics["train/rollout_train_logprob_abs_diff"] <= 1e-4
 
 
 def test_first_step_ratio_is_one_and_the_update_follows_the_advantages(

@@ -374,16 +374,19 @@ class MegatronBackend(Backend):
         vocab-parallel logits (:meth:`_run`)."""
         rows, cols, target, sizes = response_positions(batch, packed=self.qkv_format == "thd")
         picked = logits[rows.to(self.device), cols.to(self.device)]
+        temperature = self.loss_config.temperature  # the rollout's sampling distribution
         logp = vocab_parallel_logprobs(
-            picked, target.to(self.device), vocab_size=self.cfg.vocab_size, tp_rank=self.tp_rank
-        )
+            picked, target.to(self.device), vocab_size=self.cfg.vocab_size,
+            temperature=temperature, tp_rank=self.tp_rank,
+        )  # fmt: skip
         entropy = None
         if with_entropy:
             grad = self.loss_config.entropy_coef > 0 and torch.is_grad_enabled()
             with torch.set_grad_enabled(grad):
                 ent = vocab_parallel_entropy(
-                    picked, vocab_size=self.cfg.vocab_size, tp_rank=self.tp_rank
-                )
+                    picked, vocab_size=self.cfg.vocab_size, temperature=temperature,
+                    tp_rank=self.tp_rank,
+                )  # fmt: skip
             entropy = list(torch.split(ent, sizes))
         return list(torch.split(logp, sizes)), entropy
 
@@ -623,7 +626,7 @@ class MegatronBackend(Backend):
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
         shards = self._gather()
         if shards is not None and self.rank == 0:
-            export_hf(directory, shards, self.cfg, dtype=self.dtype)
+            export_hf(directory, shards, self.cfg, dtype=self.dtype, source=self.path)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """HF safetensors directories: read an HF checkpoint's weights, and write megatron's back
-as one (``config.json`` + ``model.safetensors``) that SGLang's ``/update_weights_from_disk``
-and ``transformers`` load."""
+as one (``config.json`` + ``model.safetensors``, and the source model's tokenizer, chat
+template and generation config) that SGLang's ``/update_weights_from_disk`` and
+``transformers`` load."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from agentenv import ConfigError
-from trainer._files import replace_dir
+from trainer._files import copy_model_files, replace_dir
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_weight_shapes, megatron_to_hf
 
@@ -38,13 +39,16 @@ def save_hf_weights(
     cfg: MegatronModelConfig,
     *,
     dtype: torch.dtype | None = None,
+    source: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write ``weights`` (HF names, as :func:`trainer.megatron.megatron_to_hf` gives them)
     and ``cfg``'s HF config into ``directory``, replacing it atomically: a crash
     mid-write leaves the previous export whole. Returns the directory.
 
     ``dtype`` converts the floating-point tensors (default: keep theirs). Tied
-    embeddings are written once (no ``lm_head.weight``), as HF saves them.
+    embeddings are written once (no ``lm_head.weight``), as HF saves them. ``source``:
+    the HF directory the model came from, whose tokenizer, chat template and generation
+    config are copied along (:func:`trainer._files.copy_model_files`).
     """
     from safetensors.torch import save_file
 
@@ -72,6 +76,8 @@ def save_hf_weights(
     with replace_dir(directory) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        if source is not None:
+            copy_model_files(source, tmp)
     final = Path(directory)
     return final
 
@@ -82,8 +88,10 @@ def export_hf(
     cfg: MegatronModelConfig,
     *,
     dtype: torch.dtype | None = None,
+    source: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Merge every rank's GPTModel state dict (``[pp_rank][tp_rank]``) into HF weights,
     vocabulary padding stripped, and write them as an HF directory
-    (:func:`save_hf_weights`). Returns the directory."""
-    return save_hf_weights(directory, megatron_to_hf(shards, cfg), cfg, dtype=dtype)
+    (:func:`save_hf_weights`, ``source``'s tokenizer files along). Returns the
+    directory."""
+    return save_hf_weights(directory, megatron_to_hf(shards, cfg), cfg, dtype=dtype, source=source)

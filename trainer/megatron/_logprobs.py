@@ -4,12 +4,16 @@
 The output layer has ``Vp`` rows, ``Vp - V`` of them padding. Their logits are set to
 ``-inf`` before the softmax: otherwise each padding row (zero, or trained towards
 anything) adds to the normaliser and the log-probs differ from the HF model's and the
-rollout engine's.
+rollout engine's. Both log-probs and entropies are of ``softmax(logits / temperature)``
+(:func:`trainer._losses.tempered_logits`), the rollout's sampling distribution, as the
+torch backend's are.
 """
 
 from __future__ import annotations
 
 import torch
+
+from trainer._losses import tempered_logits
 
 __all__ = ["mask_vocab_padding", "vocab_parallel_entropy", "vocab_parallel_logprobs"]
 
@@ -51,23 +55,28 @@ def vocab_parallel_logprobs(
     if tp_rank is None:
         tp_rank = int(core.parallel_state.get_tensor_model_parallel_rank())
     # A fresh fp32 tensor: vocab_parallel_cross_entropy modifies its input in place.
-    scaled = mask_vocab_padding(logits.float() / temperature, vocab_size, tp_rank)
+    scaled = mask_vocab_padding(tempered_logits(logits, temperature), vocab_size, tp_rank)
     logp: torch.Tensor = -core.tensor_parallel.vocab_parallel_cross_entropy(scaled, target)
     return logp
 
 
 def vocab_parallel_entropy(
-    logits: torch.Tensor, *, vocab_size: int, tp_rank: int | None = None
+    logits: torch.Tensor,
+    *,
+    vocab_size: int,
+    temperature: float = 1.0,
+    tp_rank: int | None = None,
 ) -> torch.Tensor:
-    """The entropy of ``softmax(logits)`` over the real vocabulary, fp32, [...]: each
-    tensor-parallel rank holds a slice [..., Vp/tp]; the sums are all-reduced across the
-    tensor-parallel group (differentiably), so the result is the same on every rank."""
+    """The entropy of ``softmax(logits / temperature)`` over the real vocabulary, fp32,
+    [...]: each tensor-parallel rank holds a slice [..., Vp/tp]; the sums are all-reduced
+    across the tensor-parallel group (differentiably), so the result is the same on every
+    rank."""
     from trainer.megatron._provider import require_megatron
 
     core = require_megatron()
     if tp_rank is None:
         tp_rank = int(core.parallel_state.get_tensor_model_parallel_rank())
-    real = mask_vocab_padding(logits.float(), vocab_size, tp_rank)
+    real = mask_vocab_padding(tempered_logits(logits, temperature), vocab_size, tp_rank)
     top = real.detach().max(dim=-1, keepdim=True).values
     group = core.parallel_state.get_tensor_model_parallel_group()
     if group.size() > 1:

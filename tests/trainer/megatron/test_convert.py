@@ -134,6 +134,27 @@ def test_export_loads_in_transformers_with_the_same_logits(hf_model: Any, tmp_pa
         assert torch.equal(loaded(ids).logits, hf_model(ids).logits)
 
 
+def test_export_carries_the_source_models_tokenizer_and_generation_config(
+    tmp_path: Path,
+) -> None:
+    """With ``source``, the export is a complete model directory: the source's tokenizer
+    files and generation config are copied in, and transformers loads the tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agentenv.engine import resolve_model
+    from trainer._files import MODEL_FILES
+
+    source = resolve_model("smollm2-135m")
+    model = tiny_model("llama", tied=True)
+    hf, cfg = _hf(model), _config(model)
+    out = export_hf(tmp_path / "export", hf_to_megatron_shards(hf, cfg), cfg, source=source)
+    carried = [n for n in MODEL_FILES if (source / n).is_file()]
+    assert "tokenizer.json" in carried and "generation_config.json" in carried
+    for name in carried:
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+    assert AutoTokenizer.from_pretrained(out).chat_template is not None
+
+
 def test_export_converts_dtype_and_replaces_the_directory(tmp_path: Path) -> None:
     model = tiny_model("qwen2", tied=False)
     hf, cfg = _hf(model), _config(model)

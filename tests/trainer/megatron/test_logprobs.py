@@ -1,8 +1,13 @@
 """Vocabulary padding is masked out of the softmax: sharded and masked, the log-probs are
-those of the unpadded HF vocabulary."""
+those of the unpadded HF vocabulary; they and the entropies are at the rollout's
+temperature."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 import torch
 
 from trainer.megatron import mask_vocab_padding
@@ -27,3 +32,61 @@ def test_masking_leaves_the_input_alone() -> None:
     assert torch.isinf(out[:, 36:]).all() and (out[:, :36] == 0).all()
     assert (logits == 0).all()
     assert mask_vocab_padding(logits, 100, 0) is not logits
+
+
+class _StandInCore:
+    """What the log-prob functions use of ``megatron.core``, for one tensor-parallel rank
+    on CPU: the cross entropy over the whole (masked) vocabulary, reductions that are the
+    identity."""
+
+    class parallel_state:  # megatron's module names
+        @staticmethod
+        def get_tensor_model_parallel_rank() -> int:
+            return 0
+
+        @staticmethod
+        def get_tensor_model_parallel_group() -> Any:
+            return SimpleNamespace(size=lambda: 1)
+
+    class tensor_parallel:
+        @staticmethod
+        def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> Any:
+            picked = logits.gather(-1, target[..., None])[..., 0]
+            return torch.logsumexp(logits, dim=-1) - picked
+
+        @staticmethod
+        def reduce_from_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
+            return x
+
+
+def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The megatron backend's per-item outputs, from padded vocab-parallel logits (one
+    rank), are the log-probs and entropies of ``softmax(logits[:V] / T)``: the
+    distribution the rollout engine sampled from at temperature T."""
+    import trainer.megatron._provider as provider
+    from trainer import LossConfig
+    from trainer._backend import Item
+    from trainer.megatron._backend import MegatronBackend
+
+    monkeypatch.setattr(provider, "require_megatron", lambda module="": _StandInCore)
+    torch.manual_seed(0)
+    vocab, padded, t = 40, 48, 0.7
+    batch = [
+        Item(torch.tensor([1, 5, 7, 9]), 2, torch.ones(2, dtype=torch.float64)),
+        Item(torch.tensor([3, 4, 8]), 1, torch.ones(2, dtype=torch.float64)),
+    ]
+    logits = 5 * torch.randn(2, 4, padded)
+    me = SimpleNamespace(
+        loss_config=LossConfig(temperature=t, entropy_coef=0.1),
+        cfg=SimpleNamespace(vocab_size=vocab), device=torch.device("cpu"), tp_rank=0,
+        qkv_format="bshd",
+    )  # fmt: skip
+    logps, ents = MegatronBackend._outputs(me, batch, logits, with_entropy=True)  # type: ignore[arg-type]
+    assert ents is not None
+    for row, (it, lp, ent) in enumerate(zip(batch, logps, ents, strict=True)):
+        cols = torch.arange(it.start - 1, len(it.ids) - 1)
+        want = torch.log_softmax(logits[row, cols, :vocab] / t, dim=-1)
+        assert torch.allclose(lp, want.gather(-1, it.ids[it.start :, None])[:, 0], atol=1e-6)
+        assert torch.allclose(ent, -(want.exp() * want).sum(-1), atol=1e-5)
