@@ -90,6 +90,18 @@ class ServeConfig(pydantic.BaseModel):
     durability: Literal["power", "process"] = pydantic.Field(
         "power", description="a put survives power loss (fsync), or only a process crash"
     )
+    lease_s: float = pydantic.Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a handed-out batch stays with a consumer that stops renewing it",
+    )
+    max_body_mb: int = pydantic.Field(
+        128, ge=65, description="largest request body in MiB (413 beyond)"
+    )
+    max_samples_per_request: int = pydantic.Field(
+        65536, ge=8192, description="most samples one put request may carry (413 beyond)"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -181,7 +193,15 @@ async def serve(cfg: ServeConfig) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with (
             Buffer(config, path=cfg.path) as buffer,
-            BufferServer(buffer, token=token, host=cfg.host, port=cfg.port) as server,
+            BufferServer(
+                buffer,
+                token=token,
+                host=cfg.host,
+                port=cfg.port,
+                max_body_bytes=cfg.max_body_mb * 1024 * 1024,
+                max_samples_per_request=cfg.max_samples_per_request,
+                lease_s=cfg.lease_s,
+            ) as server,
         ):
             stats = await buffer.statistics()
             last = await buffer.position()
