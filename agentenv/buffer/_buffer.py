@@ -620,18 +620,22 @@ class Buffer:
             return
         now = anyio.current_time()
         gone = [batch_id for batch_id, deadline in self._leases.items() if deadline <= now]
+        if not gone:
+            return
+        back: list[Group] = []
         for batch_id in gone:
             del self._leases[batch_id]
             batch = self._handed.pop(batch_id)
-            self._ready.extendleft(reversed(batch.groups))
+            back.extend(batch.groups)
             self._stats.handed -= len(batch.groups)
             self._stats.leases_expired += 1
             self._expired[batch_id] = batch
             if len(self._expired) > _EXPIRED_KEPT:
                 self._expired.popitem(last=False)
-        if gone:
-            self._stats.ready = len(self._ready)
-            self._notify()
+        back.sort(key=lambda g: g.seq)  # oldest first, as they were put
+        self._ready.extendleft(reversed(back))
+        self._stats.ready = len(self._ready)
+        self._notify()
 
     def _reclaim(self, batch_id: str) -> Batch | None:
         """An expired batch back to its consumer, if none of its groups has left the ready

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agentenv import ConfigError, Sample, SampleError, Status
 from agentenv.buffer import (
@@ -588,7 +589,8 @@ async def test_a_second_process_cannot_open_the_directory(tmp_path: Path) -> Non
     ) as holder:
         assert holder.stdout is not None
         with anyio.fail_after(60):
-            assert (await holder.stdout.receive()).strip() == b"open"
+            line = await BufferedByteReceiveStream(holder.stdout).receive_until(b"\n", 64)
+        assert line == b"open"
         with pytest.raises(BufferLockedError, match=rf"open in process {holder.pid}\b") as info:
             Buffer(path=path)
         assert "agentenv buffer serve" in str(info.value)
