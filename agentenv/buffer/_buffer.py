@@ -189,8 +189,12 @@ class Buffer:
         self._committing = False
         self._closed = False
         self._admitted = 0  # groups reserved since start (admission control)
-        for record in self._store.ready():
-            self._ready.append(self._group(record))
+        try:
+            for record in self._store.ready():
+                self._ready.append(self._group(record))
+        except BaseException:
+            self._store.close()  # and its directory's lock with it
+            raise
         self._stats.ready = len(self._ready)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -598,8 +602,11 @@ class Buffer:
                     break
                 changed = self._changed
                 # A lease that runs out returns groups: wake for it too.
-                wake = min(self._leases.values(), default=None)
-                with anyio.move_on_after(None if wake is None else wake - anyio.current_time()):
+                if self._leases:
+                    wake = min(self._leases.values())
+                    with anyio.move_on_after(wake - anyio.current_time()):
+                        await changed.wait()
+                else:
                     await changed.wait()
                 self._check_open()
         taken = tuple(self._ready.popleft() for _ in range(n))

@@ -27,7 +27,8 @@ Wire protocol (version 1, under ``/v1``)::
     POST /v1/put_groups         body: (u32 length | encoded samples) per group
                                 -> {"errors": [null | {"type", "message"}]}, one per group
     POST /v1/get_batch          {groups, policy_version, timeout} -> batch frame (long poll)
-    POST /v1/renew              {batches: [str]}                 -> {"expired": [str]}
+    POST /v1/renew              {batches: [str]}
+                                -> {"errors": [null | {"type", "message"}]}, one per batch
     POST /v1/ack                {batch, step}                    -> 204
     POST /v1/release_batch      {batch}                          -> 204
     GET  /v1/statistics                                          -> BufferStats as JSON
@@ -506,13 +507,14 @@ class BufferServer:
         return Response(encode_batch(batch), content_type=BATCH_TYPE, on_undelivered=put_back)
 
     async def _renew(self, request: Request) -> Response:
-        expired = []
+        errors: list[dict[str, str] | None] = []
         for batch_id in _parse(_Renew, request).batches:
             try:
                 await self.buffer.renew(batch_id)
-            except UnknownBatchError:
-                expired.append(batch_id)
-        return Response.json({"expired": expired})
+                errors.append(None)
+            except UnknownBatchError as e:
+                errors.append({"type": _classify(e)[0], "message": _message(e)})
+        return Response.json({"errors": errors})
 
     async def _ack(self, request: Request) -> Response:
         args = _parse(_Ack, request)
@@ -656,13 +658,24 @@ class BufferClient:
             if not held:
                 continue
             try:
-                response = await self._call("POST", "renew", json_body={"batches": held})
-                expired = response.json()["expired"]
-            except (AgentEnvError, OSError, ValueError, KeyError, TypeError) as e:
+                errors = await self._renew(held)
+            except Exception as e:
+                # A background renewal must never take down the task that holds the
+                # client (its task group is the caller's); the next round tries again.
                 log.warning("agentenv buffer: renewing %d batch leases failed: %s", len(held), e)
                 continue
-            for batch_id in expired:
-                self._held.pop(str(batch_id), None)
+            for batch_id, error in zip(held, errors, strict=True):
+                if error is not None:
+                    self._held.pop(batch_id, None)
+
+    async def _renew(self, batch_ids: list[str]) -> list[BaseException | None]:
+        response = await self._call("POST", "renew", json_body={"batches": batch_ids})
+        errors = response.json()["errors"]
+        if len(errors) != len(batch_ids):
+            raise BufferServiceError(
+                f"the Buffer service answered {len(errors)} results for {len(batch_ids)} leases"
+            )
+        return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
 
     def _hold(self, batch: Batch) -> None:
         if batch.lease_s is not None:
@@ -835,6 +848,15 @@ class BufferClient:
         batch = decode_batch(response.content)
         self._hold(batch)
         return batch
+
+    async def renew(self, batch: Batch | str) -> None:
+        """:meth:`Buffer.renew <agentenv.buffer.Buffer.renew>`; this client also renews the
+        batches it holds in the background, so calling it is seldom needed."""
+        batch_id = batch if isinstance(batch, str) else batch.id
+        (error,) = await self._renew([batch_id])
+        if error is not None:
+            self._held.pop(batch_id, None)
+            raise error
 
     async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
         """:meth:`Buffer.ack <agentenv.buffer.Buffer.ack>`: durable before it returns."""

@@ -163,8 +163,12 @@ async def test_the_batch_of_a_killed_consumer_goes_to_the_next() -> None:
         with anyio.fail_after(10 * lease):
             again = await survivor.get_batch(2)
         assert _seqs(again) == [1, 2]
-        with pytest.raises(LeaseExpiredError):  # the dead consumer's ack, were it to come
-            await buffer.ack(batch_id, step=1)
+        # The dead consumer's ack or renewal, were they to come: refused, over the wire too.
+        with pytest.raises(LeaseExpiredError, match="handed to another consumer"):
+            await survivor.ack(batch_id, step=1)
+        with pytest.raises(LeaseExpiredError):
+            await survivor.renew(batch_id)
+        await survivor.renew(again)
         # The survivor holds two batches through a pause longer than the lease.
         await anyio.sleep(2 * lease)
         await survivor.ack(other, step=1)
