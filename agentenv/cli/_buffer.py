@@ -7,11 +7,12 @@
         [--state ready|consumed|dropped|stale|all]
 
 ``serve`` runs until Ctrl-C (or SIGTERM); remote workers connect with
-``BufferClient(url, token=...)``. ``stats`` and ``export`` open the Buffer's files
-read-only, so they are safe on a Buffer that is being served. ``export`` writes one row per
-sample: the fields of ``Sample.to_dict()`` plus ``group_seq``, ``group_state``,
-``group_step`` and ``group_reason``. Parquet needs ``pyarrow``; its ``metadata`` column
-holds each sample's metadata as a JSON string.
+``BufferClient(url, token=...)``. It holds the directory's lock: one process per Buffer
+directory, so every other process goes through the server. ``stats`` and ``export`` open
+the Buffer's files read-only, so they are safe on a Buffer that is being served.
+``export`` writes one row per sample: the fields of ``Sample.to_dict()`` plus
+``group_seq``, ``group_state``, ``group_step`` and ``group_reason``. Parquet needs
+``pyarrow``; its ``metadata`` column holds each sample's metadata as a JSON string.
 """
 
 from __future__ import annotations
