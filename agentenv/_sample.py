@@ -135,6 +135,30 @@ def logprob_array(values: Any, n: int, *, check: bool = True) -> array.array[flo
     return out
 
 
+def check_metadata(metadata: Any) -> None:
+    """:class:`SampleError` unless ``metadata`` is a dict whose numbers are all finite.
+
+    JSON has no NaN or infinity: a sample holding one could not be stored, sent or
+    exported. The walk is iterative, so deeply nested metadata cannot exhaust the stack;
+    the error names the key path of the first bad value.
+    """
+    if not isinstance(metadata, dict):
+        raise SampleError(f"metadata must be a dict, got {type(metadata).__name__}")
+    stack: list[tuple[str, Any]] = [("metadata", metadata)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise SampleError(
+                    f"{where} is {value}, but metadata must be JSON and JSON has no NaN or "
+                    "infinity: store a finite number, null or a string instead"
+                )
+        elif isinstance(value, dict):
+            stack.extend((f"{where}[{k!r}]", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
 @dataclasses.dataclass(slots=True, kw_only=True, eq=True)
 class Sample:
     """One trainable sequence.
@@ -157,7 +181,8 @@ class Sample:
         status: how the episode ended; ``reason`` is required unless ``COMPLETED``.
         reason: a short human-readable explanation of ``status``.
         error_type: for ``FAILED`` samples, the error class name (``"TimeoutError"``).
-        metadata: small JSON-serialisable data (turn counts, reward components, ...).
+        metadata: small JSON-serialisable data (turn counts, reward components, ...);
+            every number in it must be finite.
     """
 
     prompt_ids: Sequence[int]
@@ -215,6 +240,10 @@ class Sample:
                 raise SampleError(f"error_type is only for failed samples, got {self.error_type!r}")
             if not self.prompt_ids:
                 raise SampleError(f"a {self.status.value} sample needs prompt_ids")
+        if self.metadata:
+            check_metadata(self.metadata)
+        elif not isinstance(self.metadata, dict):
+            raise SampleError(f"metadata must be a dict, got {type(self.metadata).__name__}")
 
     # -- views -----------------------------------------------------------------------
     @property
@@ -320,4 +349,6 @@ class Sample:
             data = json.loads(text)
         except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bad bytes
             raise SampleError(f"sample is not valid JSON: {e}") from None
+        except RecursionError:
+            raise SampleError("sample is not valid JSON: it is nested too deeply") from None
         return cls.from_dict(data)

@@ -4,16 +4,24 @@ See :class:`Buffer`. ``agentenv buffer stats|export|serve`` work on a durable Bu
 directory.
 """
 
-from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
+from agentenv.buffer._buffer import (
+    Batch,
+    Buffer,
+    BufferStats,
+    Group,
+    LeaseExpiredError,
+    UnknownBatchError,
+)
 from agentenv.buffer._config import BufferConfig, FilterResult, GroupFilter, RewardStdFilter
 from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
-from agentenv.buffer._store import BufferStoreError
+from agentenv.buffer._store import BufferLockedError, BufferStoreError
 
 __all__ = [
     "Batch",
     "Buffer",
     "BufferClient",
     "BufferConfig",
+    "BufferLockedError",
     "BufferServer",
     "BufferServiceError",
     "BufferStats",
@@ -21,6 +29,7 @@ __all__ = [
     "FilterResult",
     "Group",
     "GroupFilter",
+    "LeaseExpiredError",
     "RewardStdFilter",
     "UnknownBatchError",
 ]

@@ -6,7 +6,10 @@ waits while ``capacity`` groups are ready), and hands the trainer batches of gro
 are fresh enough for its policy version. A batch counts as consumed only when the trainer
 acknowledges its step. With ``path=``, everything that matters is on disk before the call
 that changed it returns: a killed run resumes with no acknowledged group lost and no group
-handed to a committed step twice.
+handed to a committed step twice. One process per directory: the Buffer holds its lock
+until closed (share it between processes with ``agentenv buffer serve``). A batch may be
+leased (``get_batch(lease_s=...)``; the service always does it): unless renewed, its groups
+go back to the ready queue when the lease runs out, so a consumer that died loses nothing.
 
     async with Buffer(BufferConfig(n_samples_per_prompt=8, rollout_batch_size=32),
                       path="runs/exp1/buffer") as buffer:
@@ -36,7 +39,7 @@ from agentenv.buffer._codec import encode_sample
 from agentenv.buffer._config import BufferConfig, FilterResult
 from agentenv.buffer._store import Consumed, GroupRecord, MemoryStore, SqliteStore, Store
 
-__all__ = ["Batch", "Buffer", "BufferStats", "Group", "UnknownBatchError"]
+__all__ = ["Batch", "Buffer", "BufferStats", "Group", "LeaseExpiredError", "UnknownBatchError"]
 
 # A put or acknowledgement waiting for the group commit: records to store, batches
 # consumed, and the slot its result (flags per record, or an exception) goes into.
@@ -44,9 +47,19 @@ _Entry = tuple[list[GroupRecord], list[Consumed], list[Any]]
 
 T = TypeVar("T")
 
+# Expired batches remembered, so that a late ack or renewal can still take its groups back
+# while nobody else has them (the oldest are forgotten first).
+_EXPIRED_KEPT = 4096
+_INT64 = 2**63
+
 
 class UnknownBatchError(AgentEnvError, KeyError):
     """``ack`` or ``release`` named a batch this Buffer did not hand out (or already settled)."""
+
+
+class LeaseExpiredError(UnknownBatchError):
+    """The batch's lease ran out and its groups went to another consumer (or were dropped):
+    the step that trained on it must not be committed."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +88,8 @@ class Batch:
     id: str
     groups: tuple[Group, ...]
     policy_version: int | None
+    # Seconds the batch stays handed out without a renewal; None: until ack or release.
+    lease_s: float | None = None
 
     @property
     def samples(self) -> list[Sample]:
@@ -98,6 +113,7 @@ class BufferStats:
     consumed: int = 0
     batches: int = 0
     in_flight: int = 0
+    leases_expired: int = 0
     policy_version: int | None = None
 
     @property
@@ -111,6 +127,19 @@ class BufferStats:
         d["dropped"] = dict(self.dropped)
         d["pass_rate"] = self.pass_rate
         return d
+
+
+def _check_count(method: str, prompts: object) -> None:
+    if type(prompts) is not int or prompts < 0:
+        raise ConfigError(
+            f"{method} takes a number of prompts >= 0, got {prompts!r}: count the rollouts "
+            f"that {'will start' if method == 'reserve' else 'will not be put'}"
+        )
+
+
+def _check_step(step: object) -> None:
+    if step is not None and (type(step) is not int or not -_INT64 <= step < _INT64):
+        raise ConfigError(f"a step must be an int (a 64-bit one), got {step!r}")
 
 
 def _versions(samples: Sequence[Sample]) -> int | None:
@@ -152,6 +181,9 @@ class Buffer:
         self._durable = path is not None
         self._ready: collections.deque[Group] = collections.deque()
         self._handed: dict[str, Batch] = {}
+        self._leases: dict[str, float] = {}  # leased batch id -> monotonic deadline
+        self._expired: collections.OrderedDict[str, Batch] = collections.OrderedDict()
+        self._filling = 0  # puts admitted past the capacity check, not yet ready or dropped
         self._recycled: list[str] = []
         self._stats = BufferStats()
         self._changed = anyio.Event()
@@ -160,8 +192,12 @@ class Buffer:
         self._committing = False
         self._closed = False
         self._admitted = 0  # groups reserved since start (admission control)
-        for record in self._store.ready():
-            self._ready.append(self._group(record))
+        try:
+            for record in self._store.ready():
+                self._ready.append(self._group(record))
+        except BaseException:
+            self._store.close()  # and its directory's lock with it
+            raise
         self._stats.ready = len(self._ready)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -210,10 +246,20 @@ class Buffer:
             known = {id(s): blob for s, blob in zip(samples, encoded, strict=True)}
             for record in records:
                 record.blobs = [known.get(id(s)) or encode_sample(s) for s in record.samples]
-        while self._stats.ready >= self.config.capacity:
+        # The room is taken here, before the filters and the commit wait: checking only
+        # the ready groups would let every put that is waiting for them pass at once.
+        while len(self._ready) + self._filling >= self.config.capacity:
             changed = self._changed
             await changed.wait()
             self._check_open()
+        self._filling += 1
+        try:
+            await self._put_admitted(records, len(samples))
+        finally:
+            self._filling -= 1
+            self._notify()
+
+    async def _put_admitted(self, records: list[GroupRecord], n_samples: int) -> None:
         for record in records:
             if record.state == "ready":
                 verdict = await self._filter(record.samples)
@@ -225,7 +271,7 @@ class Buffer:
             self._stats.duplicate_groups += 1
             return
         self._stats.groups_put += 1
-        self._stats.samples_put += len(samples)
+        self._stats.samples_put += n_samples
         for record, is_new in zip(records, new, strict=True):
             if not is_new:
                 continue
@@ -235,7 +281,6 @@ class Buffer:
             else:
                 self._stats.dropped[record.reason] += 1
         self._stats.ready = len(self._ready)
-        self._notify()
 
     def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
         if not samples:
@@ -489,6 +534,7 @@ class Buffer:
         the prompts in flight.
         """
         self._check_open()
+        _check_count("reserve", prompts)
         limit = self.config.max_staleness
         per_step = self.config.rollout_batch_size
         while limit is not None and per_step is not None:
@@ -504,6 +550,7 @@ class Buffer:
 
     async def release(self, prompts: int = 1) -> None:
         """Give back reservations for rollouts that will not be put (cancelled)."""
+        _check_count("release", prompts)
         self._admitted = max(0, self._admitted - prompts)
         self._stats.in_flight = max(0, self._stats.in_flight - prompts)
         self._notify()
@@ -515,11 +562,16 @@ class Buffer:
         *,
         policy_version: int | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline for the wait, as Queue.get
+        lease_s: float | None = None,
     ) -> Batch:
         """The next ``groups`` ready groups (default ``rollout_batch_size``), oldest first.
 
         Waits until enough are ready (``TimeoutError`` after ``timeout`` seconds). Groups
-        too stale for ``policy_version`` are dropped or recycled on the way.
+        too stale for ``policy_version`` are dropped or recycled on the way. With
+        ``lease_s``, the batch is lent for that long: unless :meth:`renew` extends the
+        lease (or ``ack``/``release_batch`` settles the batch) in time, its groups go back
+        to the front of the ready queue for the next consumer. Without, the batch stays
+        handed out until it is settled (or :meth:`rewind`).
         """
         self._check_open()
         n = groups or self.config.rollout_batch_size
@@ -531,25 +583,127 @@ class Buffer:
             raise ConfigError(
                 f"a batch of {n} groups can never fill a capacity of {self.config.capacity}"
             )
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+            raise ConfigError(
+                f"get_batch's timeout must be a number of seconds >= 0 (or None: wait as long "
+                f"as it takes), got {timeout!r}"
+            )
+        if lease_s is not None and not (
+            isinstance(lease_s, (int, float)) and 0 < lease_s < math.inf
+        ):
+            raise ConfigError(
+                f"lease_s must be a finite number of seconds > 0 (or None: no lease), "
+                f"got {lease_s!r}"
+            )
         if policy_version is not None:
             self._set_version(policy_version)
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(None if timeout is None or math.isinf(timeout) else timeout):
             while True:
+                self._expire_leases()
                 await self._drop_stale()
                 if len(self._ready) >= n:
                     break
                 changed = self._changed
-                await changed.wait()
+                # A lease that runs out returns groups: wake for it too.
+                if self._leases:
+                    wake = min(self._leases.values())
+                    with anyio.move_on_after(wake - anyio.current_time()):
+                        await changed.wait()
+                else:
+                    await changed.wait()
                 self._check_open()
         taken = tuple(self._ready.popleft() for _ in range(n))
-        batch = Batch(uuid.uuid4().hex, taken, self._stats.policy_version)
+        batch = Batch(uuid.uuid4().hex, taken, self._stats.policy_version, lease_s)
         self._handed[batch.id] = batch
+        if lease_s is not None:
+            self._leases[batch.id] = anyio.current_time() + lease_s
         self._stats.ready = len(self._ready)
         self._stats.handed += n
         self._stats.batches += 1
         self._notify()  # room for producers
         return batch
 
+    # -- leases --------------------------------------------------------------------------
+    def _expire_leases(self) -> None:
+        """Every batch whose lease ran out goes back to the front of the ready queue."""
+        if not self._leases:
+            return
+        now = anyio.current_time()
+        gone = [batch_id for batch_id, deadline in self._leases.items() if deadline <= now]
+        if not gone:
+            return
+        back: list[Group] = []
+        for batch_id in gone:
+            del self._leases[batch_id]
+            batch = self._handed.pop(batch_id)
+            back.extend(batch.groups)
+            self._stats.handed -= len(batch.groups)
+            self._stats.leases_expired += 1
+            self._expired[batch_id] = batch
+            if len(self._expired) > _EXPIRED_KEPT:
+                self._expired.popitem(last=False)
+        back.sort(key=lambda g: g.seq)  # oldest first, as they were put
+        self._ready.extendleft(reversed(back))
+        self._stats.ready = len(self._ready)
+        self._notify()
+
+    def _reclaim(self, batch_id: str) -> Batch | None:
+        """An expired batch back to its consumer, if none of its groups has left the ready
+        queue meanwhile (handed to another consumer, or dropped as stale)."""
+        batch = self._expired.get(batch_id)
+        if batch is None:
+            return None
+        seqs = {g.seq for g in batch.groups}
+        if sum(g.seq in seqs for g in self._ready) != len(seqs):
+            return None
+        del self._expired[batch_id]
+        self._ready = collections.deque(g for g in self._ready if g.seq not in seqs)
+        self._handed[batch_id] = batch
+        self._stats.ready = len(self._ready)
+        self._stats.handed += len(batch.groups)
+        return batch
+
+    def _settle(self, batch_id: str) -> Batch:
+        """Take ``batch_id`` out of the handed-out batches (to acknowledge or release it)."""
+        self._expire_leases()
+        taken = self._handed.pop(batch_id, None) or self._reclaim_settled(batch_id)
+        self._leases.pop(batch_id, None)
+        return taken
+
+    def _reclaim_settled(self, batch_id: str) -> Batch:
+        batch = self._reclaim(batch_id)
+        if batch is not None:
+            return self._handed.pop(batch_id)
+        if batch_id in self._expired:
+            lease = self._expired[batch_id].lease_s
+            raise LeaseExpiredError(
+                f"the lease of batch {batch_id!r} ran out (no renewal within {lease} s) and "
+                "its groups were handed to another consumer or dropped meanwhile: do not "
+                "commit the step that trained on it (renew leases while a step runs: "
+                "BufferClient does it in the background)"
+            )
+        raise UnknownBatchError(
+            f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
+            "acknowledged or released"
+        )
+
+    async def renew(self, batch: Batch | str) -> None:
+        """Extend a leased batch's lease by its ``lease_s`` from now.
+
+        A batch whose lease ran out is taken back if all its groups are still ready;
+        otherwise :class:`LeaseExpiredError`. Batches without a lease need no renewal.
+        """
+        self._check_open()
+        batch_id = batch if isinstance(batch, str) else batch.id
+        self._expire_leases()
+        taken = self._handed.get(batch_id)
+        if taken is None:
+            taken = self._reclaim_settled(batch_id)
+            self._handed[batch_id] = taken
+        if taken.lease_s is not None:
+            self._leases[batch_id] = anyio.current_time() + taken.lease_s
+
+    # -- staleness on the way out --------------------------------------------------------
     async def drop_stale(self) -> int:
         """Drop (or recycle) the ready groups too stale for the current policy version now,
         rather than when a batch is next taken; returns how many went."""
@@ -574,31 +728,45 @@ class Buffer:
                 await self._call(self._store.set_state, seqs, "stale", reason)
         self._stats.ready = len(self._ready)
 
+    # -- settling ------------------------------------------------------------------------
     async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
         """The trainer committed ``batch`` (as step ``step``): its groups are consumed.
 
         Durable before it returns. Unknown or already-settled batch ids raise
-        :class:`UnknownBatchError`.
+        :class:`UnknownBatchError`. A batch whose lease ran out is still acknowledged
+        while none of its groups has been handed out again; else
+        :class:`LeaseExpiredError`, and the step must not be committed.
         """
         self._check_open()
+        _check_step(step)
         batch_id = batch if isinstance(batch, str) else batch.id
-        taken = self._handed.get(batch_id)
-        if taken is None:
-            raise UnknownBatchError(
-                f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
-                "acknowledged or released"
-            )
-        # Joins the group commit: one transaction and fsync with the puts waiting then.
-        await self._commit([], [Consumed([g.seq for g in taken.groups], step)])
-        del self._handed[batch_id]
+        deadline = self._leases.get(batch_id)
+        # Out of the handed batches while the commit runs: its lease cannot run out (and
+        # hand its groups to another consumer) halfway, and a second ack finds nothing.
+        taken = self._settle(batch_id)
+        try:
+            # Joins the group commit: one transaction and fsync with the puts waiting then.
+            await self._commit([], [Consumed([g.seq for g in taken.groups], step)])
+        except BaseException:
+            self._handed[batch_id] = taken
+            if taken.lease_s is not None:
+                self._leases[batch_id] = deadline or anyio.current_time() + taken.lease_s
+            raise
         self._stats.handed -= len(taken.groups)
         self._stats.consumed += len(taken.groups)
 
     async def release_batch(self, batch: Batch | str) -> None:
-        """Put an unacknowledged batch back at the front (the step failed)."""
+        """Put an unacknowledged batch back at the front (the step failed).
+
+        Releasing a batch whose lease ran out is a no-op: its groups went back already.
+        """
         batch_id = batch if isinstance(batch, str) else batch.id
+        self._expire_leases()
         taken = self._handed.pop(batch_id, None)
+        self._leases.pop(batch_id, None)
         if taken is None:
+            if self._expired.pop(batch_id, None) is not None:
+                return
             raise UnknownBatchError(f"unknown batch {batch_id!r}")
         self._ready.extendleft(reversed(taken.groups))
         self._stats.handed -= len(taken.groups)
@@ -611,17 +779,28 @@ class Buffer:
 
     async def rewind(self, step: int) -> int:
         """Resume from a checkpoint at ``step``: groups consumed by later steps become ready
-        again (they were never committed with a checkpoint). Returns how many."""
+        again (they were never committed with a checkpoint), and so do the groups of every
+        batch handed out and not acknowledged (their consumer is gone: acknowledging them
+        later raises :class:`UnknownBatchError`). Returns how many became ready."""
         self._check_open()
+        _check_step(step)
         async with self._lock:
             records = await self._call(self._store.rewind, step)
         back = [self._group(r) for r in records]
+        for taken in self._handed.values():
+            back.extend(taken.groups)
+        self._stats.handed = 0
+        self._handed.clear()
+        self._leases.clear()
+        self._expired.clear()
+        back.sort(key=lambda g: g.seq)
         self._ready.extendleft(reversed(back))
         self._stats.ready = len(self._ready)
-        self._stats.consumed -= min(self._stats.consumed, len(back))
+        self._stats.consumed -= min(self._stats.consumed, len(records))
         self._notify()
         return len(back)
 
     async def statistics(self) -> BufferStats:
         """A snapshot of the counters."""
+        self._expire_leases()
         return dataclasses.replace(self._stats, dropped=collections.Counter(self._stats.dropped))

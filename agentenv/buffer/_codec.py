@@ -23,6 +23,7 @@ from agentenv._errors import SampleError
 from agentenv._sample import Sample, logprob_array, mask_array, token_ids
 
 __all__ = [
+    "FrameLimitError",
     "decode_sample",
     "decode_samples",
     "decode_samples_keeping",
@@ -156,6 +157,11 @@ def decode_sample(data: bytes | memoryview) -> Sample:
             lp.frombytes(view[pos:])
     except (ValueError, TypeError, struct.error) as e:  # incl. JSON and Unicode errors
         raise SampleError(f"malformed encoded sample: {e}") from None
+    except RecursionError:  # the C decoder's own depth guard: never a crash, a bad input
+        raise SampleError(
+            "malformed encoded sample: its header is nested too deeply (metadata should be "
+            "small, flat JSON)"
+        ) from None
     for name, value in zip(
         _OPTIONAL_STRINGS, (group_id, role, sid, task_id, reason, error_type), strict=True
     ):
@@ -202,21 +208,39 @@ def join_frames(blobs: Iterable[bytes]) -> bytes:
     return b"".join(part for blob in blobs for part in (_HEADER.pack(len(blob)), blob))
 
 
+class FrameLimitError(SampleError):
+    """A frame stream holds more frames than its reader accepts (:func:`split_frames`)."""
+
+
 def split_frames(
-    data: bytes | memoryview, *, what: str = "sample stream", item: str = "sample"
+    data: bytes | memoryview,
+    *,
+    what: str = "sample stream",
+    item: str = "sample",
+    limit: int | None = None,
 ) -> list[memoryview]:
     """Inverse of :func:`join_frames` (views, no copies); :class:`SampleError` names
-    ``what`` when the data is cut short."""
+    ``what`` when the data is cut short or holds an empty frame (no encoding is empty, so
+    one is malformed input, refused before it costs anything), and
+    :class:`FrameLimitError` once it holds more than ``limit`` frames. One pass, linear
+    in the data; the views take a bounded multiple of it since every frame has a byte."""
     view = memoryview(data)
-    out = []
+    out: list[memoryview] = []
     pos = 0
     while pos < len(view):
         if pos + 4 > len(view):
             raise SampleError(f"malformed {what}: truncated length prefix")
         (n,) = _HEADER.unpack_from(view, pos)
+        if n == 0:
+            raise SampleError(
+                f"malformed {what}: {item} {len(out)} (at byte {pos}) has length 0; "
+                f"an empty {item} is never valid"
+            )
         pos += 4
         if pos + n > len(view):
             raise SampleError(f"malformed {what}: truncated {item}")
+        if limit is not None and len(out) >= limit:
+            raise FrameLimitError(f"{what} holds more than {limit} {item}s")
         out.append(view[pos : pos + n])
         pos += n
     return out

@@ -27,6 +27,8 @@ Wire protocol (version 1, under ``/v1``)::
     POST /v1/put_groups         body: (u32 length | encoded samples) per group
                                 -> {"errors": [null | {"type", "message"}]}, one per group
     POST /v1/get_batch          {groups, policy_version, timeout} -> batch frame (long poll)
+    POST /v1/renew              {batches: [str]}
+                                -> {"errors": [null | {"type", "message"}]}, one per batch
     POST /v1/ack                {batch, step}                    -> 204
     POST /v1/release_batch      {batch}                          -> 204
     GET  /v1/statistics                                          -> BufferStats as JSON
@@ -38,8 +40,23 @@ Wire protocol (version 1, under ``/v1``)::
     GET  /v1/position                                            -> {"step": int | null}
     POST /v1/rewind             {step}                           -> {"groups": int}
 
-A batch frame is ``u32 length | JSON {id, policy_version, groups: [{group_id, role,
-task_id, version, seq, n}]} | the batch's samples, encoded``.
+A batch frame is ``u32 length | JSON {id, policy_version, lease_s, groups: [{group_id,
+role, task_id, version, seq, n}]} | the batch's samples, encoded``.
+
+Every request is validated before the Buffer sees it: JSON bodies and query strings by one
+pydantic model per endpoint (types, ranges: a NaN timeout or a negative count is a 400 that
+names the field), sample bodies by the codec, in one linear pass that refuses empty groups
+and empty records and counts the samples before decoding any (``max_samples_per_request``,
+413 beyond; the body itself is capped by ``max_body_bytes``, 413 beyond). So a request costs
+at most a small multiple of its size in memory, and a malformed one never reaches the Buffer.
+
+Leases: a batch handed out by the server is lent for ``lease_s`` seconds. The client renews
+the leases of the batches it holds in the background (every third of ``lease_s``, one
+``renew`` request for all of them) until it acknowledges or releases them; a consumer that
+dies stops renewing, and its batches' groups go back to the ready queue for the next
+consumer when the lease runs out. An ``ack`` after that succeeds while none of the
+batch's groups has been handed out again, and otherwise raises ``LeaseExpiredError``:
+then another consumer has them, and the late step must not be committed.
 
 The client sends concurrent ``put_group`` calls together: while one request is in flight,
 the groups put meanwhile queue up and go as one ``put_groups`` request (as the durable
@@ -54,11 +71,14 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import logging
+import math
 import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
+import anyio.abc
 import httpx
 import pydantic
 
@@ -73,10 +93,18 @@ from agentenv._http import (
     async_client,
 )
 from agentenv._sample import Sample
-from agentenv.buffer._buffer import Batch, Buffer, BufferStats, Group, UnknownBatchError
+from agentenv.buffer._buffer import (
+    Batch,
+    Buffer,
+    BufferStats,
+    Group,
+    LeaseExpiredError,
+    UnknownBatchError,
+)
 from agentenv.buffer._codec import (
+    FrameLimitError,
+    decode_sample,
     decode_samples,
-    decode_samples_keeping,
     encode_sample,
     encode_samples,
     join_frames,
@@ -86,11 +114,21 @@ from agentenv.buffer._store import BufferStoreError
 
 __all__ = ["BufferClient", "BufferServer", "BufferServiceError"]
 
+log = logging.getLogger("agentenv.buffer")
+
 SAMPLES_TYPE = "application/x-agentenv-samples"
 BATCH_TYPE = "application/x-agentenv-batch"
 PREFIX = "/v1"
 _U32 = struct.Struct("<I")
 _PUT_BYTES = 64 * 1024 * 1024  # the most one put_groups request carries
+_PUT_SAMPLES = 8192  # ... and the most samples (well below the server's default limit)
+_MAX_BODY_BYTES = 128 * 1024 * 1024  # the server's default body limit: two full requests
+_MAX_SAMPLES = 65536  # the server's default limit on samples per request
+# Groups of one put_groups request put at once: enough for big group commits, few enough
+# that a request of many small groups does not start a task for each.
+_PUT_WORKERS = 256
+_MAX_RENEW = 4096  # batch ids per renew request
+_INT64 = 2**63
 # Requests in flight at once: one keeps the server busy while the next is sent and the
 # answer to the previous is read; more only split the queued groups into smaller requests.
 _PUTS_IN_FLIGHT = 2
@@ -112,6 +150,7 @@ class BufferServiceError(AgentEnvError):
 # Buffer exceptions and their HTTP statuses; the client re-raises them by ``type``. Order
 # matters: the first matching class wins (UnknownBatchError is also a KeyError).
 _ERRORS: tuple[tuple[type[BaseException], int], ...] = (
+    (LeaseExpiredError, 409),
     (UnknownBatchError, 404),
     (SampleError, 400),
     (ConfigError, 400),
@@ -140,38 +179,62 @@ class _Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# The integers the store keeps are SQLite's: 64-bit.
+_Int64 = Annotated[int, pydantic.Field(ge=-_INT64, lt=_INT64)]
+_Count = Annotated[int, pydantic.Field(ge=0, lt=_INT64)]
+_BatchIdStr = Annotated[str, pydantic.Field(min_length=1, max_length=256)]
+
+
 class _GetBatch(_Message):
-    groups: int | None = None
-    policy_version: int | None = None
-    timeout: float | None = None
+    groups: Annotated[int, pydantic.Field(ge=1, lt=_INT64)] | None = None
+    policy_version: _Int64 | None = None
+    # Finite and >= 0; null waits as long as it takes.
+    timeout: Annotated[float, pydantic.Field(ge=0, allow_inf_nan=False)] | None = None
 
 
 class _Ack(_Message):
-    batch: str
-    step: int | None = None
+    batch: _BatchIdStr
+    step: _Int64 | None = None
 
 
 class _BatchId(_Message):
-    batch: str
+    batch: _BatchIdStr
+
+
+class _Renew(_Message):
+    batches: Annotated[list[_BatchIdStr], pydantic.Field(max_length=_MAX_RENEW)]
 
 
 class _Prompts(_Message):
-    prompts: int = 1
+    prompts: _Count = 1
 
 
 class _Version(_Message):
-    version: int
+    version: _Int64
 
 
 class _Step(_Message):
-    step: int
+    step: _Int64
 
 
-_M = TypeVar("_M", bound=_Message)
+class _Query(pydantic.BaseModel):
+    # Query values are strings: parsed (lax), but only as integers.
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class _PromptsQuery(_Query):
+    groups: _Count | None = None
+
+
+_M = TypeVar("_M", bound=pydantic.BaseModel)
 
 
 def _parse(model: type[_M], request: Request) -> _M:
+    """The request's JSON body (its query string, for a :class:`_Query` model) as
+    ``model``; :class:`HTTPError` 400 naming every bad field otherwise."""
     try:
+        if issubclass(model, _Query):
+            return model.model_validate(request.query)
         return model.model_validate_json(request.body or b"{}")
     except pydantic.ValidationError as e:
         problems = "; ".join(
@@ -186,6 +249,7 @@ def encode_batch(batch: Batch) -> bytes:
         {
             "id": batch.id,
             "policy_version": batch.policy_version,
+            "lease_s": batch.lease_s,
             "groups": [
                 {
                     "group_id": g.group_id,
@@ -231,7 +295,7 @@ def decode_batch(data: bytes) -> Batch:
             pos += k
         if pos != len(samples):
             raise ValueError(f"{len(samples)} samples for groups of {pos}")
-        return Batch(meta["id"], tuple(groups), meta["policy_version"])
+        return Batch(meta["id"], tuple(groups), meta["policy_version"], meta.get("lease_s"))
     except (ValueError, KeyError, TypeError, struct.error, SampleError) as e:
         raise BufferServiceError(f"malformed batch from the Buffer service: {e}") from None
 
@@ -259,7 +323,12 @@ class BufferServer:
         host: interface to bind; the default serves this machine only. Bind a cluster
             interface (never a public one) to serve remote workers.
         port: TCP port; 0 picks a free one.
-        max_body_bytes: the largest ``put_group`` request (encoded samples) accepted.
+        max_body_bytes: the largest request body accepted (413 beyond); at least the
+            client's 64 MiB requests.
+        max_samples_per_request: the most samples one put request may carry (413 beyond):
+            bounds the memory a request of many tiny samples takes.
+        lease_s: seconds a batch stays with its consumer without a renewal (the client
+            renews while it lives); then its groups go back to the ready queue.
     """
 
     def __init__(
@@ -269,16 +338,28 @@ class BufferServer:
         token: str,
         host: str = "127.0.0.1",
         port: int = 0,
-        max_body_bytes: int = 512 * 1024 * 1024,
+        max_body_bytes: int = _MAX_BODY_BYTES,
+        max_samples_per_request: int = _MAX_SAMPLES,
+        lease_s: float = 60.0,
     ) -> None:
         _check_token(token)
+        if type(max_samples_per_request) is not int or max_samples_per_request < _PUT_SAMPLES:
+            raise ConfigError(
+                f"max_samples_per_request must be an int >= {_PUT_SAMPLES} (what a client "
+                f"sends at most), got {max_samples_per_request!r}"
+            )
+        if not (isinstance(lease_s, (int, float)) and 0 < lease_s < math.inf):
+            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
         self.buffer = buffer
+        self.lease_s = float(lease_s)
+        self.max_samples_per_request = max_samples_per_request
         self._expected = token.encode()
         router = Router()
         for method, name, handler, long_poll in (
             ("POST", "put_group", self._put_group, False),
             ("POST", "put_groups", self._put_groups, False),
             ("POST", "get_batch", self._get_batch, True),
+            ("POST", "renew", self._renew, False),
             ("POST", "ack", self._ack, False),
             ("POST", "release_batch", self._release_batch, False),
             ("GET", "statistics", self._statistics, False),
@@ -344,33 +425,73 @@ class BufferServer:
 
         return handle
 
+    def _frames(
+        self, body: bytes | memoryview, what: str, item: str, limit: int
+    ) -> list[memoryview]:
+        try:
+            return split_frames(body, what=what, item=item, limit=limit)
+        except FrameLimitError:
+            raise HTTPError(
+                413,
+                f"the request holds more than {self.max_samples_per_request} samples (found "
+                f"in the {what}), the most one request may carry here; send fewer at once "
+                "(or raise the server's --max-samples-per-request)",
+                type="TooManySamples",
+            ) from None
+
+    def _decode_groups(
+        self, body: bytes, *, grouped: bool
+    ) -> list[tuple[list[Sample], list[bytes]]]:
+        """The groups of a put body; every frame is split (and the samples counted) before
+        any is decoded, so a hostile body is refused for the price of one linear pass."""
+        limit = self.max_samples_per_request
+        if grouped:
+            frames = self._frames(body, "put_groups body", "group", limit)
+        else:
+            frames = [memoryview(body)]
+        records = []
+        for k, frame in enumerate(frames):
+            what = f"group {k} of the put_groups body" if grouped else "put_group body"
+            records.append(self._frames(frame, what, "sample", limit))
+            limit -= len(records[-1])
+        out = []
+        for frames_of_group in records:
+            blobs = [bytes(frame) for frame in frames_of_group]
+            out.append(([decode_sample(blob) for blob in blobs], blobs))
+        return out
+
     async def _put_group(self, request: Request) -> Response:
-        samples, blobs = decode_samples_keeping(request.body)
+        ((samples, blobs),) = self._decode_groups(request.body, grouped=False)
         await self.buffer._put_encoded(samples, blobs)
         return Response.empty()
 
     async def _put_groups(self, request: Request) -> Response:
-        frames = split_frames(request.body, what="put_groups body", item="group")
-        groups = [decode_samples_keeping(frame) for frame in frames]
+        groups = self._decode_groups(request.body, grouped=True)
         errors: list[dict[str, str] | None] = [None] * len(groups)
+        todo = iter(enumerate(groups))
 
-        async def put(k: int, samples: list[Sample], blobs: list[bytes]) -> None:
-            try:
-                await self.buffer._put_encoded(samples, blobs)
-            except _KNOWN as e:
-                errors[k] = {"type": _classify(e)[0], "message": _message(e)}
+        async def put() -> None:
+            for k, (samples, blobs) in todo:
+                try:
+                    await self.buffer._put_encoded(samples, blobs)
+                except _KNOWN as e:
+                    errors[k] = {"type": _classify(e)[0], "message": _message(e)}
 
-        # Concurrently: a durable Buffer commits them in one transaction.
+        # Concurrently, so that a durable Buffer commits them together; by a bounded pool
+        # of tasks, each taking the next group when its last is stored.
         async with anyio.create_task_group() as tg:
-            for k, (samples, blobs) in enumerate(groups):
-                tg.start_soon(put, k, samples, blobs)
+            for _ in range(min(len(groups), _PUT_WORKERS)):
+                tg.start_soon(put)
         return Response.json({"errors": errors})
 
     async def _get_batch(self, request: Request) -> Response:
         args = _parse(_GetBatch, request)
         try:
             batch = await self.buffer.get_batch(
-                args.groups, policy_version=args.policy_version, timeout=args.timeout
+                args.groups,
+                policy_version=args.policy_version,
+                timeout=args.timeout,
+                lease_s=self.lease_s,
             )
         except TimeoutError:
             wanted = args.groups or self.buffer.config.rollout_batch_size
@@ -385,6 +506,16 @@ class BufferServer:
 
         return Response(encode_batch(batch), content_type=BATCH_TYPE, on_undelivered=put_back)
 
+    async def _renew(self, request: Request) -> Response:
+        errors: list[dict[str, str] | None] = []
+        for batch_id in _parse(_Renew, request).batches:
+            try:
+                await self.buffer.renew(batch_id)
+                errors.append(None)
+            except UnknownBatchError as e:
+                errors.append({"type": _classify(e)[0], "message": _message(e)})
+        return Response.json({"errors": errors})
+
     async def _ack(self, request: Request) -> Response:
         args = _parse(_Ack, request)
         await self.buffer.ack(args.batch, step=args.step)
@@ -398,12 +529,7 @@ class BufferServer:
         return Response.json(_stats_to_json(await self.buffer.statistics()))
 
     async def _prompts_to_start(self, request: Request) -> Response:
-        raw = request.query.get("groups")
-        groups = None
-        if raw:
-            if not raw.isdigit():
-                raise HTTPError(400, f"groups must be a non-negative integer, got {raw!r}")
-            groups = int(raw)
+        groups = _parse(_PromptsQuery, request).groups
         return Response.json({"prompts": (await self.buffer.prompts_to_start(groups))})
 
     async def _reserve(self, request: Request) -> Response:
@@ -459,7 +585,9 @@ class BufferClient:
             bounds it).
         max_connections: concurrent requests (producers) at most.
 
-    Proxy environment variables are ignored: the Buffer is reached directly.
+    Proxy environment variables are ignored: the Buffer is reached directly. Use it as an
+    async context manager: inside, it renews the leases of the batches it holds in the
+    background (see the module docstring), so ``get_batch`` needs it.
     """
 
     def __init__(
@@ -488,18 +616,72 @@ class BufferClient:
         self._puts: collections.deque[_QueuedPut] = collections.deque()
         self._putting = 0  # put requests in flight
         self._put_sent = anyio.Event()
+        self._held: dict[str, float] = {}  # leased batches held: id -> lease_s
+        self._held_changed = anyio.Event()
+        self._renewals: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> BufferClient:
+        renewals = anyio.create_task_group()
+        await renewals.__aenter__()
+        renewals.start_soon(self._renew_leases)
+        self._renewals = renewals
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        finally:
+            if self._renewals is not None:
+                renewals, self._renewals = self._renewals, None
+                renewals.cancel_scope.cancel()
+                await renewals.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
         """Close the connections; later calls raise :class:`ClosedResourceError`."""
         if not self._closed:
             self._closed = True
+            if self._renewals is not None:
+                self._renewals.cancel_scope.cancel()
             await self._http.aclose()
+
+    async def _renew_leases(self) -> None:
+        # While it holds leased batches: one renew request for all of them every third of
+        # the shortest lease, so two may fail (a slow or restarting server) before one runs
+        # out. Batches the server no longer knows are forgotten: ack will say why.
+        while True:
+            if not self._held:
+                changed = self._held_changed
+                await changed.wait()
+                continue
+            await anyio.sleep(min(self._held.values()) / 3)
+            held = list(self._held)[:_MAX_RENEW]
+            if not held:
+                continue
+            try:
+                errors = await self._renew(held)
+            except Exception as e:
+                # A background renewal must never take down the task that holds the
+                # client (its task group is the caller's); the next round tries again.
+                log.warning("agentenv buffer: renewing %d batch leases failed: %s", len(held), e)
+                continue
+            for batch_id, error in zip(held, errors, strict=True):
+                if error is not None:
+                    self._held.pop(batch_id, None)
+
+    async def _renew(self, batch_ids: list[str]) -> list[BaseException | None]:
+        response = await self._call("POST", "renew", json_body={"batches": batch_ids})
+        errors = response.json()["errors"]
+        if len(errors) != len(batch_ids):
+            raise BufferServiceError(
+                f"the Buffer service answered {len(errors)} results for {len(batch_ids)} leases"
+            )
+        return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
+
+    def _hold(self, batch: Batch) -> None:
+        if batch.lease_s is not None:
+            self._held[batch.id] = batch.lease_s
+            self._held_changed.set()
+            self._held_changed = anyio.Event()
 
     async def _call(
         self,
@@ -548,7 +730,7 @@ class BufferClient:
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
-        put = _QueuedPut(encode_samples(samples))
+        put = _QueuedPut(encode_samples(samples), len(samples))
         self._puts.append(put)
         try:
             while not put.done:
@@ -572,12 +754,19 @@ class BufferClient:
         try:
             with anyio.CancelScope(shield=True):
                 taken: list[_QueuedPut] = []
-                size = 0
-                while self._puts and (not taken or size + len(self._puts[0].blob) <= _PUT_BYTES):
+                size = count = 0
+                while self._puts and (
+                    not taken
+                    or (
+                        size + len(self._puts[0].blob) <= _PUT_BYTES
+                        and count + self._puts[0].n <= _PUT_SAMPLES
+                    )
+                ):
                     put = self._puts.popleft()
                     put.sent = True
                     taken.append(put)
                     size += len(put.blob) + 4
+                    count += put.n
                 results: list[BaseException | None]
                 try:
                     results = await self._put_groups([put.blob for put in taken])
@@ -634,7 +823,17 @@ class BufferClient:
         policy_version: int | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the Buffer's own deadline, passed on
     ) -> Batch:
-        """:meth:`Buffer.get_batch <agentenv.buffer.Buffer.get_batch>` over the wire."""
+        """:meth:`Buffer.get_batch <agentenv.buffer.Buffer.get_batch>` over the wire.
+
+        The batch is leased (the server's ``lease_s``); this client renews the lease in
+        the background until the batch is acknowledged or released.
+        """
+        if self._renewals is None and not self._closed:
+            raise ConfigError(
+                "BufferClient.get_batch needs the client entered (`async with "
+                "BufferClient(url, token=...) as buffer:`): inside, it renews the leases of "
+                "the batches it holds, which would otherwise go to another consumer"
+            )
         wait = self._wait
         if timeout is not None:  # the server answers 408 at `timeout`; allow for transit
             wait = httpx.Timeout(
@@ -646,17 +845,36 @@ class BufferClient:
             json_body={"groups": groups, "policy_version": policy_version, "timeout": timeout},
             wait=wait,
         )
-        return decode_batch(response.content)
+        batch = decode_batch(response.content)
+        self._hold(batch)
+        return batch
+
+    async def renew(self, batch: Batch | str) -> None:
+        """:meth:`Buffer.renew <agentenv.buffer.Buffer.renew>`; this client also renews the
+        batches it holds in the background, so calling it is seldom needed."""
+        batch_id = batch if isinstance(batch, str) else batch.id
+        (error,) = await self._renew([batch_id])
+        if error is not None:
+            self._held.pop(batch_id, None)
+            raise error
 
     async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
         """:meth:`Buffer.ack <agentenv.buffer.Buffer.ack>`: durable before it returns."""
         batch_id = batch if isinstance(batch, str) else batch.id
-        await self._call("POST", "ack", json_body={"batch": batch_id, "step": step})
+        try:
+            await self._call("POST", "ack", json_body={"batch": batch_id, "step": step})
+        except UnknownBatchError:
+            self._held.pop(batch_id, None)
+            raise
+        self._held.pop(batch_id, None)
 
     async def release_batch(self, batch: Batch | str) -> None:
         """:meth:`Buffer.release_batch <agentenv.buffer.Buffer.release_batch>`."""
         batch_id = batch if isinstance(batch, str) else batch.id
-        await self._call("POST", "release_batch", json_body={"batch": batch_id})
+        try:
+            await self._call("POST", "release_batch", json_body={"batch": batch_id})
+        finally:
+            self._held.pop(batch_id, None)
 
     async def set_policy_version(self, version: int) -> None:
         """:meth:`Buffer.set_policy_version <agentenv.buffer.Buffer.set_policy_version>`."""
@@ -681,6 +899,7 @@ class _QueuedPut:
     """One ``put_group`` call waiting for a request to carry its group."""
 
     blob: bytes
+    n: int  # samples
     sent: bool = False
     done: bool = False
     error: BaseException | None = None

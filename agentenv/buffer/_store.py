@@ -14,6 +14,12 @@ the last indexed byte and are cut off at the next open. Keeping the ~10 KB sampl
 out of SQLite halves the bytes written per sample (SQLite writes each page twice: to its
 write-ahead log, then back into the database file).
 
+One process per directory: opening takes an exclusive lock on ``buffer.lock`` (``flock``,
+held until the store is closed; the kernel drops it when the process dies, even by ``kill
+-9``), whose text is the holder's pid. A second opener -- which would cut off a put the
+first has written but not yet indexed -- is refused with :class:`BufferLockedError`.
+Readers (:func:`open_readonly`) take no lock: they change nothing.
+
 With ``durability="power"`` the log is fsynced before the commit and SQLite runs with
 ``synchronous=FULL``: a put is on disk when it returns, surviving power loss. With
 ``"process"`` both stay in the OS page cache, which survives a killed process (``kill
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -37,6 +44,7 @@ from agentenv._sample import Sample
 from agentenv.buffer._codec import decode_sample, encode_sample
 
 __all__ = [
+    "BufferLockedError",
     "BufferStoreError",
     "Consumed",
     "GroupRecord",
@@ -51,10 +59,45 @@ __all__ = [
 FORMAT = "agentenv-buffer"
 VERSION = "2"
 FILENAME = "buffer.sqlite"
+LOCK_FILENAME = "buffer.lock"
 
 
 class BufferStoreError(AgentEnvError):
     """The durable store failed (disk full, I/O error, foreign file); nothing was half-written."""
+
+
+class BufferLockedError(ConfigError):
+    """Another process (or another Buffer in this one) has the Buffer directory open."""
+
+
+class DirectoryLock:
+    """An exclusive ``flock`` on ``DIR/buffer.lock`` holding the owner's pid, until
+    :meth:`release` (or the process's end: the kernel drops it then, whatever killed it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOCK_FILENAME
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            raise BufferLockedError(
+                f"the Buffer directory {str(root)!r} is open in process {holder} (it holds "
+                f"{str(self.path)!r}); one process per Buffer directory: to share a Buffer "
+                "between processes, serve it (`agentenv buffer serve --path ...`) and "
+                "connect with BufferClient, or close the other Buffer first"
+            ) from None
+        except BaseException:
+            os.close(self._fd)
+            raise
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)  # drops the lock
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -288,9 +331,16 @@ class SqliteStore:
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / FILENAME
         self._sync = durability == "power"
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        log_path = root / LOG_FILENAME
-        if existed:
+        self._check_magic()  # before the lock: a foreign directory gets no lock file
+        self._lock = DirectoryLock(root)
+        try:
+            self._open(root)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _check_magic(self) -> None:
+        if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open("rb") as f:
                 magic = f.read(16)
             if magic != b"SQLite format 3\x00":
@@ -298,6 +348,13 @@ class SqliteStore:
                     f"{str(self.path)!r} is not an agentenv buffer (not a SQLite file); "
                     "refusing to touch it: choose another --path"
                 )
+
+    def _open(self, root: Path) -> None:
+        # Under the lock: nobody else writes here, so what lies past the index is dead.
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        log_path = root / LOG_FILENAME
+        if existed:
+            self._check_magic()
         elif log_path.exists():
             raise ConfigError(
                 f"{str(log_path)!r} exists without its index {FILENAME}; refusing to touch "
@@ -526,8 +583,11 @@ class SqliteStore:
         return None if step is None else int(step)
 
     def close(self) -> None:
-        self._db.close()
-        self._log.close()
+        try:
+            self._db.close()
+            self._log.close()
+        finally:
+            self._lock.release()
 
 
 @dataclasses.dataclass(slots=True)

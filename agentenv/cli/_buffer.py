@@ -7,11 +7,12 @@
         [--state ready|consumed|dropped|stale|all]
 
 ``serve`` runs until Ctrl-C (or SIGTERM); remote workers connect with
-``BufferClient(url, token=...)``. ``stats`` and ``export`` open the Buffer's files
-read-only, so they are safe on a Buffer that is being served. ``export`` writes one row per
-sample: the fields of ``Sample.to_dict()`` plus ``group_seq``, ``group_state``,
-``group_step`` and ``group_reason``. Parquet needs ``pyarrow``; its ``metadata`` column
-holds each sample's metadata as a JSON string.
+``BufferClient(url, token=...)``. It holds the directory's lock: one process per Buffer
+directory, so every other process goes through the server. ``stats`` and ``export`` open
+the Buffer's files read-only, so they are safe on a Buffer that is being served.
+``export`` writes one row per sample: the fields of ``Sample.to_dict()`` plus
+``group_seq``, ``group_state``, ``group_step`` and ``group_reason``. Parquet needs
+``pyarrow``; its ``metadata`` column holds each sample's metadata as a JSON string.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ class ServeConfig(pydantic.BaseModel):
     )
     durability: Literal["power", "process"] = pydantic.Field(
         "power", description="a put survives power loss (fsync), or only a process crash"
+    )
+    lease_s: float = pydantic.Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a handed-out batch stays with a consumer that stops renewing it",
+    )
+    max_body_mb: int = pydantic.Field(
+        128, ge=65, description="largest request body in MiB (413 beyond)"
+    )
+    max_samples_per_request: int = pydantic.Field(
+        65536, ge=8192, description="most samples one put request may carry (413 beyond)"
     )
 
 
@@ -193,7 +206,15 @@ async def serve(cfg: ServeConfig) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with (
             Buffer(config, path=cfg.path) as buffer,
-            BufferServer(buffer, token=token, host=cfg.host, port=cfg.port) as server,
+            BufferServer(
+                buffer,
+                token=token,
+                host=cfg.host,
+                port=cfg.port,
+                max_body_bytes=cfg.max_body_mb * 1024 * 1024,
+                max_samples_per_request=cfg.max_samples_per_request,
+                lease_s=cfg.lease_s,
+            ) as server,
         ):
             stats = await buffer.statistics()
             last = await buffer.position()

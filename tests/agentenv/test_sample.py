@@ -465,3 +465,38 @@ def test_from_json_rejects_non_finite_reward(literal: str) -> None:
 def test_from_json_rejects_an_array() -> None:
     with pytest.raises(SampleError, match="got list"):
         Sample.from_json("[1, 2, 3]")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "where"),
+    [
+        ({"score": math.nan}, "metadata['score']"),
+        ({"a": {"b": [1.0, math.inf]}}, "metadata['a']['b'][1]"),
+        ({"t": (0, -math.inf)}, "metadata['t'][1]"),
+        ({"n": np.float64("nan")}, "metadata['n']"),
+    ],
+)
+def test_metadata_numbers_must_be_finite_and_the_error_names_the_key(
+    metadata: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(SampleError, match=r"JSON has no NaN or infinity") as info:
+        make(metadata=metadata)
+    assert where in str(info.value)
+
+
+def test_deeply_nested_metadata_is_checked_without_recursion() -> None:
+    deep: Any = math.nan
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(SampleError, match=r"metadata\['x'\]\[0\]\[0\]"):
+        make(metadata={"x": deep})
+
+
+def test_metadata_must_be_a_dict() -> None:
+    with pytest.raises(SampleError, match="metadata must be a dict, got list"):
+        make(metadata=[1])
+
+
+def test_from_json_of_too_deep_nesting_is_a_sample_error() -> None:
+    with pytest.raises(SampleError, match="nested too deeply"):
+        Sample.from_json('{"metadata": ' + "[" * 200_000 + "]" * 200_000 + "}")

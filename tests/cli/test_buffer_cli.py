@@ -263,3 +263,24 @@ def test_serve_until_signalled(tmp_path: Path, token_file: Path) -> None:
     states = dict(db.execute("SELECT group_id, state FROM groups").fetchall())
     db.close()
     assert states == {"b": "consumed", "c": "ready"}
+
+
+@pytest.mark.timeout(60)
+def test_a_second_serve_of_one_directory_is_refused_naming_the_first(
+    tmp_path: Path, token_file: Path
+) -> None:
+    first = _serve(tmp_path, "--token-file", str(token_file), "--lease-s", "5")
+    try:
+        assert first.stdout is not None
+        assert "serving" in first.stdout.readline()
+        second = _serve(tmp_path, "--token-file", str(token_file))
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 2, err
+        assert f"open in process {first.pid}" in err and "one process per Buffer" in err
+    finally:
+        first.terminate()
+        first.communicate(timeout=30)
+    for flag, bad in [("--lease-s", "nan"), ("--lease-s", "0"), ("--max-body-mb", "1")]:
+        proc = _serve(tmp_path, "--token-file", str(token_file), flag, bad)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2 and f"{flag}: " in err, err

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agentenv import ConfigError, Sample, SampleError, Status
 from agentenv.buffer import (
@@ -482,3 +483,139 @@ async def test_a_bad_put_fails_alone_in_its_group_commit(tmp_path: Path) -> None
     async with Buffer(cfg, path=tmp_path / "buf") as b:
         batch = await b.get_batch(2)
         assert sorted(g.group_id for g in batch.groups) == ["c", "d"]
+
+
+# -- capacity under concurrency ------------------------------------------------------------
+@pytest.mark.parametrize("durability", [None, "power", "process"])
+async def test_capacity_bounds_200_concurrent_puts(tmp_path: Path, durability: str | None) -> None:
+    cfg = BufferConfig(n_samples_per_prompt=2, capacity=8, durability=durability or "power")
+    path = tmp_path / "buf" if durability else None
+    async with Buffer(cfg, path=path) as b:
+        left: list[int] = []
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(b.put_group, group(f"g{i}", [1, 0]))
+            with anyio.fail_after(30):
+                for _ in range(200 // 8):
+                    # Returns once 8 are ready; none beyond them may be then.
+                    batch = await b.get_batch(8)
+                    left.append((await b.statistics()).ready)
+                    await b.ack(batch)
+        assert left == [0] * 25
+        st = await b.statistics()
+        assert (st.groups_put, st.consumed, st.ready) == (200, 200, 0)
+
+
+async def test_capacity_holds_while_an_async_filter_runs() -> None:
+    gate = anyio.Event()
+    filtering = 0
+
+    async def gated(samples: Sequence[Sample]) -> bool:
+        nonlocal filtering
+        filtering += 1
+        await gate.wait()
+        return True
+
+    cfg = BufferConfig(n_samples_per_prompt=2, capacity=4, filters=[gated])
+    async with Buffer(cfg) as b, anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(b.put_group, group(f"g{i}", [1, 0]))
+        await anyio.wait_all_tasks_blocked()
+        assert filtering == 4  # only the puts that fit went on to the filter
+        gate.set()
+        await anyio.wait_all_tasks_blocked()
+        assert (await b.statistics()).ready == 4 and filtering == 4
+        tg.cancel_scope.cancel()
+
+
+# -- counts -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [-1, -5, 1.5, True, "2"])
+async def test_reserve_and_release_refuse_bad_counts(bad: object) -> None:
+    async with Buffer() as b:
+        await b.reserve(2)
+        for method in (b.reserve, b.release):
+            with pytest.raises(
+                ConfigError, match=rf"{method.__name__} takes a number of prompts >= 0, got {bad!r}"
+            ):
+                await method(bad)  # type: ignore[arg-type]
+        assert (await b.statistics()).in_flight == 2
+
+
+async def test_get_batch_refuses_a_bad_timeout_or_lease() -> None:
+    async with Buffer(BufferConfig(rollout_batch_size=1)) as b:
+        for bad in (math.nan, -1.0, "5"):
+            with pytest.raises(
+                ConfigError, match=rf"timeout must be a number of seconds >= 0.*{bad!r}"
+            ):
+                await b.get_batch(timeout=bad)  # type: ignore[arg-type]
+        for bad in (math.nan, math.inf, 0.0, -1.0):
+            with pytest.raises(ConfigError, match=rf"lease_s must be a finite number.*{bad!r}"):
+                await b.get_batch(lease_s=bad)
+        with pytest.raises(ConfigError, match="a step must be an int"):
+            await b.ack("x", step=2**64)
+
+
+# -- one process per directory ---------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _append(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+
+
+HOLDER = """
+import sys, anyio
+from agentenv.buffer import Buffer
+
+async def main():
+    async with Buffer(path=sys.argv[1]):
+        print("open", flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_a_second_process_cannot_open_the_directory(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from agentenv.buffer import BufferLockedError
+
+    path = tmp_path / "buf"
+    async with await anyio.open_process(
+        [sys.executable, "-c", HOLDER, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT))
+    ) as holder:
+        assert holder.stdout is not None
+        with anyio.fail_after(60):
+            line = await BufferedByteReceiveStream(holder.stdout).receive_until(b"\n", 64)
+        assert line == b"open"
+        with pytest.raises(BufferLockedError, match=rf"open in process {holder.pid}\b") as info:
+            Buffer(path=path)
+        assert "agentenv buffer serve" in str(info.value)
+        assert "one process per Buffer directory" in str(info.value)
+        holder.kill()  # SIGKILL: the kernel drops the lock with the process
+        await holder.wait()
+    async with Buffer(path=path) as b:
+        await b.put_group(group("a", [1]))
+        # Not even a second Buffer in this process: its truncation would be the same harm.
+        with pytest.raises(BufferLockedError, match=rf"open in process {os.getpid()}\b"):
+            Buffer(path=path)
+    async with Buffer(path=path) as b:  # closing released it
+        assert (await b.statistics()).ready == 1
+
+
+async def test_a_second_opener_cannot_cut_off_an_unindexed_put(tmp_path: Path) -> None:
+    from agentenv.buffer import BufferLockedError
+
+    path = tmp_path / "buf"
+    async with Buffer(path=path) as b:
+        await b.put_group(group("a", [1]))
+        size = (path / "samples.log").stat().st_size
+        # A put written to the log but not yet indexed (the moment a second opener used to
+        # cut it off): bytes past the index.
+        _append(path / "samples.log", b"x" * 100)
+        with pytest.raises(BufferLockedError):
+            Buffer(path=path)
+        assert (path / "samples.log").stat().st_size == size + 100

@@ -79,3 +79,43 @@ def test_codec_validates_like_the_constructor() -> None:
     for broken in (good[:3], good[:-1], good + b"\0", b"\x02\0\0\0[]", b"\x04\0\0\0{}{}"):
         with pytest.raises(SampleError, match="malformed"):
             decode_sample(broken)
+
+
+def test_split_frames_refuses_an_empty_frame_at_once() -> None:
+    from agentenv.buffer._codec import split_frames
+
+    # Zero bytes read as frames of length 0: refused at the first, not split into millions.
+    with pytest.raises(SampleError, match=r"group 0 \(at byte 0\) has length 0"):
+        split_frames(b"\0" * (64 * 1024 * 1024), what="put_groups body", item="group")
+    good = encode_samples(group("a", [1, 0]))
+    with pytest.raises(SampleError, match=r"sample 2 \(at byte \d+\) has length 0"):
+        split_frames(good + b"\0" * 4)
+
+
+def test_split_frames_stops_past_its_limit() -> None:
+    from agentenv.buffer._codec import FrameLimitError, split_frames
+
+    data = encode_samples(group("a", [1.0] * 5))
+    assert len(split_frames(data, limit=5)) == 5
+    with pytest.raises(FrameLimitError, match="more than 4 samples"):
+        split_frames(data, limit=4)
+
+
+def test_a_deeply_nested_header_is_a_sample_error() -> None:
+    header = json.dumps(
+        [0.0, "a", None, None, None, None, [], "completed", None, None, {"x": 0}, 1, 0, False, True]
+    ).encode()
+    header = header.replace(b'{"x": 0}', b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+    blob = struct.pack("<I", len(header)) + header + struct.pack("<I", 7)
+    with pytest.raises(SampleError, match="nested too deeply"):
+        decode_sample(blob)
+
+
+def test_a_header_with_nan_metadata_is_refused_naming_the_key() -> None:
+    header = json.dumps(
+        [0.0, "a", None, None, None, None, [], "completed", None, None, {"x": 0}, 1, 0, False, True]
+    ).encode()
+    blob_header = header.replace(b'{"x": 0}', b'{"x": NaN}')
+    blob = struct.pack("<I", len(blob_header)) + blob_header + struct.pack("<I", 7)
+    with pytest.raises(SampleError, match=r"metadata\['x'\] is nan"):
+        decode_sample(blob)
