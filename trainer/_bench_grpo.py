@@ -668,10 +668,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": bool(args.quick),
         },
     }
-    if w.device.startswith("cuda"):
-        import torch
-
-        result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    # (What the sides saw: this process stays off the GPU, out of nvidia-smi's readings.)
+    result["gpu"] = next((d.get("gpu") for d in raw.values() if d.get("gpu")), None)
+    result["versions"] = {side: d.get("versions", {}) for side, d in raw.items()}
     for side, data in raw.items():
         result[side] = {**_summary(data), "wall_s": round(data["wall_s"], 2), "raw": data}
         if len(data["steps"]) != w.steps:
@@ -713,6 +712,20 @@ def _require_trl() -> None:
         )
 
 
+def _versions(side: str) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["agentenv", "torch", "transformers"]
+    names += ["trl", "accelerate", "datasets"] if side != "agentenv" else []
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
 def _main(args: argparse.Namespace) -> int:
     result = run(args)
     print(_table(result, result["sides"]), file=sys.stderr)
@@ -736,6 +749,11 @@ def _child(side: str, spec: str, result: str) -> int:
     raw["agentenv_args"] = tuple(raw.get("agentenv_args", ()))
     w = Workload(**raw)
     out = _run_agentenv(w) if side == "agentenv" else _run_trl(w)
+    out["versions"] = _versions(side)
+    if w.device.startswith("cuda"):
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name()
     for s in out["steps"]:
         for key in ("step_s", "generation_s", "train_s"):
             if not math.isfinite(s[key]):

@@ -9,6 +9,8 @@ import math
 import os
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,24 @@ def test_another_peer_is_refused_by_name() -> None:
     args = parser.parse_args(["grpo", "--vs", "verl", "--quick"])
     with pytest.raises(SystemExit, match="--vs 'verl': the only peer is trl"):
         args.handler(args)
+
+
+def test_agentenv_bench_grpo_is_the_registered_bench() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    value = pyproject["project"]["entry-points"]["agentenv.benches"]["grpo"]
+    assert EntryPoint("grpo", value, "agentenv.benches").load() is bench.add_parser
+    assert pyproject["project"]["optional-dependencies"]["bench"] == [
+        "trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0",
+    ]  # fmt: skip
+
+
+def test_extra_agentenv_train_flags_reach_the_agentenv_side() -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["grpo", "--agentenv-args", "--rollout-max-running 64 --lr 1e-5"])
+    w = bench._workload(args, "m")
+    assert w.agentenv_args == ("--rollout-max-running", "64", "--lr", "1e-5")
+    assert (w.device, w.steps, w.prompts, w.samples, w.max_new_tokens) == ("cuda", 8, 64, 8, 48)
 
 
 @pytest.mark.slow
