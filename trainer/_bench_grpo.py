@@ -94,7 +94,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--agentenv-args",
         default="",
         metavar="FLAGS",
-        help="more agentenv train flags for the agentenv side, e.g. '--rollout-max-running 256'",
+        help="more agentenv train flags for the agentenv side (they win), e.g. "
+        "--agentenv-args='--rollout-max-running 256'",
     )
     parser.add_argument(
         "--sides",
@@ -246,6 +247,8 @@ def _run_agentenv(w: Workload) -> dict[str, Any]:
                 "trained_tokens": m.get("perf/train_tokens_per_s", 0.0) * train_s,
                 "reward_mean": m["reward_mean"],
                 "prompt_hash": prompt_hash(_PLAYED[i * n : (i + 1) * n]),
+                # The step's own memory readings, where the loop reports them.
+                **{k: v for k, v in m.items() if "memory" in k},
             }
         )
     out: dict[str, Any] = {
@@ -395,7 +398,7 @@ def _run_trl(w: Workload) -> dict[str, Any]:
         trainer: Any = GRPOTrainer(
             model=w.model,
             reward_funcs=arithmetic_reward,
-            args=GRPOConfig(**trl_config_kwargs(w, tmp)),
+            args=GRPOConfig(**_known_fields(GRPOConfig, trl_config_kwargs(w, tmp))),
             train_dataset=dataset,
             callbacks=[Clock()],
         )
@@ -450,6 +453,19 @@ def _run_trl(w: Workload) -> dict[str, Any]:
     if cuda:
         out["peak_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
         out["peak_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    return out
+
+
+def _known_fields(config_class: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for this transformers version: before ``activation_checkpointing`` it was
+    called ``gradient_checkpointing``."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    out = dict(kwargs)
+    if "activation_checkpointing" not in names and "activation_checkpointing" in out:
+        out["gradient_checkpointing"] = out.pop("activation_checkpointing")
+    unknown = sorted(set(out) - names)
+    if unknown:
+        raise RuntimeError(f"this TRL's GRPOConfig has no {unknown}: install agentenv[bench]")
     return out
 
 
@@ -623,6 +639,7 @@ def _table(result: dict[str, Any], sides: Sequence[str]) -> str:
         ("trained tokens/s", *(fmt(x["trained_tokens_per_s"], ".0f") for x in s)),
         ("peak reserved (GiB)", *(fmt(x["peak_memory_reserved_gib"], ".2f") for x in s)),
         ("peak nvidia-smi (GiB)", *(fmt(x["nvidia_smi_process_gib"], ".2f") for x in s)),
+        ("  device, over idle", *(fmt(x["nvidia_smi_device_gib"], ".2f") for x in s)),
         ("reward, first -> last", *(f"{x['reward'][0]:.3f} -> {x['reward'][-1]:.3f}" for x in s)),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
