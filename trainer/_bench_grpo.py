@@ -24,6 +24,7 @@ prompts x 4 samples of 8 tokens, on the CPU (a smoke test).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import hashlib
 import json
@@ -136,19 +137,21 @@ class Workload:
 
 
 def _check_step(side: str, step: int, prompts: Sequence[str], w: Workload) -> None:
-    """A step played ``--prompts`` distinct prompts, ``--samples`` times each."""
-    distinct = len(set(prompts))
-    if len(prompts) != w.completions_per_step or distinct != w.prompts:
+    """A step played ``--prompts`` prompts, ``--samples`` times each (the task list may
+    hold one prompt text under several task ids: such a text is played a multiple of
+    ``--samples`` times)."""
+    counts = collections.Counter(prompts)
+    if len(prompts) != w.completions_per_step or any(c % w.samples for c in counts.values()):
         raise RuntimeError(
-            f"{side} step {step + 1} played {len(prompts)} episodes of {distinct} prompts, "
-            f"expected {w.prompts} prompts x {w.samples}"
+            f"{side} step {step + 1} played {len(prompts)} episodes of {len(counts)} prompt "
+            f"texts, expected {w.prompts} prompts x {w.samples}"
         )
 
 
 def prompt_hash(prompts: Sequence[str]) -> str:
-    """A step's prompts as a short hash: the distinct prompt texts, sorted (the order in
-    which a step's episodes start differs between engines; the set may not)."""
-    text = "\n".join(sorted(set(prompts)))
+    """A step's prompts as a short hash: the prompt texts with their counts, sorted (the
+    order in which a step's episodes start differs between engines; the multiset may not)."""
+    text = "\n".join(sorted(prompts))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -64,10 +64,18 @@ def test_the_agentenv_side_is_agentenv_train_without_shuffling(tmp_path: Path) -
     assert config.save_interval == 8  # one checkpoint, after the last step's timings
 
 
-def test_the_prompt_hash_ignores_order_and_repeats_not_content() -> None:
+def test_the_prompt_hash_ignores_order_not_content_or_counts() -> None:
     a = bench.prompt_hash(["What is 1 + 2?", "What is 3 * 4?"] * 4)
-    assert a == bench.prompt_hash(["What is 3 * 4?", "What is 1 + 2?"])
-    assert a != bench.prompt_hash(["What is 1 + 2?", "What is 3 * 5?"])
+    assert a == bench.prompt_hash(["What is 3 * 4?", "What is 1 + 2?"] * 4)
+    assert a != bench.prompt_hash(["What is 3 * 4?", "What is 1 + 2?"])
+    assert a != bench.prompt_hash(["What is 1 + 2?", "What is 3 * 5?"] * 4)
+
+
+def test_a_step_may_play_one_prompt_text_under_several_tasks() -> None:
+    w = _workload(prompts=2, samples=4)
+    bench._check_step("agentenv", 0, ["What is 1 + 2?"] * 8, w)  # two tasks, one text
+    with pytest.raises(RuntimeError, match="expected 2 prompts x 4"):
+        bench._check_step("agentenv", 0, ["What is 1 + 2?"] * 6 + ["What is 3 * 4?"] * 2, w)
 
 
 def test_another_peer_is_refused_by_name() -> None:
