@@ -154,7 +154,15 @@ class TrainConfig(pydantic.BaseModel):
         None, description="use this running server (SGLang or agentenv serve) for rollouts"
     )
     rollout_max_running: int = pydantic.Field(
-        128, ge=1, description="embedded/serve engine: requests decoded in one batch"
+        128,
+        ge=1,
+        description="embedded/serve engine: requests decoded in one batch (and episodes in flight)",
+    )
+    sglang_server_concurrency: int = pydantic.Field(
+        512,
+        ge=1,
+        description="SGLang servers (--rollout-engine sglang, --rollout-url): episodes in "
+        "flight per server (slime's flag; behind a router, times its workers)",
     )
     rollout_device: str | None = pydantic.Field(
         None,

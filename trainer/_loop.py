@@ -45,7 +45,7 @@ from agentenv import (
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._backend import Backend
-from trainer._producer import Producer, RoundStats, TaskStream
+from trainer._producer import Producer, RoundStats, TaskStream, policy_capacity
 from trainer._sync import InProcessSync, WeightSync
 
 __all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
@@ -74,6 +74,10 @@ class GRPOConfig:
             ``one_step_off`` then train on the groups they have; ``async`` stops with an
             error after that many rounds in a row keep nothing.
         shuffle: reshuffle the tasks (seeded) at each pass over them.
+        concurrency: episodes in flight per round (default: what the engine decodes
+            together, :func:`~trainer._producer.policy_capacity` -- the embedded engine's
+            ``max_running`` -- else every episode of a round at once). ``agentenv train``
+            sets it from the engines it launches or is pointed at.
         chat_template_kwargs: template arguments for every render (e.g.
             ``{"enable_thinking": False}``; see :class:`~agentenv.RolloutConfig`).
     """
@@ -87,7 +91,7 @@ class GRPOConfig:
     sampling: SamplingParams = dataclasses.field(
         default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0)
     )
-    concurrency: int = 64
+    concurrency: int | None = None
     seed: int = 0
     schedule: Schedule = "sync"
     max_staleness: int = 1
@@ -101,6 +105,11 @@ class GRPOConfig:
         for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(
+                f"concurrency must be at least 1 (or None: the engine's capacity), "
+                f"got {self.concurrency}"
+            )
         if self.advantage_estimator not in ESTIMATORS:
             raise ConfigError(
                 f"unknown advantage estimator {self.advantage_estimator!r}; "
@@ -131,6 +140,15 @@ class GRPOConfig:
     @property
     def round_size(self) -> int:
         return self.over_sampling_batch_size or self.rollout_batch_size
+
+    def concurrency_for(self, policy: Any) -> int:
+        """Episodes in flight per round with ``policy``: :attr:`concurrency`, else the
+        policy's capacity, else a whole round."""
+        return (
+            self.concurrency
+            or policy_capacity(policy)
+            or self.round_size * self.n_samples_per_prompt
+        )
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""
@@ -209,6 +227,7 @@ async def run_grpo(
     await sync(backend, first)
     # What a checkpoint after step k saves: the task position before step k + 1's rounds.
     positions: dict[int, dict[str, Any]] = {first: stream.state()}
+    concurrency = config.concurrency_for(engine)
     # The producer runs in a task group: an error of its own or of a step surfaces as
     # itself (a ConfigError found at run time reads like one found before the start).
     with _lone_error():
@@ -217,7 +236,7 @@ async def run_grpo(
             producer = Producer(
                 env, stream, engine, tokenizer, buffer,
                 round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
-                sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
+                sampling=config.sampling, concurrency=concurrency, seed=config.seed,
                 max_rounds=config.max_rounds, chat_template_kwargs=config.chat_template_kwargs,
             )  # fmt: skip
             if config.schedule == "async":
@@ -234,6 +253,7 @@ async def run_grpo(
                 samples = [s for s in batch.samples if s.trainable] if batch else []
                 t1 = time.perf_counter()
                 metrics = _rollout_metrics(step, rounds, samples)
+                metrics["rollout/concurrency"] = float(concurrency)
                 if samples:
                     metrics.update(await _train_on(backend, samples, config, step))
                 t2 = time.perf_counter()
@@ -396,6 +416,7 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "rollout/rounds": float(rounds.rounds),
         "rollout/prompts": float(rounds.prompts),
         "rollout/completion_tokens": float(rounds.completion_tokens),
+        "rollout/peak_requests": float(rounds.peak_requests),
         "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
     }
