@@ -243,6 +243,7 @@ async def run_grpo(
                 tg.start_soon(producer.run_forever, first)
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
             for step in range(first, config.num_rollout):
+                _reset_peak_memory(backend.device)
                 t0 = time.perf_counter()
                 batch = await _take_batch(config, producer, buffer, step, ahead)
                 rounds = producer.take_stats()
@@ -273,6 +274,7 @@ async def run_grpo(
                     time_sync_s=t4 - t3,
                     time_step_s=t4 - t0,
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
+                    **_peak_memory(backend.device),
                 )
                 if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                     held_out = await evaluate()
@@ -420,6 +422,26 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
     }
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> dict[str, float]:
+    """The step's peak memory, the whole process's (trainer and embedded engine): on CUDA
+    the trainer's GPU's most allocated and reserved bytes since the step began; on CPU
+    the process's peak resident set so far (the OS cannot reset it per step)."""
+    if device.type == "cuda":
+        return {
+            "perf/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "perf/peak_memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
+    return {"perf/peak_rss_gib": kib / 2**20}
 
 
 def _zero_std_fraction(samples: list[Sample]) -> float:

@@ -406,3 +406,5 @@ def test_the_loop_keeps_as_many_episodes_in_flight_as_the_engine_decodes(
         assert peak == max_running
         assert metrics["rollout/concurrency"] == max_running
         assert metrics["rollout/peak_requests"] == max_running
+        # On CPU the process's peak resident set (CUDA: the step's peak GPU memory).
+        assert 0.1 < metrics["perf/peak_rss_gib"] < 64 and "perf/peak_memory_gib" not in metrics
