@@ -21,7 +21,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -247,6 +247,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         """Model, optimizer, RNG states and ``extra`` into ``directory``, atomically."""
+
+    def checkpoint_snapshot(
+        self, extra: dict[str, Any]
+    ) -> Callable[[str | os.PathLike[str]], None] | None:
+        """What :meth:`save_checkpoint` would save, copied now (to CPU memory), as a
+        function that writes it into a directory, atomically, on any thread while
+        training goes on (the loop writes checkpoints in the background with it).
+        ``None``: this backend saves in the foreground only (:meth:`save_checkpoint`)."""
+        return None
 
     @abc.abstractmethod
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:

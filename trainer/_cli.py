@@ -59,7 +59,12 @@ class TrainConfig(pydantic.BaseModel):
     save: Path | None = pydantic.Field(
         None, description="directory for metrics, checkpoints (SAVE/checkpoint) and the model"
     )
-    save_interval: int = pydantic.Field(1, ge=1, description="rollout steps between checkpoints")
+    save_interval: int = pydantic.Field(
+        10,
+        ge=1,
+        description="rollout steps between checkpoints (and one after the last; written "
+        "in the background)",
+    )
     load: Path | None = pydantic.Field(
         None, description="start from this run directory's checkpoint (until --save has one)"
     )

@@ -45,6 +45,7 @@ from agentenv import (
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._backend import Backend
+from trainer._checkpoints import CheckpointWriter
 from trainer._producer import Producer, RoundStats, TaskStream, policy_capacity
 from trainer._sync import InProcessSync, WeightSync
 
@@ -185,7 +186,7 @@ async def run_grpo(
     sync: WeightSync | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
-    save_interval: int = 1,
+    save_interval: int = 10,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
 ) -> list[dict[str, float]]:
@@ -193,18 +194,20 @@ async def run_grpo(
     an embedded :class:`~agentenv.engine.Engine` or an
     :class:`~agentenv.sglang.SGLangClient`). Returns one metrics dict per rollout step.
 
-    ``sync`` pushes the new weights after every step (default: in-process into an
-    embedded engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the
-    model, optimizer, RNG state and the loop's position are saved there every
-    ``save_interval`` steps (and after the last); a run that finds a checkpoint there
-    resumes after its step. On the ``sync`` schedule (without over-sampling or filters,
-    whose leftover groups live in memory) it continues exactly as if it had never
-    stopped; on ``one_step_off`` the rollout that was in flight is played again with the
-    checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
-    pass over the data. Resuming with another batch schedule is refused. ``evaluate``
-    (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps, into that
-    step's ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each
-    step, so that a report's file writes do not hold up the episodes in flight.
+    ``sync`` pushes the new weights after every step (default: in-process into an embedded
+    engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the model,
+    optimizer, RNG state and the loop's position are saved there every ``save_interval``
+    steps (and after the last): copied to CPU memory between steps, then written in the
+    background while the next steps run (at most one write in flight, atomically; a failed
+    write fails the run; the last one is complete when this returns). A run that finds a
+    checkpoint there resumes after its step. On the ``sync`` schedule (without over-sampling
+    or filters, whose leftover groups live in memory) it continues exactly as if it had
+    never stopped; on ``one_step_off`` the rollout that was in flight is played again with
+    the checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
+    pass over the data. Resuming with another batch schedule is refused. ``evaluate`` (e.g.
+    the reward on held-out tasks) runs every ``eval_interval`` steps, into that step's
+    ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
+    that a report's file writes do not hold up the episodes in flight.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -232,6 +235,7 @@ async def run_grpo(
     # itself (a ConfigError found at run time reads like one found before the start).
     with _lone_error():
         async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
+            writer = CheckpointWriter(tg)
             await buffer.set_policy_version(first)
             producer = Producer(
                 env, stream, engine, tokenizer, buffer,
@@ -243,6 +247,7 @@ async def run_grpo(
                 tg.start_soon(producer.run_forever, first)
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
             for step in range(first, config.num_rollout):
+                writer.check()  # a checkpoint written in the background failed: stop
                 _reset_peak_memory(backend.device)
                 t0 = time.perf_counter()
                 batch = await _take_batch(config, producer, buffer, step, ahead)
@@ -284,11 +289,12 @@ async def run_grpo(
                     (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
                 ):
                     extra = {"step": step, "schedule": schedule, "tasks": positions[step + 1]}
-                    await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
+                    metrics["time_checkpoint_s"] = await writer.save(backend, checkpoint, extra)
                 positions.pop(step, None)
                 history.append(metrics)
                 if on_step is not None:  # off the event loop: reports write files
                     await anyio.to_thread.run_sync(on_step, metrics)
+            await writer.wait()  # the last checkpoint is complete
             tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
 
