@@ -75,8 +75,9 @@ class GRPOConfig:
             ``one_step_off`` then train on the groups they have; ``async`` stops with an
             error after that many rounds in a row keep nothing.
         shuffle: reshuffle the tasks (seeded) at each pass over them.
-        concurrency: episodes in flight per round (default: what the engine decodes
-            together, :func:`~trainer._producer.policy_capacity` -- the embedded engine's
+        concurrency: episodes in flight per round, and generate calls in flight over
+            all rounds (default: what the engine decodes together,
+            :func:`~trainer._producer.policy_capacity` -- the embedded engine's
             ``max_running`` -- else every episode of a round at once). ``agentenv train``
             sets it from the engines it launches or is pointed at.
         chat_template_kwargs: template arguments for every render (e.g.

@@ -133,6 +133,8 @@ class Producer:
         self._running = 0
         self._busy_since = 0.0
         self.requests = 0  # generate calls in flight now
+        # Shared by every round (async: several run at once): the engines' capacity.
+        self.limiter = anyio.CapacityLimiter(concurrency)
 
     def _request_started(self) -> None:
         self.requests += 1
@@ -255,7 +257,8 @@ class _RoundSink:
 
 
 class _InFlight:
-    """The policy, counting its generate calls in flight (``rollout/peak_requests``)."""
+    """The policy, with at most ``concurrency`` generate calls in flight over all rounds,
+    counted (``rollout/peak_requests``)."""
 
     def __init__(self, policy: Any, producer: Producer) -> None:
         self.inner = policy
@@ -264,9 +267,10 @@ class _InFlight:
     async def generate(
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
     ) -> Completion:
-        self.producer._request_started()
-        try:
-            completion: Completion = await self.inner.generate(input_ids, params, rid=rid)
-            return completion
-        finally:
-            self.producer.requests -= 1
+        async with self.producer.limiter:
+            self.producer._request_started()
+            try:
+                completion: Completion = await self.inner.generate(input_ids, params, rid=rid)
+                return completion
+            finally:
+                self.producer.requests -= 1
