@@ -11,9 +11,11 @@ flags override it. The configuration (the batch identity included) is validated 
 anything heavy loads. The run evaluates held-out tasks before and after training (greedy
 by default), shows a progress bar (step, reward, time split), writes every step's metrics
 to ``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
-optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps, the
-trained model to ``SAVE/model`` and a plot to ``SAVE/metrics.png``. Run the same command
-again (or pass ``--load RUN``) and it resumes after the last checkpoint.
+optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps (10)
+and after the last, written in the background, the trained model to ``SAVE/model`` and a
+plot to ``SAVE/metrics.png``. Run the same command again (or pass ``--load RUN``) and it
+resumes after the last checkpoint. Episodes in flight follow the engines' capacity
+(``--rollout-max-running``; SGLang: ``--sglang-server-concurrency`` per server).
 
 Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
 weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
