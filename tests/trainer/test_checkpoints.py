@@ -19,7 +19,7 @@ from trainer import GRPOConfig, OptimConfig, TorchBackend, compute_advantages, r
 from trainer._checkpoints import cpu_copy
 from trainer._files import replace_dir
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def batch(seed: int) -> tuple[list[Sample], torch.Tensor]:
