@@ -4,13 +4,14 @@ A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
 :class:`~trainer.megatron.MegatronBackend` for megatron-core) is a :class:`Backend`: the
 loop sees only its ``logprobs``, ``train_step``, weight export and checkpoints. Every
 backend's step is planned and scored the same way: it packs samples into micro-batches by
-a token budget, computes the old policy's log-probs with the same micro-batches (so the
-ratio is exactly 1 on fresh on-policy data), weights every token by its share of the
-step's loss (:func:`trainer.token_weights`, so packing does not change the gradients),
-runs the loss and backward per micro-batch, clips the gradient norm, skips a non-finite
-update and steps the optimizer at the scheduled learning rate. :class:`MicroBatchBackend`
-runs that step as a plain loop over one forward pass per micro-batch (the torch backend);
-megatron's runs it through megatron's own schedule.
+a token budget, takes the old policy's log-probs, when it is the current one (one
+optimizer step per rollout), from the training forward itself, detached (so the ratio is
+exactly 1 on fresh on-policy data and there is no separate pass), weights every token by
+its share of the step's loss (:func:`trainer.token_weights`, so packing does not change
+the gradients), runs the loss and backward per micro-batch, clips the gradient norm,
+skips a non-finite update and steps the optimizer at the scheduled learning rate.
+:class:`MicroBatchBackend` runs that step as a plain loop over one forward pass per
+micro-batch (the torch backend); megatron's runs it through megatron's own schedule.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -226,11 +227,11 @@ class Backend(abc.ABC):
         :meth:`_plan`'s micro-batches, :meth:`_micro_loss` per micro-batch, the gradient
         norm clipped, a non-finite update skipped; returns the step's metrics.
 
-        ``old_logprobs`` default to the current policy's, taken with the same
-        micro-batches (the ratio is exactly 1 on fresh data). ``lr_step``: where on the
-        learning-rate schedule this update is (default: the number of updates so far).
-        The GRPO loop passes the rollout step's planned position, so that batches shrunk
-        by filters or skipped do not stretch the schedule.
+        ``old_logprobs`` default to the current policy's, taken from the step's own training
+        forward, detached (the ratio is exactly 1 on fresh data; no extra pass).
+        ``lr_step``: where on the learning-rate schedule this update is (default: the number
+        of updates so far). The GRPO loop passes the rollout step's planned position, so
+        that batches shrunk by filters or skipped do not stretch the schedule.
         """
 
     @abc.abstractmethod
@@ -246,6 +247,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         """Model, optimizer, RNG states and ``extra`` into ``directory``, atomically."""
+
+    def checkpoint_snapshot(
+        self, extra: dict[str, Any]
+    ) -> Callable[[str | os.PathLike[str]], None] | None:
+        """What :meth:`save_checkpoint` would save, copied now (to CPU memory), as a
+        function that writes it into a directory, atomically, on any thread while
+        training goes on (the loop writes checkpoints in the background with it).
+        ``None``: this backend saves in the foreground only (:meth:`save_checkpoint`)."""
+        return None
 
     @abc.abstractmethod
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -289,9 +299,12 @@ class Backend(abc.ABC):
         lps: Sequence[torch.Tensor],
         ents: Sequence[torch.Tensor] | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of one micro-batch (its share of the step's) and its metric sums."""
-        assert plan.old_logprobs is not None
+        """The loss of one micro-batch (its share of the step's) and its metric sums.
+        Without ``plan.old_logprobs`` the old policy is the current one: its log-probs are
+        ``lps`` detached (the ratio is exactly 1)."""
         dev = lps[0].device
+        old = plan.old_logprobs
+        old_parts = [old[i] for i in group] if old is not None else [lp.detach() for lp in lps]
 
         def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
             return torch.cat([p.to(dev, torch.float32) for p in parts])
@@ -301,7 +314,7 @@ class Backend(abc.ABC):
         ref = plan.ref_logprobs
         return policy_loss(
             cat(lps),
-            cat([plan.old_logprobs[i] for i in group]),
+            cat(old_parts),
             cat([plan.advantages[i].expand(len(plan.items[i].mask)) for i in group]),
             cat([plan.weights[i] for i in group]),
             self.loss_config,
@@ -393,19 +406,10 @@ class MicroBatchBackend(Backend):
         lr_step: int | None = None,
     ) -> dict[str, float]:
         plan = self._plan(samples, advantages, ref_logprobs)
-        t0 = time.perf_counter()
-        if old_logprobs is None:
-            # With the same micro-batches as the update: at the first step on fresh data
-            # the ratio is then exactly 1.
-            old: list[torch.Tensor | None] = [None] * len(plan.items)
-            with torch.no_grad():
-                for group in plan.groups:
-                    lps, _ = self._forward([plan.items[i] for i in group], with_entropy=False)
-                    for i, lp in zip(group, lps, strict=True):
-                        old[i] = lp.detach()
-            old_logprobs = [t for t in old if t is not None]
+        # Without old log-probs the old policy is the current one: _micro_loss takes them
+        # from the training forward, detached (no separate pass).
         plan.old_logprobs = old_logprobs
-        t1 = time.perf_counter()
+        t0 = t1 = time.perf_counter()
         tally = Tally()
         for group in plan.groups:
             lps, ents = self._forward(
@@ -459,6 +463,7 @@ class StepPlan:
     weights: list[torch.Tensor]
     ref_logprobs: Sequence[torch.Tensor] | None
     want_entropy: bool
+    #: ``None``: the current policy's, taken from the training forward itself.
     old_logprobs: Sequence[torch.Tensor] | None = None
 
 

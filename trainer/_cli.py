@@ -11,9 +11,11 @@ flags override it. The configuration (the batch identity included) is validated 
 anything heavy loads. The run evaluates held-out tasks before and after training (greedy
 by default), shows a progress bar (step, reward, time split), writes every step's metrics
 to ``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
-optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps, the
-trained model to ``SAVE/model`` and a plot to ``SAVE/metrics.png``. Run the same command
-again (or pass ``--load RUN``) and it resumes after the last checkpoint.
+optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps (10)
+and after the last, written in the background, the trained model to ``SAVE/model`` and a
+plot to ``SAVE/metrics.png``. Run the same command again (or pass ``--load RUN``) and it
+resumes after the last checkpoint. Episodes in flight follow the engines' capacity
+(``--rollout-max-running``; SGLang: ``--sglang-server-concurrency`` per server).
 
 Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
 weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
@@ -59,7 +61,12 @@ class TrainConfig(pydantic.BaseModel):
     save: Path | None = pydantic.Field(
         None, description="directory for metrics, checkpoints (SAVE/checkpoint) and the model"
     )
-    save_interval: int = pydantic.Field(1, ge=1, description="rollout steps between checkpoints")
+    save_interval: int = pydantic.Field(
+        10,
+        ge=1,
+        description="rollout steps between checkpoints (and one after the last; written "
+        "in the background)",
+    )
     load: Path | None = pydantic.Field(
         None, description="start from this run directory's checkpoint (until --save has one)"
     )
@@ -154,7 +161,15 @@ class TrainConfig(pydantic.BaseModel):
         None, description="use this running server (SGLang or agentenv serve) for rollouts"
     )
     rollout_max_running: int = pydantic.Field(
-        128, ge=1, description="embedded/serve engine: requests decoded in one batch"
+        128,
+        ge=1,
+        description="embedded/serve engine: requests decoded in one batch (and episodes in flight)",
+    )
+    sglang_server_concurrency: int = pydantic.Field(
+        512,
+        ge=1,
+        description="SGLang servers (--rollout-engine sglang, --rollout-url): episodes in "
+        "flight per server (slime's flag; behind a router, times its workers)",
     )
     rollout_device: str | None = pydantic.Field(
         None,

@@ -45,7 +45,8 @@ from agentenv import (
 from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
 from trainer._advantages import ESTIMATORS, compute_advantages
 from trainer._backend import Backend
-from trainer._producer import Producer, RoundStats, TaskStream
+from trainer._checkpoints import CheckpointWriter
+from trainer._producer import Producer, RoundStats, TaskStream, policy_capacity
 from trainer._sync import InProcessSync, WeightSync
 
 __all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
@@ -74,6 +75,11 @@ class GRPOConfig:
             ``one_step_off`` then train on the groups they have; ``async`` stops with an
             error after that many rounds in a row keep nothing.
         shuffle: reshuffle the tasks (seeded) at each pass over them.
+        concurrency: episodes in flight per round, and generate calls in flight over
+            all rounds (default: what the engine decodes together,
+            :func:`~trainer._producer.policy_capacity` -- the embedded engine's
+            ``max_running`` -- else every episode of a round at once). ``agentenv train``
+            sets it from the engines it launches or is pointed at.
         chat_template_kwargs: template arguments for every render (e.g.
             ``{"enable_thinking": False}``; see :class:`~agentenv.RolloutConfig`).
     """
@@ -87,7 +93,7 @@ class GRPOConfig:
     sampling: SamplingParams = dataclasses.field(
         default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0)
     )
-    concurrency: int = 64
+    concurrency: int | None = None
     seed: int = 0
     schedule: Schedule = "sync"
     max_staleness: int = 1
@@ -101,6 +107,11 @@ class GRPOConfig:
         for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(
+                f"concurrency must be at least 1 (or None: the engine's capacity), "
+                f"got {self.concurrency}"
+            )
         if self.advantage_estimator not in ESTIMATORS:
             raise ConfigError(
                 f"unknown advantage estimator {self.advantage_estimator!r}; "
@@ -131,6 +142,15 @@ class GRPOConfig:
     @property
     def round_size(self) -> int:
         return self.over_sampling_batch_size or self.rollout_batch_size
+
+    def concurrency_for(self, policy: Any) -> int:
+        """Episodes in flight per round with ``policy``: :attr:`concurrency`, else the
+        policy's capacity, else a whole round."""
+        return (
+            self.concurrency
+            or policy_capacity(policy)
+            or self.round_size * self.n_samples_per_prompt
+        )
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""
@@ -167,7 +187,7 @@ async def run_grpo(
     sync: WeightSync | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
-    save_interval: int = 1,
+    save_interval: int = 10,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
 ) -> list[dict[str, float]]:
@@ -175,18 +195,20 @@ async def run_grpo(
     an embedded :class:`~agentenv.engine.Engine` or an
     :class:`~agentenv.sglang.SGLangClient`). Returns one metrics dict per rollout step.
 
-    ``sync`` pushes the new weights after every step (default: in-process into an
-    embedded engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the
-    model, optimizer, RNG state and the loop's position are saved there every
-    ``save_interval`` steps (and after the last); a run that finds a checkpoint there
-    resumes after its step. On the ``sync`` schedule (without over-sampling or filters,
-    whose leftover groups live in memory) it continues exactly as if it had never
-    stopped; on ``one_step_off`` the rollout that was in flight is played again with the
-    checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
-    pass over the data. Resuming with another batch schedule is refused. ``evaluate``
-    (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps, into that
-    step's ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each
-    step, so that a report's file writes do not hold up the episodes in flight.
+    ``sync`` pushes the new weights after every step (default: in-process into an embedded
+    engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the model,
+    optimizer, RNG state and the loop's position are saved there every ``save_interval``
+    steps (and after the last): copied to CPU memory between steps, then written in the
+    background while the next steps run (at most one write in flight, atomically; a failed
+    write fails the run; the last one is complete when this returns). A run that finds a
+    checkpoint there resumes after its step. On the ``sync`` schedule (without over-sampling
+    or filters, whose leftover groups live in memory) it continues exactly as if it had
+    never stopped; on ``one_step_off`` the rollout that was in flight is played again with
+    the checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
+    pass over the data. Resuming with another batch schedule is refused. ``evaluate`` (e.g.
+    the reward on held-out tasks) runs every ``eval_interval`` steps, into that step's
+    ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
+    that a report's file writes do not hold up the episodes in flight.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -209,21 +231,25 @@ async def run_grpo(
     await sync(backend, first)
     # What a checkpoint after step k saves: the task position before step k + 1's rounds.
     positions: dict[int, dict[str, Any]] = {first: stream.state()}
+    concurrency = config.concurrency_for(engine)
     # The producer runs in a task group: an error of its own or of a step surfaces as
     # itself (a ConfigError found at run time reads like one found before the start).
     with _lone_error():
         async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
+            writer = CheckpointWriter(tg)
             await buffer.set_policy_version(first)
             producer = Producer(
                 env, stream, engine, tokenizer, buffer,
                 round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
-                sampling=config.sampling, concurrency=config.concurrency, seed=config.seed,
+                sampling=config.sampling, concurrency=concurrency, seed=config.seed,
                 max_rounds=config.max_rounds, chat_template_kwargs=config.chat_template_kwargs,
             )  # fmt: skip
             if config.schedule == "async":
                 tg.start_soon(producer.run_forever, first)
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
             for step in range(first, config.num_rollout):
+                writer.check()  # a checkpoint written in the background failed: stop
+                _reset_peak_memory(backend.device)
                 t0 = time.perf_counter()
                 batch = await _take_batch(config, producer, buffer, step, ahead)
                 rounds = producer.take_stats()
@@ -234,6 +260,7 @@ async def run_grpo(
                 samples = [s for s in batch.samples if s.trainable] if batch else []
                 t1 = time.perf_counter()
                 metrics = _rollout_metrics(step, rounds, samples)
+                metrics["rollout/concurrency"] = float(concurrency)
                 if samples:
                     metrics.update(await _train_on(backend, samples, config, step))
                 t2 = time.perf_counter()
@@ -253,6 +280,7 @@ async def run_grpo(
                     time_sync_s=t4 - t3,
                     time_step_s=t4 - t0,
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
+                    **_peak_memory(backend.device),
                 )
                 if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                     held_out = await evaluate()
@@ -262,11 +290,12 @@ async def run_grpo(
                     (step + 1) % max(save_interval, 1) == 0 or step == config.num_rollout - 1
                 ):
                     extra = {"step": step, "schedule": schedule, "tasks": positions[step + 1]}
-                    await anyio.to_thread.run_sync(backend.save_checkpoint, checkpoint, extra)
+                    metrics["time_checkpoint_s"] = await writer.save(backend, checkpoint, extra)
                 positions.pop(step, None)
                 history.append(metrics)
                 if on_step is not None:  # off the event loop: reports write files
                     await anyio.to_thread.run_sync(on_step, metrics)
+            await writer.wait()  # the last checkpoint is complete
             tg.cancel_scope.cancel()  # async / one_step_off: rollouts nobody will train on
     return history
 
@@ -396,9 +425,30 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "rollout/rounds": float(rounds.rounds),
         "rollout/prompts": float(rounds.prompts),
         "rollout/completion_tokens": float(rounds.completion_tokens),
+        "rollout/peak_requests": float(rounds.peak_requests),
         "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
     }
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> dict[str, float]:
+    """The step's peak memory, the whole process's (trainer and embedded engine): on CUDA
+    the trainer's GPU's most allocated and reserved bytes since the step began; on CPU
+    the process's peak resident set so far (the OS cannot reset it per step)."""
+    if device.type == "cuda":
+        return {
+            "perf/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "perf/peak_memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
+    return {"perf/peak_rss_gib": kib / 2**20}
 
 
 def _zero_std_fraction(samples: list[Sample]) -> float:

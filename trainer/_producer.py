@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 
 from agentenv import (
+    Completion,
     ConfigError,
     Environment,
     RolloutConfig,
@@ -30,7 +31,15 @@ from agentenv import (
 )
 from agentenv.buffer import Buffer
 
-__all__ = ["Producer", "RoundStats", "TaskStream"]
+__all__ = ["Producer", "RoundStats", "TaskStream", "policy_capacity"]
+
+
+def policy_capacity(policy: Any) -> int | None:
+    """How many requests ``policy`` decodes together, when it says: the embedded
+    :class:`~agentenv.engine.Engine`'s ``max_running`` (``None`` for a generator that does
+    not know, e.g. a client of servers whose capacity is set where they are launched)."""
+    capacity = getattr(policy, "max_running", None)
+    return capacity if isinstance(capacity, int) and capacity > 0 else None
 
 
 class TaskStream:
@@ -85,6 +94,7 @@ class RoundStats:
     failed: int = 0
     rewards: list[float] = dataclasses.field(default_factory=list)
     busy_s: float = 0.0  # wall time with at least one round running
+    peak_requests: int = 0  # generate calls in flight at once, at most
 
 
 class Producer:
@@ -106,7 +116,8 @@ class Producer:
         max_rounds: int = 8,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        self.env, self.stream, self.policy, self.tokenizer = env, stream, policy, tokenizer
+        self.env, self.stream, self.tokenizer = env, stream, tokenizer
+        self.policy = _InFlight(policy, self)
         self.buffer = buffer
         self.round_size = round_size
         self.n_samples_per_prompt = n_samples_per_prompt
@@ -121,6 +132,13 @@ class Producer:
         self._barren = 0  # async: rounds in a row that kept no group
         self._running = 0
         self._busy_since = 0.0
+        self.requests = 0  # generate calls in flight now
+        # Shared by every round (async: several run at once): the engines' capacity.
+        self.limiter = anyio.CapacityLimiter(concurrency)
+
+    def _request_started(self) -> None:
+        self.requests += 1
+        self.stats.peak_requests = max(self.stats.peak_requests, self.requests)
 
     async def put_group(self, samples: Sequence[Sample]) -> None:
         """The runner's sink: counts the roles of a prompt's group, then into the Buffer."""
@@ -135,7 +153,7 @@ class Producer:
             now = time.perf_counter()
             out.busy_s += now - self._busy_since
             self._busy_since = now
-        self.stats = RoundStats()
+        self.stats = RoundStats(peak_requests=self.requests)
         return out
 
     async def play(self, tasks: Sequence[Task], seed: int) -> int:
@@ -236,3 +254,23 @@ class _RoundSink:
     async def put_group(self, samples: Sequence[Sample]) -> None:
         await self.producer.put_group(samples)
         self.put += 1
+
+
+class _InFlight:
+    """The policy, with at most ``concurrency`` generate calls in flight over all rounds,
+    counted (``rollout/peak_requests``)."""
+
+    def __init__(self, policy: Any, producer: Producer) -> None:
+        self.inner = policy
+        self.producer = producer
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        async with self.producer.limiter:
+            self.producer._request_started()
+            try:
+                completion: Completion = await self.inner.generate(input_ids, params, rid=rid)
+                return completion
+            finally:
+                self.producer.requests -= 1

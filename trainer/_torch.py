@@ -12,7 +12,7 @@ log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +131,16 @@ class TorchBackend(MicroBatchBackend):
         """HF-named weights (for the engine's in-process update or a safetensors save)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """The current weights as a complete HF model directory (config, safetensors and
-        the source model's tokenizer, chat template and generation config), e.g. for a
-        server's ``/update_weights_from_disk`` or ``--save``."""
+    def save_hf(
+        self, directory: str | os.PathLike[str], weights: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """The current weights (or ``weights``, a copy of the model's state dict) as a
+        complete HF model directory (config, safetensors and the source model's
+        tokenizer, chat template and generation config), e.g. for a server's
+        ``/update_weights_from_disk`` or ``--save``."""
         from trainer._files import copy_model_files
 
-        self.model.save_pretrained(directory, safe_serialization=True)
+        self.model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
         copy_model_files(self.path, directory)
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -154,16 +157,29 @@ class TorchBackend(MicroBatchBackend):
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         """Model (HF safetensors), optimizer, RNG states and ``extra`` (the loop's position)
         into ``directory``, replacing it atomically (a crash mid-save keeps the old one)."""
+        self.checkpoint_snapshot(extra)(directory)
+
+    def checkpoint_snapshot(
+        self, extra: dict[str, Any]
+    ) -> Callable[[str | os.PathLike[str]], None]:
+        """:meth:`save_checkpoint`'s state copied to CPU memory now; the function it
+        returns writes it (on any thread, while training goes on)."""
         import json
 
+        from trainer._checkpoints import cpu_copy
         from trainer._files import replace_dir
 
-        with replace_dir(directory) as tmp:
-            self.save_hf(tmp / "model")
-            torch.save(self._trainer_state(), tmp / "trainer_state.pt")
-            (tmp / "checkpoint.json").write_text(
-                json.dumps({"model": self._identity(), "extra": extra}, indent=1)
-            )
+        weights = cpu_copy(self.state_dict())
+        state = cpu_copy(self._trainer_state())
+        meta = json.dumps({"model": self._identity(), "extra": extra}, indent=1)
+
+        def write(directory: str | os.PathLike[str]) -> None:
+            with replace_dir(directory) as tmp:
+                self.save_hf(tmp / "model", dict(weights))  # (saving drops tied keys)
+                torch.save(state, tmp / "trainer_state.pt")
+                (tmp / "checkpoint.json").write_text(meta)
+
+        return write
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore :meth:`save_checkpoint`'s state; returns its ``extra``. A checkpoint of

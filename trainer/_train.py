@@ -4,6 +4,7 @@ the backend, the rollout engines, the loop and the reports."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import shutil
@@ -96,6 +97,26 @@ async def rollout_engine(
             server_sync(config, client, weights_dir) as sync,
         ):
             yield client, sync
+
+
+async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
+    """Episodes in flight: what the engines decode together. The embedded engine says
+    itself (``None``: its ``max_running``); an ``agentenv serve`` worker was launched with
+    ``--rollout-max-running``; an SGLang server takes ``--sglang-server-concurrency``
+    (slime's), times a router's workers."""
+    if config.rollout_url is not None:
+        from agentenv.sglang import SGLangError
+
+        try:
+            servers = len(await policy.list_workers())
+        except SGLangError:  # a server, not a router
+            servers = 1
+        return config.sglang_server_concurrency * max(servers, 1)
+    if config.rollout_engine == "serve":
+        return config.rollout_max_running
+    if config.rollout_engine == "sglang":
+        return config.sglang_server_concurrency
+    return None
 
 
 @contextlib.asynccontextmanager
@@ -306,7 +327,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         backend = TorchBackend(config.hf_checkpoint, **common)
     report = Reporter(config, config.save, resuming)
 
-    async def evaluate(policy: Any) -> float | None:
+    async def evaluate(policy: Any, concurrency: int) -> float | None:
         if not eval_tasks:
             return None
         stats = await rollouts(
@@ -321,6 +342,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                     temperature=config.eval_temperature,
                 ),
                 seed=12345,
+                concurrency=concurrency,
                 chat_template_kwargs=config.apply_chat_template_kwargs,
                 progress=False,
             ),
@@ -329,14 +351,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     async def go(weights_dir: Path) -> dict[str, Any]:
         async with rollout_engine(config, tokenizer, weights_dir) as (policy, sync):
-            before = await evaluate(policy)
+            run = await rollout_concurrency(config, policy) or grpo.concurrency_for(policy)
+            before = await evaluate(policy, run)
             report.held_out("before", before, config.n_eval)
             history = await run_grpo(
-                env, train_tasks, backend, policy, tokenizer, grpo, sync=sync, on_step=report,
+                env, train_tasks, backend, policy, tokenizer,
+                dataclasses.replace(grpo, concurrency=run), sync=sync, on_step=report,
                 checkpoint=checkpoint, save_interval=config.save_interval,
-                evaluate=lambda: evaluate(policy), eval_interval=config.eval_interval,
+                evaluate=lambda: evaluate(policy, run), eval_interval=config.eval_interval,
             )  # fmt: skip
-            after = await evaluate(policy)
+            after = await evaluate(policy, run)
             report.held_out("after", after, config.n_eval)
         return {"before": before, "after": after, "history": history}
 

@@ -35,19 +35,27 @@ from agentenv.sglang._client import SGLangClient, SGLangError
 __all__ = ["Launcher", "router_command", "server_command", "split_passthrough"]
 
 
+#: ``--sglang-*`` flags that are the launcher's own (slime's), not SGLang's: they stay ours.
+OWN_FLAGS = ("--sglang-server-concurrency",)
+
+
 def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
     """Split ``argv`` into (ours, SGLang server flags, router flags).
 
     ``--sglang-X [values...]`` and ``--sglang-X=V`` become ``--X ...`` for the server,
     ``--router-X ...`` become ``--X ...`` for the router; values are the tokens that follow
-    up to the next ``-``-prefixed one (negative numbers count as values).
+    up to the next ``-``-prefixed one (negative numbers count as values). The
+    :data:`OWN_FLAGS` stay ours.
     """
     ours: list[str] = []
     server: list[str] = []
     router: list[str] = []
     target: list[str] | None = None
     for token in argv:
-        if token.startswith("--sglang-") or token.startswith("--router-"):
+        if token.split("=", 1)[0] in OWN_FLAGS:
+            target = None
+            ours.append(token)
+        elif token.startswith("--sglang-") or token.startswith("--router-"):
             prefix = "--sglang-" if token.startswith("--sglang-") else "--router-"
             name = token[len(prefix) :]
             if not name or name.startswith("="):

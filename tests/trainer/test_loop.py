@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +22,7 @@ from agentenv import (
     Task,
 )
 from agentenv.engine import Engine, resolve_model
-from trainer import GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
+from trainer import GRPOConfig, InProcessSync, LossConfig, OptimConfig, TorchBackend, run_grpo
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -358,3 +359,52 @@ def test_eval_takes_the_tokenizer_flag_for_a_model_directory_without_one(tmp_pat
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1])["episodes"] == 2
+
+
+def test_the_loop_keeps_as_many_episodes_in_flight_as_the_engine_decodes(
+    tmp_path: Path,
+) -> None:
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    env = GoodTokensEnv()
+    backend = TorchBackend(model, optim=OptimConfig(lr=1e-3))
+    # 96 episodes a round, more than the 64 a fixed default would let run together.
+    config = GRPOConfig(
+        num_rollout=1, rollout_batch_size=8, n_samples_per_prompt=12,
+        sampling=SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True),
+    )  # fmt: skip
+
+    class Counting:
+        """The engine, counting its generate calls in flight."""
+
+        def __init__(self, engine: Engine) -> None:
+            self.engine, self.max_running = engine, engine.max_running
+            self.now = self.peak = 0
+
+        async def generate(
+            self, ids: Any, params: SamplingParams, *, rid: str | None = None
+        ) -> Any:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            try:
+                return await self.engine.generate(ids, params, rid=rid)
+            finally:
+                self.now -= 1
+
+    async def go(max_running: int) -> tuple[int, dict[str, float]]:
+        async with Engine(
+            model, device="cpu", dtype=torch.float32, tokenizer=tokenizer, max_running=max_running
+        ) as e:
+            counting = Counting(e)
+            history = await run_grpo(
+                env, env.tasks(), backend, counting, tokenizer, config, sync=InProcessSync(e)
+            )
+            return counting.peak, history[-1]
+
+    for max_running in (96, 16):
+        peak, metrics = anyio.run(go, max_running)
+        assert peak == max_running
+        assert metrics["rollout/concurrency"] == max_running
+        assert metrics["rollout/peak_requests"] == max_running
+        # On CPU the process's peak resident set (CUDA: the step's peak GPU memory).
+        assert 0.1 < metrics["perf/peak_rss_gib"] < 64 and "perf/peak_memory_gib" not in metrics

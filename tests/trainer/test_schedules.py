@@ -89,6 +89,8 @@ def test_async_keeps_every_batch_within_the_staleness_bound(model: Path) -> None
         assert step - oldest <= 1, (step, oldest)
     # The producer ran ahead of the trainer (data was waiting for some step).
     assert any(h["time_rollout_s"] < 0.05 for h in history[1:])
+    # Several rounds at once, but never more requests than the engines take together.
+    assert max(h["rollout/peak_requests"] for h in history) == 4
 
 
 def test_over_sampling_and_a_dynamic_filter_train_only_kept_groups(model: Path) -> None:

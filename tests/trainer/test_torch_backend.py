@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -191,3 +192,60 @@ def test_bf16_weights_keep_small_updates_through_fp32_master_weights(tmp_path: P
     again.load_checkpoint(tmp_path / "ckpt")
     assert again.master is not None
     assert all(torch.equal(a, b) for a, b in zip(again.master, kept.master, strict=True))
+
+
+def test_one_step_takes_the_old_logprobs_from_its_training_forward(tmp_path: Path) -> None:
+    """Without old log-probs (one optimizer step per rollout) the step takes them from its
+    own training forward, detached, instead of a separate no-grad pass: the same loss,
+    gradient norm, metrics and updated weights as the step given that pass's log-probs,
+    with one forward per micro-batch instead of two."""
+    from tests.trainer.test_loop import tiny_llama
+
+    model = tiny_llama(tmp_path / "tiny")
+    gen = torch.Generator().manual_seed(1)
+    samples = [
+        Sample(
+            prompt_ids=torch.randint(1000, 1016, (5 + i % 3,), generator=gen).tolist(),
+            completion_ids=torch.randint(1000, 1016, (4 + i % 5,), generator=gen).tolist(),
+            rollout_logprobs=(-torch.rand(4 + i % 5, generator=gen) * 3).tolist(),
+            reward=float(i % 2),
+            group_id=f"g{i // 4}",
+        )
+        for i in range(8)
+    ]
+    adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
+
+    def make() -> TorchBackend:
+        return TorchBackend(
+            model,
+            optim=OptimConfig(lr=1e-2),
+            loss=LossConfig(use_tis=True),
+            max_tokens_per_micro_batch=30,  # several micro-batches
+            entropy_metric=True,
+        )
+
+    with_pass, without = make(), make()
+    reference = with_pass.train_step(samples, adv, old_logprobs=with_pass.logprobs(samples))
+    calls = 0
+    forward = without._forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return forward(*args, **kwargs)
+
+    without._forward = counted  # type: ignore[method-assign]
+    metrics = without.train_step(samples, adv)
+    assert calls == metrics["micro_batches"] > 1  # no old-log-prob pass
+    assert metrics["ratio_max"] == metrics["ratio_min"] == 1.0
+    for name in ("loss", "pg_loss", "grad_norm", "tis_weight", "entropy", "clipfrac"):
+        assert metrics[name] == pytest.approx(reference[name], rel=1e-6, abs=1e-7), name
+    mismatch = "train/rollout_train_logprob_abs_diff"
+    assert (
+        metrics[mismatch] == pytest.approx(reference[mismatch], rel=1e-6)
+        and metrics[mismatch] > 0.1
+    )
+    for (name, a), b in zip(
+        with_pass.state_dict().items(), without.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6), name

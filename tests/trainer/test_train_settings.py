@@ -177,3 +177,37 @@ def test_sglang_flags_after_a_double_dash_belong_to_the_command(
         main(["sandbox", "exec", "--backend", "nothing", "--", "echo", "--sglang-x", "1"])
     err = capsys.readouterr().err
     assert "invalid choice: 'nothing'" in err and "--sglang" not in err
+
+
+def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
+    from agentenv.sglang import split_passthrough
+    from trainer._train import rollout_concurrency
+
+    # slime's --sglang-server-concurrency is the trainer's, not a flag for SGLang.
+    ours, server, _ = split_passthrough(
+        ["--sglang-server-concurrency", "32", "--sglang-mem-fraction-static", "0.5"]
+    )
+    assert ours == ["--sglang-server-concurrency", "32"]
+    assert server == ["--mem-fraction-static", "0.5"]
+
+    def concurrency(**settings: object) -> int | None:
+        config = TrainConfig.model_validate({"env": "arithmetic", **settings})
+        return anyio.run(rollout_concurrency, config, None)
+
+    assert concurrency() is None  # embedded: the engine's own max_running
+    assert concurrency(rollout_engine="serve", rollout_max_running=512) == 512
+    assert concurrency(rollout_engine="sglang") == 512  # slime's default, per server
+    assert concurrency(rollout_engine="sglang", sglang_server_concurrency=96) == 96
+
+    class Router:
+        async def list_workers(self) -> list[str]:
+            return ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+
+    config = TrainConfig(
+        env="arithmetic", rollout_url="http://127.0.0.1:9", sglang_server_concurrency=8
+    )
+    assert anyio.run(rollout_concurrency, config, Router()) == 24
+    with pytest.raises(ConfigError, match="concurrency must be at least 1"):
+        GRPOConfig(concurrency=0)
+    # A generator that does not say what it decodes together: a whole round at once.
+    assert GRPOConfig(rollout_batch_size=8, n_samples_per_prompt=4).concurrency_for(None) == 32

@@ -487,14 +487,10 @@ class MegatronBackend(Backend):
 
         plan = self._plan(samples, advantages, ref_logprobs)
         mine = self._mine(plan.groups)
-        t0 = time.perf_counter()
-        if old_logprobs is None:  # the same micro-batches as the update: ratio exactly 1
-            old = self._forward_only(plan.items, mine, self.model)
-            empty = torch.empty(0)
-            plan.old_logprobs = [old.get(i, empty) for i in range(len(plan.items))]
-        else:
-            plan.old_logprobs = old_logprobs
-        t1 = time.perf_counter()
+        # Without old log-probs the old policy is the current one: the loss on the last
+        # stage takes them from the training forward, detached (ratio exactly 1).
+        plan.old_logprobs = old_logprobs
+        t0 = t1 = time.perf_counter()
         tally = Tally()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
