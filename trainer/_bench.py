@@ -215,10 +215,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # -- weight sync into the engine on the same device --
         from agentenv.engine import Engine
 
-        weights, dtype = backend.state_dict(), backend.dtype
+        weights, (dtype, residual) = backend.state_dict(), backend.precision.engine_dtypes()
 
         async def sync(weights: dict[str, Any] = weights) -> float:
-            async with Engine(root, device=device, dtype=dtype, cuda_graphs=False) as e:
+            async with Engine(
+                root, device=device, dtype=dtype, residual_dtype=residual, cuda_graphs=False
+            ) as e:
                 await e.update_weights(weights, weight_version="warm")
                 _sync(device)
                 t = time.perf_counter()
