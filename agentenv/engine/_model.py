@@ -335,7 +335,7 @@ class LlamaModel:
             if view is not None:
                 view.copy_(value)
         embed = tensors.get("model.embed_tokens.weight")
-        if embed is not None and self.lm_head is not self.embed:  # tied, in two dtypes
+        if self._tied and embed is not None and self.lm_head is not self.embed:  # two dtypes
             self.lm_head.copy_(embed)
 
     # -- pieces ----------------------------------------------------------------------------
