@@ -175,9 +175,12 @@ class LlamaModel:
         self.embed: torch.Tensor
         self.norm: torch.Tensor
         self.lm_head: torch.Tensor
-        half = config.head_dim // 2
-        exponents = torch.arange(0, half, dtype=torch.float64, device=self.device) * 2
-        self._inv_freq = 1.0 / (config.rope_theta ** (exponents / config.head_dim))
+        # RoPE's frequencies and angles in fp32, as transformers computes them: a float64
+        # table differs by ~1e-7 in the angles, which the bf16 roundings downstream
+        # amplify (0.4 in SmolLM2's logits with an fp32 residual stream); the same table
+        # makes the engine's prefill the trainer's, bit for bit on CPU.
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64, device=self.device)
+        self._inv_freq = 1.0 / (config.rope_theta ** (exponents.float() / config.head_dim))
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
         self._rope_table(1024)
@@ -343,8 +346,8 @@ class LlamaModel:
         if self._cos.shape[0] >= length:
             return
         length = max(length, 2 * self._cos.shape[0])
-        t = torch.arange(length, dtype=torch.float64, device=self.device)
-        freqs = torch.outer(t, self._inv_freq)
+        t = torch.arange(length, dtype=torch.float32, device=self.device)
+        freqs = torch.outer(t, self._inv_freq)  # one rounded product each, as HF's matmul
         emb = torch.cat([freqs, freqs], dim=-1)
         self._cos = emb.cos().to(self.residual_dtype)
         self._sin = emb.sin().to(self.residual_dtype)

@@ -51,7 +51,7 @@ def _logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
         return model._linear(model._rms(h[0], model.norm), model.lm_head).float()
 
 
-def _hf_logits(path: Path, dtype: torch.dtype, autocast: bool) -> torch.Tensor:
+def _hf_logits(path: Path, dtype: torch.dtype, *, autocast: bool) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     hf: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
@@ -103,3 +103,25 @@ def test_an_fp32_update_keeps_norms_and_embeddings_in_fp32(tmp_path: Path, tied:
         head = moved["model.embed_tokens.weight" if tied else "lm_head.weight"]
         assert torch.equal(model.lm_head, head.to(torch.bfloat16))  # rounded, as autocast does
     assert (model.lm_head == head_before).float().mean() > 0.9  # the matrices: mostly unmoved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dtype", "residual", "hf_dtype", "autocast"),
+    [
+        (torch.float32, None, torch.float32, False),
+        (torch.bfloat16, torch.float32, torch.float32, True),
+        (torch.bfloat16, None, torch.bfloat16, False),
+    ],
+)
+def test_smollm2_logits_are_transformers_in_each_precision(
+    dtype: torch.dtype, residual: torch.dtype | None, hf_dtype: torch.dtype, autocast: bool
+) -> None:
+    """30 layers amplify any difference through the bf16 roundings: the RoPE table must be
+    computed as transformers computes it (a float64 one was 0.4 off with autocast)."""
+    from agentenv.engine import resolve_model
+
+    path = resolve_model("smollm2-135m")
+    ours = _logits(LlamaModel.load(path, dtype=dtype, residual_dtype=residual), IDS)
+    gap = float((ours - _hf_logits(path, hf_dtype, autocast=autocast)).abs().max())
+    assert gap <= 1e-3, gap
