@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,14 @@ import torch
 from agentenv import ConfigError, Sample, SamplingParams
 from agentenv.engine import Engine
 from tests.trainer.test_loop import tiny_llama
-from trainer import InProcessSync, LossConfig, OptimConfig, TorchBackend, compute_advantages
+from trainer import (
+    PRECISIONS,
+    InProcessSync,
+    LossConfig,
+    OptimConfig,
+    TorchBackend,
+    compute_advantages,
+)
 from trainer._cli import TrainConfig
 from trainer._precision import resolve_precision
 
@@ -51,6 +59,8 @@ def test_defaults_and_bad_settings() -> None:
     assert resolve_precision("bf16", cpu).master
     with pytest.raises(ConfigError, match="precision must be one of fp32, bf16-autocast, bf16"):
         resolve_precision("fp16", cpu)
+    field = TrainConfig.model_fields["precision"].annotation
+    assert typing.get_args(typing.get_args(field)[0]) == PRECISIONS  # the flag's choices
     base = {"env": "arithmetic"}
     assert TrainConfig(**base).precision is None
     assert TrainConfig(**base, precision="bf16").precision == "bf16"
