@@ -115,8 +115,8 @@ class TrainConfig(pydantic.BaseModel):
     precision: Literal["fp32", "bf16-autocast", "bf16"] | None = pydantic.Field(
         None,
         description="--backend torch: fp32, bf16-autocast (fp32 weights, bf16 matmuls; the "
-        "CUDA default) or bf16 (bf16 weights, fp32 master copies; less memory, learns less "
-        "per step); default fp32 on CPU. megatron: its --bf16 (always)",
+        "CUDA default) or bf16 (bf16 weights, fp32 master copies; less activation memory, "
+        "learns less per step); default fp32 on CPU. megatron: its --bf16 (always)",
     )
     qkv_format: Literal["bshd", "thd"] | None = pydantic.Field(
         None,
