@@ -410,6 +410,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "env": config.env,
         "steps": config.num_rollout,
         "schedule": config.schedule,
+        "precision": backend.precision.name if isinstance(backend, TorchBackend) else "bf16",
         "eval_tasks": len(eval_tasks),
         "eval_reward_before": before,
         "eval_reward_after": after,

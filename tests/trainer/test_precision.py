@@ -5,6 +5,7 @@ learning rate fp32 weights under autocast move where bf16 weights do not."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import typing
@@ -204,5 +205,6 @@ def test_agentenv_train_runs_with_each_precision(root: Path, tmp_path: Path) -> 
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.splitlines()[-1])["precision"] == precision
         lines = (tmp_path / precision / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2
