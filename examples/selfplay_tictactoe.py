@@ -101,7 +101,10 @@ async def main(args: argparse.Namespace) -> None:
             flush=True,
         )
 
-    async with Engine(args.model, device=args.device, tokenizer=tokenizer) as engine:
+    dtype, residual = backend.precision.engine_dtypes()  # sample from the trainer's numerics
+    async with Engine(
+        args.model, device=args.device, dtype=dtype, residual_dtype=residual, tokenizer=tokenizer
+    ) as engine:
         before = await evaluate(engine, tokenizer, args)
         print(f"before: {json.dumps(before)}", flush=True)
         started = time.perf_counter()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         tempered_logits,
         token_weights,
     )
+    from trainer._precision import PRECISIONS, Precision
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
     from trainer._torch import TorchBackend
 
@@ -36,6 +37,7 @@ __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "KL_TYPES",
+    "PRECISIONS",
     "SCHEDULES",
     "Backend",
     "DiskSync",
@@ -44,6 +46,7 @@ __all__ = [
     "InProcessSync",
     "LossConfig",
     "OptimConfig",
+    "Precision",
     "TorchBackend",
     "WeightSync",
     "compute_advantages",
@@ -62,6 +65,7 @@ _MODULES = {
     "AGGREGATIONS": "trainer._losses",
     "ESTIMATORS": "trainer._advantages",
     "KL_TYPES": "trainer._losses",
+    "PRECISIONS": "trainer._precision",
     "SCHEDULES": "trainer._loop",
     "Backend": "trainer._backend",
     "DiskSync": "trainer._sync",
@@ -70,6 +74,7 @@ _MODULES = {
     "InProcessSync": "trainer._sync",
     "LossConfig": "trainer._losses",
     "OptimConfig": "trainer._backend",
+    "Precision": "trainer._precision",
     "TorchBackend": "trainer._torch",
     "WeightSync": "trainer._sync",
     "compute_advantages": "trainer._advantages",

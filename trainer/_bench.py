@@ -58,6 +58,12 @@ def add_parser(sub: Any) -> None:
         help="ours: also compute the entropy metric (the HF side does not)",
     )
     parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16-autocast", "bf16"),
+        default=None,
+        help="ours: the torch backend's precision (default: bf16-autocast on CUDA, fp32 on CPU)",
+    )
+    parser.add_argument(
         "--megatron",
         action="store_true",
         help="also time the megatron backend's step on the same model (needs megatron-core)",
@@ -173,12 +179,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         root = _model_dir(Path(tmp), args.hidden, args.layers, args.tokenizer_dir)
         # -- ours --
         backend = TorchBackend(
-            root, device=device, optim=OptimConfig(lr=1e-6),
+            root, device=device, precision=args.precision, optim=OptimConfig(lr=1e-6),
             max_tokens_per_micro_batch=tokens_per_step, logit_chunk=args.logit_chunk,
             entropy_metric=args.entropy,
         )  # fmt: skip
         n_params = sum(p.numel() for p in backend.model.parameters())
         out["params"] = n_params
+        out["precision"] = backend.precision.name
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         ours = _median_step(backend, samples, adv, args.steps, device)
@@ -211,14 +218,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             packed = mega_times["megatron_packed"]
             out["megatron_packed_vs_padded"] = round(mega_times["megatron"] / packed, 3)
             out["megatron_packed_vs_ours"] = round(ours / packed, 3)
-            backend = TorchBackend(root, device=device)  # for the weight sync below
+            backend = TorchBackend(root, device=device, precision=args.precision)  # for the sync
         # -- weight sync into the engine on the same device --
         from agentenv.engine import Engine
 
-        weights, dtype = backend.state_dict(), backend.dtype
+        weights, (dtype, residual) = backend.state_dict(), backend.precision.engine_dtypes()
 
         async def sync(weights: dict[str, Any] = weights) -> float:
-            async with Engine(root, device=device, dtype=dtype, cuda_graphs=False) as e:
+            async with Engine(
+                root, device=device, dtype=dtype, residual_dtype=residual, cuda_graphs=False
+            ) as e:
                 await e.update_weights(weights, weight_version="warm")
                 _sync(device)
                 t = time.perf_counter()

@@ -119,6 +119,12 @@ class TrainConfig(pydantic.BaseModel):
     )
     max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
     backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
+    precision: Literal["fp32", "bf16-autocast", "bf16"] | None = pydantic.Field(
+        None,
+        description="--backend torch: fp32, bf16-autocast (fp32 weights, bf16 matmuls; the "
+        "CUDA default) or bf16 (bf16 weights, fp32 master copies; less activation memory, "
+        "learns less per step); default fp32 on CPU. megatron: its --bf16 (always)",
+    )
     qkv_format: Literal["bshd", "thd"] | None = pydantic.Field(
         None,
         description="--backend megatron: micro-batches as padded rows (bshd) or packed "
@@ -233,6 +239,11 @@ class TrainConfig(pydantic.BaseModel):
 
             parallel = parse_megatron_flags(self.megatron_args)  # before anything loads
             parallel.data_parallel_size(self.actor_num_gpus_per_node)
+        if self.backend == "megatron" and self.precision not in (None, "bf16"):
+            raise ValueError(
+                f"--precision {self.precision}: --backend megatron trains bf16 weights with "
+                "fp32 main weights (--precision bf16, or leave it out)"
+            )
         if self.qkv_format == "thd" and self.backend != "megatron":
             raise ValueError("--qkv-format thd needs --backend megatron")
         if self.actor_num_gpus_per_node > 1 and self.backend != "megatron":

@@ -1,16 +1,21 @@
 """The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device.
 
 Samples arrive as token ids (never re-tokenized); :class:`~trainer._backend.MicroBatchBackend`
-runs the step. For each micro-batch this backend runs the decoder, then the output layer *in
-chunks of tokens*: in fp32 under activation checkpointing (the full-vocabulary logits of
-one chunk exist at a time, in the forward and again in the backward), in bf16 through a
-custom autograd function that keeps the response tokens' logits in bf16 and does the fp32
-log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
-``softmax(logits / loss.temperature)``, the rollout's sampling distribution.
+runs the step. The numerics are one of :data:`~trainer._precision.PRECISIONS` (fp32; fp32
+weights under bf16 autocast, the CUDA default; bf16 weights with fp32 master copies). For
+each micro-batch this backend runs the decoder, then the output layer *in chunks of
+tokens*. Which way is chosen by the dtype the output layer *computes* in, not by the
+weights': in fp32 under activation checkpointing (the full-vocabulary logits of one chunk
+exist at a time, in the forward and again in the backward); in bf16 (bf16 weights, or fp32
+weights under autocast) through a custom autograd function that keeps the response
+tokens' logits in bf16 and does the fp32 log-softmax and its gradient a chunk at a time.
+Log-probs and entropies are of ``softmax(logits / loss.temperature)``, the rollout's
+sampling distribution.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +27,7 @@ import torch.utils.checkpoint
 from agentenv import ConfigError
 from trainer._backend import Item, MicroBatchBackend, OptimConfig, pad, response_positions
 from trainer._losses import LossConfig, tempered_logits
+from trainer._precision import resolve_precision
 
 __all__ = ["TorchBackend"]
 
@@ -32,16 +38,18 @@ class TorchBackend(MicroBatchBackend):
     Args:
         model: a model name (``smollm2-135m``) or an HF directory.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
-        dtype: default float32 on CPU, bfloat16 on CUDA.
+        precision: ``fp32``, ``bf16-autocast`` (fp32 weights, bf16 matrix multiplications
+            under ``torch.autocast``) or ``bf16`` (bf16 weights with fp32 master copies);
+            default ``bf16-autocast`` on CUDA, ``fp32`` on CPU (see ``docs/trainer.md``).
         optim: AdamW settings.
         loss: loss settings (``loss.temperature``: the rollout's sampling temperature).
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens).
         logit_chunk: tokens whose full-vocabulary logits exist at once.
         entropy_metric: report the policy's per-token entropy (one more pass over each
             chunk's logits); always computed when the loss has an entropy bonus.
-        master_weights: keep fp32 copies of the weights for the optimizer (default: when
-            ``dtype`` is not float32). Without them, bf16 weights lose every update smaller
-            than half their spacing -- most updates at RL learning rates.
+        master_weights: with ``bf16``, keep fp32 copies of the weights for the optimizer
+            (default: yes). Without them, bf16 weights lose every update smaller than half
+            their spacing -- most updates at RL learning rates.
     """
 
     def __init__(
@@ -49,7 +57,7 @@ class TorchBackend(MicroBatchBackend):
         model: str | os.PathLike[str] = "smollm2-135m",
         *,
         device: str = "cpu",
-        dtype: torch.dtype | None = None,
+        precision: str | None = None,
         optim: OptimConfig | None = None,
         loss: LossConfig | None = None,
         max_tokens_per_micro_batch: int = 4096,
@@ -62,7 +70,14 @@ class TorchBackend(MicroBatchBackend):
         from agentenv.engine import resolve_model
 
         self.device = torch.device(device)
-        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.precision = resolve_precision(precision, self.device)
+        self.dtype = self.precision.weights
+        self.compute_dtype = self.precision.compute
+        if master_weights and not self.precision.master:
+            raise ConfigError(
+                f"master_weights is for bf16 weights; precision {self.precision.name!r} "
+                "trains fp32 weights already (use precision='bf16')"
+            )
         self.path = resolve_model(model)
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             self.path, dtype=self.dtype, attn_implementation="sdpa"
@@ -79,14 +94,27 @@ class TorchBackend(MicroBatchBackend):
         self._configure(optim, loss, max_tokens_per_micro_batch, entropy_metric)
         self.logit_chunk = logit_chunk
         if master_weights is None:
-            master_weights = self.dtype != torch.float32
+            master_weights = self.precision.master
         self._make_optimizer(master_weights=master_weights)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast for ``bf16-autocast`` (the forward only: the backward replays the
+        dtypes autograd recorded), else nothing."""
+        if not self.precision.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     # -- forward -------------------------------------------------------------------------
     def _forward(
         self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: log-probs of its completion tokens (and their entropies)."""
+        with self._autocast():
+            return self._forward_in(batch, with_entropy=with_entropy, model=model)
+
+    def _forward_in(
+        self, batch: Sequence[Item], *, with_entropy: bool, model: Any
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
         ids, attention = pad(batch)
         hidden = model.get_decoder()(
@@ -99,10 +127,12 @@ class TorchBackend(MicroBatchBackend):
         temperature = self.loss_config.temperature
         logps, ents = [], []
         differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
-        if torch.is_grad_enabled() and self.dtype != torch.float32 and not differentiable_entropy:
-            # bf16/fp16: keep the response tokens' logits in the model's dtype (half the
-            # bytes of fp32) and do the fp32 math a chunk at a time, in the forward and in
-            # the backward, without running the output layer twice.
+        if self.compute_dtype != torch.float32 and not differentiable_entropy:
+            # bf16 compute (bf16 weights, or fp32 ones under autocast): keep the response
+            # tokens' logits in bf16 (half the bytes of fp32) and do the fp32 math a chunk
+            # at a time, in the forward and in the backward, without running the output
+            # layer twice. Without grad too: the old log-probs are then bitwise the
+            # training forward's (the ratio is exactly 1 on fresh data).
             logits = head(h)
             logps.append(_TokenLogprob.apply(logits, target, self.logit_chunk, temperature))  # type: ignore[no-untyped-call]
             if with_entropy:

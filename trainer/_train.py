@@ -19,8 +19,11 @@ from agentenv import ConfigError, Task
 from trainer._files import free_port
 
 if TYPE_CHECKING:
+    import torch
+
     from agentenv import Tokenizer
     from agentenv.buffer import GroupFilter
+    from trainer._backend import Backend
     from trainer._cli import TrainConfig
     from trainer._sync import WeightSync
 
@@ -54,9 +57,15 @@ def load_filter(path: str) -> GroupFilter:
 
 @contextlib.asynccontextmanager
 async def rollout_engine(
-    config: TrainConfig, tokenizer: Tokenizer, weights_dir: Path
+    config: TrainConfig,
+    tokenizer: Tokenizer,
+    weights_dir: Path,
+    dtypes: tuple[torch.dtype, torch.dtype] | None = None,
 ) -> AsyncIterator[tuple[Any, WeightSync]]:
-    """The policy that plays the episodes and how the trainer's weights reach it."""
+    """The policy that plays the episodes and how the trainer's weights reach it.
+
+    ``dtypes``: the embedded or ``serve`` engine's ``(dtype, residual_dtype)``, those of the
+    trainer's numerics (:func:`engine_dtypes`); default bf16 on CUDA, fp32 on CPU."""
     import torch
 
     from agentenv.engine import Engine, resolve_model
@@ -64,16 +73,18 @@ async def rollout_engine(
     from trainer._sync import InProcessSync
 
     device = config.rollout_device or config.device
+    if dtypes is None:
+        dtypes = (torch.bfloat16,) * 2 if device.startswith("cuda") else (torch.float32,) * 2
+    dtype, residual_dtype = dtypes
     if config.rollout_url is not None:
         async with SGLangClient(config.rollout_url) as client:
             await client.wait_healthy(timeout=60.0)
             async with server_sync(config, client, weights_dir) as sync:
                 yield client, sync
     elif config.rollout_engine == "embedded":
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         async with Engine(
-            config.hf_checkpoint, device=device, dtype=dtype, tokenizer=tokenizer,
-            max_running=config.rollout_max_running,
+            config.hf_checkpoint, device=device, dtype=dtype, residual_dtype=residual_dtype,
+            tokenizer=tokenizer, max_running=config.rollout_max_running,
         ) as engine:  # fmt: skip
             yield engine, InProcessSync(engine)
     else:
@@ -83,6 +94,12 @@ async def rollout_engine(
         if config.rollout_engine == "serve":
             program = [sys.executable, "-m", "agentenv", "serve"]
             extra = ["--device", device, "--max-running", str(config.rollout_max_running)]
+            extra += [
+                "--dtype",
+                _dtype_name(dtype),
+                "--residual-dtype",
+                _dtype_name(residual_dtype),
+            ]
             command = server_command(model, port=port, program=program, extra=extra)
         else:
             extra = list(config.sglang_args)
@@ -117,6 +134,24 @@ async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
     if config.rollout_engine == "sglang":
         return config.sglang_server_concurrency
     return None
+
+
+def engine_dtypes(backend: Backend, device: str) -> tuple[torch.dtype, torch.dtype]:
+    """The rollout engine's ``(dtype, residual_dtype)`` for ``backend``: the torch backend's
+    precision (fp32 weights under bf16 autocast: bf16 matrices, fp32 embeddings, norms and
+    residual stream); megatron's bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    from trainer._torch import TorchBackend
+
+    if isinstance(backend, TorchBackend):
+        return backend.precision.engine_dtypes()
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return dtype, dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @contextlib.asynccontextmanager
@@ -242,7 +277,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     from agentenv import ChatTokenizer, RolloutConfig, SamplingParams, load_environment
     from agentenv import run_rollouts as rollouts
-    from trainer._backend import Backend, OptimConfig
+    from trainer._backend import OptimConfig
     from trainer._loop import GRPOConfig, run_grpo
     from trainer._losses import LossConfig, logprob_temperature
     from trainer._torch import TorchBackend
@@ -324,7 +359,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             **common,
         )
     else:
-        backend = TorchBackend(config.hf_checkpoint, **common)
+        backend = TorchBackend(config.hf_checkpoint, precision=config.precision, **common)
+    dtypes = engine_dtypes(backend, config.rollout_device or config.device)
     report = Reporter(config, config.save, resuming)
 
     async def evaluate(policy: Any, concurrency: int) -> float | None:
@@ -350,7 +386,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         return stats.reward_mean
 
     async def go(weights_dir: Path) -> dict[str, Any]:
-        async with rollout_engine(config, tokenizer, weights_dir) as (policy, sync):
+        async with rollout_engine(config, tokenizer, weights_dir, dtypes) as (policy, sync):
             run = await rollout_concurrency(config, policy) or grpo.concurrency_for(policy)
             before = await evaluate(policy, run)
             report.held_out("before", before, config.n_eval)
@@ -398,6 +434,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "env": config.env,
         "steps": config.num_rollout,
         "schedule": config.schedule,
+        "precision": backend.precision.name if isinstance(backend, TorchBackend) else "bf16",
         "eval_tasks": len(eval_tasks),
         "eval_reward_before": before,
         "eval_reward_after": after,

@@ -33,6 +33,11 @@ class ServeConfig(pydantic.BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] | None = pydantic.Field(
         None, description="default: float32 on CPU, bfloat16 on CUDA"
     )
+    residual_dtype: Literal["float32", "bfloat16", "float16"] | None = pydantic.Field(
+        None,
+        description="embeddings, norms and residual stream (default: --dtype); "
+        "--dtype bfloat16 --residual-dtype float32: an fp32 model under bf16 autocast",
+    )
     max_running: int = pydantic.Field(128, ge=1, description="requests batched at once")
     context_length: int | None = pydantic.Field(
         None, ge=2, description="longest prompt + completion (default: the model's)"
@@ -76,10 +81,12 @@ async def serve(cfg: ServeConfig) -> None:
     from agentenv.engine import Engine, EngineServer
 
     dtype = None if cfg.dtype is None else getattr(torch, cfg.dtype)
+    residual = None if cfg.residual_dtype is None else getattr(torch, cfg.residual_dtype)
     engine = Engine(
         cfg.model,
         device=cfg.device,
         dtype=dtype,
+        residual_dtype=residual,
         max_running=cfg.max_running,
         context_length=cfg.context_length,
         weight_version=cfg.weight_version,

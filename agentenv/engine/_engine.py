@@ -90,6 +90,9 @@ class Engine:
         model: a model name (``smollm2-135m``) or a local Hugging Face model directory.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: weights and activations; default float32 on CPU, bfloat16 on CUDA.
+        residual_dtype: the embeddings, norms and residual stream (default: ``dtype``);
+            ``dtype=bfloat16, residual_dtype=float32`` samples from what an fp32 model
+            computes under bf16 autocast (:mod:`agentenv.engine._model`).
         max_running: requests in the batch at once; more wait for a free place.
         context_length: longest prompt + completion (default: the model's).
         weight_version: the version reported with every token until the next update.
@@ -105,6 +108,7 @@ class Engine:
         *,
         device: str = "cpu",
         dtype: torch.dtype | None = None,
+        residual_dtype: torch.dtype | None = None,
         max_running: int = 128,
         context_length: int | None = None,
         weight_version: str = "default",
@@ -117,6 +121,7 @@ class Engine:
         self.model_path = resolve_model(str(model))
         self.device = device
         self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+        self.residual_dtype = residual_dtype or self.dtype
         self._thread = ModelThread()
         try:
             self._setup(max_running, context_length, weight_version, tokenizer, cuda_graphs)
@@ -148,7 +153,9 @@ class Engine:
         if torch.device(device).index is not None:  # cuda:N: the model thread's device
             self._thread.call(torch.cuda.set_device, torch.device(device))
         self.model = self._thread.call(
-            lambda: LlamaModel.load(self.model_path, dtype=self.dtype, device=device)
+            lambda: LlamaModel.load(
+                self.model_path, dtype=self.dtype, device=device, residual_dtype=self.residual_dtype
+            )
         )
         self._cache = self._thread.call(
             lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)

@@ -13,6 +13,14 @@ computes (``tests/engine`` checks logits against ``transformers``), but its forw
 * :meth:`LlamaModel.prefill` runs one prompt (or the new part of a prompt whose start is
   cached) into a slot; :meth:`LlamaModel.decode` runs one new token for each of the first
   ``n`` slots.
+
+Two dtypes: ``dtype`` for the matrix multiplications' weights, their outputs and the KV
+cache, and ``residual_dtype`` (default: ``dtype``) for the embeddings, the norms' weights,
+the residual stream and RoPE. ``dtype=bfloat16, residual_dtype=float32`` computes what an
+fp32 HF model computes under ``torch.autocast(device, torch.bfloat16)``: autocast casts each
+linear layer's input and weight to bf16 and leaves the embedding lookup, the RMSNorms and
+the residual additions in fp32; here the bf16 weights are those casts, done once per weight
+update instead of once per forward (so the CUDA graphs need no autocast).
 """
 
 from __future__ import annotations
@@ -152,17 +160,27 @@ class _Layer:
 class LlamaModel:
     """The weights and the batched forward passes (inference only)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: Any) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: Any,
+        residual_dtype: torch.dtype | None = None,
+    ) -> None:
         self.config = config
         self.dtype = dtype
+        self.residual_dtype = residual_dtype or dtype
         self.device = torch.device(device)
         self.layers = [_Layer() for _ in range(config.num_layers)]
         self.embed: torch.Tensor
         self.norm: torch.Tensor
         self.lm_head: torch.Tensor
-        half = config.head_dim // 2
-        exponents = torch.arange(0, half, dtype=torch.float64, device=self.device) * 2
-        self._inv_freq = 1.0 / (config.rope_theta ** (exponents / config.head_dim))
+        # RoPE's frequencies and angles in fp32, as transformers computes them: a float64
+        # table differs by ~1e-7 in the angles, which the bf16 roundings downstream
+        # amplify (0.4 in SmolLM2's logits with an fp32 residual stream); the same table
+        # makes the engine's prefill the trainer's, bit for bit on CPU.
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64, device=self.device)
+        self._inv_freq = 1.0 / (config.rope_theta ** (exponents.float() / config.head_dim))
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
         self._rope_table(1024)
@@ -172,10 +190,15 @@ class LlamaModel:
     # -- loading ---------------------------------------------------------------------------
     @classmethod
     def load(
-        cls, directory: str | Path, *, dtype: torch.dtype = torch.float32, device: Any = "cpu"
+        cls,
+        directory: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Any = "cpu",
+        residual_dtype: torch.dtype | None = None,
     ) -> LlamaModel:
         directory = Path(directory)
-        model = cls(ModelConfig.load(directory), dtype, device)
+        model = cls(ModelConfig.load(directory), dtype, device, residual_dtype)
         model.load_weights(directory)
         return model
 
@@ -199,15 +222,19 @@ class LlamaModel:
         """Install HF-named weights (``model.layers.0.self_attn.q_proj.weight``, ...).
 
         Once loaded, weights are copied into the existing tensors (same shapes required),
-        so captured CUDA graphs keep reading the current weights."""
+        so captured CUDA graphs keep reading the current weights. Each is rounded to its
+        dtype here (fp32 weights of a trainer under autocast become bf16 matrices and stay
+        fp32 norms and embeddings)."""
         c = self.config
 
-        def take(name: str) -> torch.Tensor:
+        def take(name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
             try:
                 t = tensors[name]
             except KeyError:
                 raise ConfigError(f"the weights have no tensor {name!r}") from None
-            return t.to(device=self.device, dtype=self.dtype)
+            return t.to(device=self.device, dtype=dtype or self.dtype)
+
+        res = self.residual_dtype
 
         new: list[tuple[object, str, torch.Tensor]] = []
         for i, layer in enumerate(self.layers):
@@ -232,10 +259,10 @@ class LlamaModel:
                 )
             )
             new.append((layer, "down", take(p + "mlp.down_proj.weight")))
-            new.append((layer, "ln1", take(p + "input_layernorm.weight")))
-            new.append((layer, "ln2", take(p + "post_attention_layernorm.weight")))
-        new.append((self, "embed", take("model.embed_tokens.weight")))
-        new.append((self, "norm", take("model.norm.weight")))
+            new.append((layer, "ln1", take(p + "input_layernorm.weight", res)))
+            new.append((layer, "ln2", take(p + "post_attention_layernorm.weight", res)))
+        new.append((self, "embed", take("model.embed_tokens.weight", res)))
+        new.append((self, "norm", take("model.norm.weight", res)))
         # Tied or not is decided by the first load; an update keeps it (a tied model's
         # state dict may carry lm_head.weight, equal to the embeddings: it is ignored).
         if self._tied is None:
@@ -243,6 +270,8 @@ class LlamaModel:
         tied = self._tied
         if not tied:
             new.append((self, "lm_head", take("lm_head.weight")))
+        elif res != self.dtype:  # the output layer's own copy, in the matmuls' dtype
+            new.append((self, "lm_head", take("model.embed_tokens.weight")))
         # Check every shape before changing anything: a refused update leaves the model whole.
         for owner, name, value in new:
             old = getattr(owner, name, None)
@@ -257,7 +286,7 @@ class LlamaModel:
                 old.copy_(value)
             else:
                 setattr(owner, name, value.contiguous())
-        if tied:
+        if tied and res == self.dtype:
             self.lm_head = self.embed
 
     def _weight_views(self) -> dict[str, torch.Tensor | None]:
@@ -308,22 +337,30 @@ class LlamaModel:
             view = views[name]
             if view is not None:
                 view.copy_(value)
+        embed = tensors.get("model.embed_tokens.weight")
+        if self._tied and embed is not None and self.lm_head is not self.embed:  # two dtypes
+            self.lm_head.copy_(embed)
 
     # -- pieces ----------------------------------------------------------------------------
     def _rope_table(self, length: int) -> None:
         if self._cos.shape[0] >= length:
             return
         length = max(length, 2 * self._cos.shape[0])
-        t = torch.arange(length, dtype=torch.float64, device=self.device)
-        freqs = torch.outer(t, self._inv_freq)
+        t = torch.arange(length, dtype=torch.float32, device=self.device)
+        freqs = torch.outer(t, self._inv_freq)  # one rounded product each, as HF's matmul
         emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos = emb.cos().to(self.dtype)
-        self._sin = emb.sin().to(self.dtype)
+        self._cos = emb.cos().to(self.residual_dtype)
+        self._sin = emb.sin().to(self.residual_dtype)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # In float32, as HF does, then back to the model's dtype.
+        # In float32, as HF does, then back to the residual stream's dtype.
         x32 = F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps)
         return w * x32.to(x.dtype)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        # The input in the weight's dtype, as autocast casts it (a no-op in one dtype).
+        return F.linear(x.to(w.dtype), w, b)
 
     def _qkv(
         self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -332,19 +369,21 @@ class LlamaModel:
         ``cos``/``sin`` broadcast against [B, T, 1, D]."""
         c = self.config
         b, t, _ = h.shape
-        qkv = F.linear(self._rms(h, layer.ln1), layer.qkv, layer.qkv_bias)
+        qkv = self._linear(self._rms(h, layer.ln1), layer.qkv, layer.qkv_bias)
         heads = c.num_heads + c.num_kv_heads
         qk = qkv[..., : heads * c.head_dim].view(b, t, heads, c.head_dim)
         half = c.head_dim // 2
-        # RoPE on queries and keys at once: x * cos + rotate_half(x) * sin.
+        # RoPE on queries and keys at once: x * cos + rotate_half(x) * sin (in the
+        # residual dtype, as HF's fp32 cos/sin under autocast), then in the cache's dtype.
         qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin
+        qk = qk.to(self.dtype)
         q = qk[:, :, : c.num_heads].transpose(1, 2)
         k = qk[:, :, c.num_heads :].transpose(1, 2)
         v = qkv[..., heads * c.head_dim :].view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         return q, k, v
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(self._rms(h, layer.ln2), layer.gate_up)
+        gate_up = self._linear(self._rms(h, layer.ln2), layer.gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.down)
 
@@ -394,7 +433,7 @@ class LlamaModel:
             h = h + F.linear(out.transpose(1, 2).reshape(n, t, c.num_heads * c.head_dim), layer.o)
             h = h + self._mlp(layer, h)
         last = h[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
-        return F.linear(self._rms(last, self.norm), self.lm_head).float()
+        return self._linear(self._rms(last, self.norm), self.lm_head).float()
 
     def _decode(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, length: int
@@ -416,7 +455,7 @@ class LlamaModel:
             )
             h = h + F.linear(out, layer.o).unsqueeze(1)
             h = h + self._mlp(layer, h)
-        return F.linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
+        return self._linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
 
     @torch.inference_mode()
     def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor:
@@ -445,7 +484,7 @@ class LlamaModel:
             out = self._causal(q, k, v)
             h = h + F.linear(out.transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim), layer.o)
             h = h + self._mlp(layer, h)
-        logits = F.linear(self._rms(h[0], self.norm), self.lm_head).float()
+        logits = self._linear(self._rms(h[0], self.norm), self.lm_head).float()
         lp = torch.log_softmax(logits[:-1], dim=-1)
         target = torch.tensor(ids[1:], device=self.device)
         return lp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()

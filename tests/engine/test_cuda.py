@@ -75,11 +75,17 @@ async def _run(engine: Engine, params: SamplingParams) -> list[Any]:
     return results
 
 
-def _engine(path: Path, graphs: bool) -> Engine:
+def _engine(
+    path: Path,
+    graphs: bool,
+    dtype: torch.dtype = torch.float32,
+    residual_dtype: torch.dtype | None = None,
+) -> Engine:
     return Engine(
         path,
         device=DEVICE,
-        dtype=torch.float32,
+        dtype=dtype,
+        residual_dtype=residual_dtype,
         max_running=16,
         context_length=1024,
         tokenizer=_Tokenizer(),
@@ -133,3 +139,34 @@ async def test_weight_update_reaches_the_graphs(tiny: tuple[Path, Path]) -> None
         expected = await _run(reference, params)
     assert [c.output_ids for c in after] == [c.output_ids for c in expected]
     assert [c.output_ids for c in after] != [c.output_ids for c in before]
+
+
+async def test_mixed_precision_graphs_match_eager_steps_and_hf_under_autocast(
+    tiny: tuple[Path, Path],
+) -> None:
+    """bf16 matrices with an fp32 residual stream (what the trainer's bf16-autocast
+    samples from): graphed and eager decode agree, and the log-probs are those of the fp32
+    HF model under ``torch.autocast("cuda", torch.bfloat16)`` up to bf16 noise."""
+    from transformers import AutoModelForCausalLM
+
+    mixed = (torch.bfloat16, torch.float32)
+    params = SamplingParams(temperature=1.0, max_new_tokens=60, ignore_eos=True)
+    async with _engine(tiny[0], True, *mixed) as graphed:
+        assert graphed.model.norm.dtype == torch.float32
+        assert graphed.model.lm_head.dtype == torch.bfloat16
+        with_graphs = await _run(graphed, params)
+        assert graphed.model.graphs is not None and graphed.model.graphs.captures > 0
+    async with _engine(tiny[0], False, *mixed) as eager:
+        without = await _run(eager, params)
+    for a, b in zip(with_graphs, without, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-2
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype=torch.float32)
+    hf = hf.to(DEVICE).eval()
+    gaps: list[float] = []
+    for prompt, c in zip(PROMPTS, with_graphs, strict=True):
+        ids = torch.tensor([prompt + c.output_ids], device=DEVICE)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = hf(ids).logits[0, len(prompt) - 1 : -1].float()
+        lp = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])[:, 0]
+        gaps += (lp.cpu().double() - torch.tensor(c.logprobs, dtype=torch.float64)).abs().tolist()
+    assert sum(gaps) / len(gaps) < 0.05 and max(gaps) < 1.0, (sum(gaps) / len(gaps), max(gaps))

@@ -185,7 +185,7 @@ def test_refusals_raise_the_servers_reason_and_block_nobody(model: Path) -> None
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_nccl_carries_the_weights_from_one_gpu_to_a_server_on_another(model: Path) -> None:
     tokenizer = ChatTokenizer.load(model)
-    backend = TorchBackend(model, device="cuda:0", dtype=torch.float32)
+    backend = TorchBackend(model, device="cuda:0", precision="fp32")
 
     async def go() -> None:
         async with (

@@ -173,7 +173,7 @@ def test_bf16_weights_keep_small_updates_through_fp32_master_weights(tmp_path: P
     norm = "model.norm.weight"  # starts at exactly 1.0
 
     def run(master: bool, steps: int) -> TorchBackend:
-        b = TorchBackend(root, dtype=torch.bfloat16, optim=optim, master_weights=master)
+        b = TorchBackend(root, precision="bf16", optim=optim, master_weights=master)
         for _ in range(steps):
             b.train_step(samples, adv)
         return b
@@ -188,7 +188,7 @@ def test_bf16_weights_keep_small_updates_through_fp32_master_weights(tmp_path: P
     assert float(moved.max()) > 3e-4  # five updates of ~1e-4 accumulated in fp32
     assert torch.equal(kept.state_dict()[norm], master_norm.to(torch.bfloat16))
     kept.save_checkpoint(tmp_path / "ckpt", {})
-    again = TorchBackend(root, dtype=torch.bfloat16, optim=optim)
+    again = TorchBackend(root, precision="bf16", optim=optim)
     again.load_checkpoint(tmp_path / "ckpt")
     assert again.master is not None
     assert all(torch.equal(a, b) for a, b in zip(again.master, kept.master, strict=True))

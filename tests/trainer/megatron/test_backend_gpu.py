@@ -89,14 +89,16 @@ def test_logprobs_match_the_torch_backend(
         return torch.cat([(x - y).abs() for x, y in zip(a, b, strict=True)])
 
     samples = _samples()
-    exact = TorchBackend(smollm2_shape, device="cuda", dtype=torch.float32).logprobs(samples)
+    exact = TorchBackend(smollm2_shape, device="cuda", precision="fp32").logprobs(samples)
     mine = MegatronBackend(smollm2_shape, dtype=dtype, attention=attention).logprobs(samples)
     diff = gap(mine, exact)
     if dtype == torch.float32:
         print(f"\nlogprob parity fp32 {attention}: max {diff.max():.3g} mean {diff.mean():.3g}")
         assert float(diff.max()) < 1e-3 and float(diff.mean()) < 1e-4
         return
-    theirs = gap(TorchBackend(smollm2_shape, device="cuda", dtype=dtype).logprobs(samples), exact)
+    theirs = gap(
+        TorchBackend(smollm2_shape, device="cuda", precision="bf16").logprobs(samples), exact
+    )
     print(
         f"\nbf16 {attention} against fp32: megatron max {diff.max():.3g} mean {diff.mean():.3g}; "
         f"torch backend max {theirs.max():.3g} mean {theirs.mean():.3g}"
@@ -111,7 +113,7 @@ def test_loss_gradient_and_update_match_the_torch_backend(smollm2_shape: Path) -
     samples = _samples(seed=1)
     adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
     optim = OptimConfig(optimizer="sgd", lr=1.0, grad_clip=0.0)
-    torch_side = TorchBackend(smollm2_shape, device="cuda", dtype=torch.float32, optim=optim)
+    torch_side = TorchBackend(smollm2_shape, device="cuda", precision="fp32", optim=optim)
     old = torch_side.logprobs(samples)
     before = {k: v.detach().clone() for k, v in torch_side.state_dict().items()}
     theirs = torch_side.train_step(samples, adv, old_logprobs=old)
