@@ -184,7 +184,8 @@ class EngineServer:
             ("POST", "/destroy_weights_update_group", self._destroy_group, False),
         ]
         for method, path, handler, long_poll in routes:
-            router.add(method, path, handler, long_poll=long_poll)
+            probe = path.startswith("/health")  # answered even when every connection is busy
+            router.add(method, path, handler, long_poll=long_poll, probe=probe)
         self._http = HTTPServer(router, host=host, port=port)
         self._groups: dict[str, _ServedGroup] = {}
         self._forming: set[str] = set()  # groups whose rendezvous is under way
