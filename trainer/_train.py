@@ -63,8 +63,9 @@ async def rollout_engine(
     from trainer._sync import InProcessSync
 
     device = config.rollout_device or config.device
+    api_key = config.rollout_api_key()
     if config.rollout_url is not None:
-        async with SGLangClient(config.rollout_url) as client:
+        async with SGLangClient(config.rollout_url, api_key=api_key) as client:
             await client.wait_healthy(timeout=60.0)
             async with server_sync(config, client, weights_dir) as sync:
                 yield client, sync
@@ -90,9 +91,12 @@ async def rollout_engine(
                 extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
             command = server_command(model, port=port, extra=extra)
         print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
+        # agentenv serve reads the key from its environment (kept out of the process list);
+        # SGLang has it among its flags already (--sglang-api-key).
+        env = {"AGENTENV_API_KEY": api_key} if api_key and config.rollout_engine == "serve" else {}
         async with (
-            Launcher(command, url),
-            SGLangClient(url) as client,
+            Launcher(command, url, env=env),
+            SGLangClient(url, api_key=api_key) as client,
             server_sync(config, client, weights_dir) as sync,
         ):
             yield client, sync

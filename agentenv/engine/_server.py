@@ -19,8 +19,12 @@ and any other SGLang client talk to it unchanged::
                                            "weight_version", ...}
     POST /destroy_weights_update_group    {"group_name"}
 
-Errors are HTTP 400 ``{"error": {"message": ...}}`` naming the field, as SGLang answers;
-weight updates answer ``{"success": false, "message": ...}`` with 400.
+Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
+token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
+``{"error": {"message": ...}}`` naming the field, the value and what is expected, as
+SGLang answers; weight updates answer ``{"success": false, "message": ...}`` with 400. A
+request that fails inside the engine anyway answers 500 and fails alone. With
+``api_key`` every route but ``/health*`` needs ``Authorization: Bearer <key>`` (401).
 
 Distributed weight updates (SGLang's NCCL protocol; ``gloo`` too, for CPU): the trainer is
 rank 0 of a process group of its own, this server joins it as rank ``rank_offset`` (see
@@ -59,6 +63,7 @@ from agentenv._errors import (
 )
 from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import HTTPError, HTTPServer, Request, Response, Router, StreamingResponse, sse
+from agentenv._http._auth import api_key_guard, warn_if_open
 from agentenv.engine._engine import Engine
 from agentenv.engine._group import WeightUpdateGroup, parse_dtype
 from agentenv.engine._model import weight_mismatch
@@ -158,9 +163,23 @@ class EngineServer:
         engine: a started :class:`Engine` (inside its ``async with``).
         host: interface to bind; the default serves this machine only.
         port: TCP port; 0 picks a free one.
+        api_key: SGLang's ``--api-key``: every request but the health probes
+            (``/health``, ``/health_generate``) must carry ``Authorization: Bearer <key>``
+            (or ``X-API-Key: <key>``), else 401. Without one, a server bound to a
+            non-loopback address logs a warning at start.
+        max_connections: connections held at once (default: below the descriptor limit);
+            see :class:`~agentenv._http.HTTPServer`.
     """
 
-    def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.engine = engine
         router = Router()
         routes: list[tuple[str, str, Any, bool]] = [
@@ -186,7 +205,15 @@ class EngineServer:
         for method, path, handler, long_poll in routes:
             probe = path.startswith("/health")  # answered even when every connection is busy
             router.add(method, path, handler, long_poll=long_poll, probe=probe)
-        self._http = HTTPServer(router, host=host, port=port)
+        guard = None
+        if api_key is not None:
+            guard = api_key_guard(
+                api_key, exempt=lambda path: path.startswith("/health"), hint="--api-key"
+            )
+        self.api_key = api_key
+        self._http = HTTPServer(
+            router, host=host, port=port, guard=guard, max_connections=max_connections
+        )
         self._groups: dict[str, _ServedGroup] = {}
         self._forming: set[str] = set()  # groups whose rendezvous is under way
 
@@ -200,6 +227,8 @@ class EngineServer:
 
     async def __aenter__(self) -> EngineServer:
         await self._http.__aenter__()
+        if self.api_key is None:
+            warn_if_open(self._http.host, self.port, what="agentenv serve")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -371,3 +371,86 @@ def test_any_json_gets_a_2xx_or_4xx_and_the_server_stays_healthy(
         assert http.get("/health").status_code == 200
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
         assert http.post("/generate", json=body).status_code == 200
+
+
+# -- the API key --------------------------------------------------------------------------
+@pytest.mark.anyio
+async def test_with_an_api_key_every_route_but_health_needs_it(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentenv import SamplingParams
+    from agentenv.sglang import SGLangClient, SGLangError
+
+    key = "s3cret-key"
+    async with (
+        Engine(model_dir, context_length=64) as engine,
+        EngineServer(engine, api_key=key) as served,
+        httpx.AsyncClient(base_url=served.url, timeout=30) as http,
+    ):
+        body = json.dumps({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+        routes = [
+            ("POST", "/generate", body),
+            ("GET", "/get_model_info", None),
+            ("GET", "/get_server_info", None),
+            ("GET", "/get_weight_version", None),
+            ("POST", "/abort_request", '{"abort_all": true}'),
+            ("POST", "/pause_generation", '{"mode": "abort"}'),
+            ("POST", "/continue_generation", None),
+            ("POST", "/flush_cache", None),
+            ("POST", "/update_weights_from_disk", '{"model_path": "/tmp"}'),
+            ("POST", "/update_weight_version", '{"new_version": "evil"}'),
+            ("POST", "/init_weights_update_group", '{"master_address": "10.9.9.9"}'),
+            ("POST", "/update_weights_from_distributed", "{}"),
+            ("POST", "/destroy_weights_update_group", "{}"),
+        ]
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": key},
+                        {"authorization": f"Basic {key}"}, {"x-api-key": "s3cret"}):  # fmt: skip
+            for method, path, content in routes:
+                r = await http.request(method, path, content=content, headers=headers)
+                assert r.status_code == 401, (headers, path, r.status_code, r.text)
+                assert "missing or wrong API key: send 'Authorization: Bearer <key>'" in r.text
+                assert r.headers["www-authenticate"] == "Bearer"
+        assert engine.weight_version == "default" and not engine._paused
+        # Health probes pass without a key, as SGLang's.
+        assert (await http.get("/health")).status_code == 200
+        assert (await http.get("/health_generate")).status_code == 200
+        # The key, as a bearer token (any case of the scheme) or X-API-Key.
+        for headers in ({"authorization": f"Bearer {key}"}, {"authorization": f"bearer {key}"},
+                        {"x-api-key": key}):  # fmt: skip
+            r = await http.post("/generate", content=body, headers=headers)
+            assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
+        # SGLangClient sends it.
+        async with SGLangClient(served.url, api_key=key, retries=0) as client:
+            await client.wait_healthy(timeout=10)
+            c = await client.generate(PROMPT, SamplingParams(max_new_tokens=2))
+            assert len(c.output_ids) == 2
+            streamed = await client.generate_streamed(PROMPT, SamplingParams(max_new_tokens=2))
+            assert len(streamed.output_ids) == 2
+            await client.update_weight_version("2")
+            assert await client.weight_version() == "2"
+        async with SGLangClient(served.url, retries=0) as keyless:
+            assert await keyless.health()
+            with pytest.raises(SGLangError, match="401: missing or wrong API key"):
+                await keyless.generate(PROMPT, SamplingParams(max_new_tokens=2))
+    assert "WITHOUT an API key" not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_an_open_server_without_a_key_warns(
+    model_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentenv._http import _auth
+
+    assert _auth.is_loopback("127.0.0.1") and _auth.is_loopback("::1")
+    assert _auth.is_loopback("localhost") and not _auth.is_loopback("0.0.0.0")
+    assert not _auth.is_loopback("10.1.2.3") and not _auth.is_loopback("node7")
+    # Bound on loopback for the test, seen as another interface.
+    monkeypatch.setattr(_auth, "is_loopback", lambda host: False)
+    async with Engine(model_dir, context_length=64) as engine:
+        async with EngineServer(engine, api_key="k"):
+            pass
+        assert "WITHOUT an API key" not in caplog.text
+        async with EngineServer(engine):
+            pass
+    assert "agentenv serve listens on 127.0.0.1" in caplog.text
+    assert "WITHOUT an API key" in caplog.text and "Set --api-key" in caplog.text
