@@ -428,6 +428,14 @@ async def test_with_an_api_key_every_route_but_health_needs_it(
             assert len(streamed.output_ids) == 2
             await client.update_weight_version("2")
             assert await client.weight_version() == "2"
+        # agentenv eval --model http://... takes it from $AGENTENV_API_KEY.
+        from agentenv._policies import open_policy
+
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("AGENTENV_API_KEY", key)
+            async with open_policy(served.url, tokenizer="smollm2-135m") as (policy, _):
+                c = await policy.generate(PROMPT, SamplingParams(max_new_tokens=2))
+                assert len(c.output_ids) == 2
         async with SGLangClient(served.url, retries=0) as keyless:
             assert await keyless.health()
             with pytest.raises(SGLangError, match="401: missing or wrong API key"):
