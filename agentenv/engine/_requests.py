@@ -54,6 +54,7 @@ _EXPECTED = {
     "model_type": "a JSON object",
     "model_attributes_type": "a JSON object",
     "literal_error": "one of the listed values",
+    "string_too_short": "a non-empty string",  # the only length rule here: min_length=1
     "missing": "given",
 }
 
@@ -89,7 +90,12 @@ def _message(error: pydantic.ValidationError) -> str:
     if first["type"] == "literal_error":
         expected = first["msg"].removeprefix("Input should be ")
     if expected is None:
-        expected = first["msg"].removeprefix("Input should be ").rstrip(".")
+        msg = first["msg"].rstrip(".")
+        expected = (
+            msg.removeprefix("Input should be ")
+            if msg.startswith("Input ")
+            else (f"valid ({msg[0].lower()}{msg[1:]})")
+        )
     return f"{where} must be {expected}, got {_short(first['input'])}"
 
 
