@@ -20,6 +20,25 @@ __all__ = ["Completion", "CompletionBuilder", "FinishReason", "Generator", "Samp
 _GREEDY_EPS = 1e-6
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_finite(value: object) -> bool:
+    """A real number that is finite as a float (not a bool, NaN, inf or a huge int)."""
+    if not (_is_int(value) or isinstance(value, float)):
+        return False
+    try:
+        return math.isfinite(float(value))  # type: ignore[arg-type]
+    except OverflowError:
+        return False
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
     """Sampling parameters, with SGLang's names, defaults and range checks.
@@ -45,8 +64,21 @@ class SamplingParams:
         self.verify()
 
     def verify(self) -> None:
-        """Raise :class:`ConfigError` naming the first out-of-range field."""
-        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+        """Raise :class:`ConfigError` naming the first field of the wrong type or out of
+        range (an engine loop only ever sees parameters that passed)."""
+        for name in ("max_new_tokens", "top_k", "min_new_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise ConfigError(f"{name} must be an integer, got {_shown(value)}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not _is_finite(value):
+                raise ConfigError(f"{name} must be a finite number, got {_shown(value)}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {_shown(self.ignore_eos)}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(f"seed must be an integer or None, got {_shown(self.seed)}")
+        if self.temperature < 0.0:
             raise ConfigError(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -65,7 +97,7 @@ class SamplingParams:
             )
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be a list of non-empty strings, got {list(self.stop)}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ConfigError(
                 f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)}"
             )
@@ -108,6 +140,8 @@ class SamplingParams:
     def from_sglang(cls, data: Mapping[str, Any] | None) -> SamplingParams:
         """Parse SGLang's ``sampling_params``; ``null`` means default, unknown keys are ignored."""
         data = data or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"sampling_params must be a JSON object, got {_shown(data)}")
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names and v is not None}
         if "sampling_seed" in data and data["sampling_seed"] is not None:

@@ -2,7 +2,8 @@
 
 Accepted:
 
-* ``http://host:port`` -- an SGLang server or router, or ``agentenv serve``;
+* ``http://host:port`` -- an SGLang server or router, or ``agentenv serve``; its API key,
+  if it has one, is read from ``$AGENTENV_API_KEY``;
 * a model name (``smollm2-135m``) or a local Hugging Face model directory -- the
   embedded engine, in this process;
 * ``scripted:<file>.json`` -- rules ``{"rules": [{"pattern", "reply"}], "default"}``;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,7 +72,8 @@ async def open_policy(
     if spec.startswith(("http://", "https://")):
         from agentenv.sglang import SGLangClient
 
-        async with SGLangClient(spec) as client:
+        api_key = os.environ.get("AGENTENV_API_KEY") or None
+        async with SGLangClient(spec, api_key=api_key) as client:
             name = tokenizer
             if name is None:
                 info = await client.model_info()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -226,9 +227,18 @@ class TrainConfig(pydantic.BaseModel):
             )
         if self.min_lr > self.lr:
             raise ValueError(f"--min-lr ({self.min_lr}) must be <= --lr ({self.lr})")
-        if self.sglang_args and self.rollout_engine != "sglang":
+        # --sglang-api-key (SGLang's --api-key) is the key of whichever server rolls out.
+        others = _without_flag(self.sglang_args, "--api-key")
+        if others and self.rollout_engine != "sglang":
+            raise ValueError(f"--sglang-* flags ({' '.join(others)}) need --rollout-engine sglang")
+        if (
+            self.sglang_flag("--api-key") is not None
+            and self.rollout_url is None
+            and self.rollout_engine == "embedded"
+        ):
             raise ValueError(
-                f"--sglang-* flags ({' '.join(self.sglang_args)}) need --rollout-engine sglang"
+                "--sglang-api-key is the rollout servers' key: it needs --rollout-engine "
+                "serve or sglang, or --rollout-url; the embedded engine takes none"
             )
         if self.megatron_args:
             if self.backend != "megatron":
@@ -293,19 +303,43 @@ class TrainConfig(pydantic.BaseModel):
 
     def sglang_base_gpu(self) -> str | None:
         """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
+        return self.sglang_flag("--base-gpu-id")
+
+    def sglang_flag(self, flag: str) -> str | None:
+        """The value of SGLang's ``flag`` (``--sglang-X`` on the command line), if given."""
         args = self.sglang_args
         for i, arg in enumerate(args):
-            if arg.startswith("--base-gpu-id="):
+            if arg.startswith(flag + "="):
                 return arg.split("=", 1)[1]
-            if arg == "--base-gpu-id" and i + 1 < len(args):
+            if arg == flag and i + 1 < len(args):
                 return args[i + 1]
         return None
+
+    def rollout_api_key(self) -> str | None:
+        """The rollout servers' API key: ``--sglang-api-key`` (SGLang's ``--api-key``,
+        handed to a launched SGLang as usual, to a launched ``agentenv serve`` too, and
+        sent to ``--rollout-url``), else ``$AGENTENV_API_KEY``."""
+        return self.sglang_flag("--api-key") or os.environ.get("AGENTENV_API_KEY") or None
 
     def weight_sync_backend(self) -> Literal["nccl", "gloo"]:
         """NCCL when the trainer and the server are both on CUDA, else gloo."""
         server = self.server_device()
         on_cuda = self.device.startswith("cuda") and (server is None or server.startswith("cuda"))
         return "nccl" if on_cuda else "gloo"
+
+
+def _without_flag(args: list[str], flag: str) -> list[str]:
+    """``args`` less ``flag`` and its value (``flag V`` or ``flag=V``)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
 
 
 def _gpu(device: str) -> str:

@@ -76,8 +76,9 @@ async def rollout_engine(
     if dtypes is None:
         dtypes = (torch.bfloat16,) * 2 if device.startswith("cuda") else (torch.float32,) * 2
     dtype, residual_dtype = dtypes
+    api_key = config.rollout_api_key()
     if config.rollout_url is not None:
-        async with SGLangClient(config.rollout_url) as client:
+        async with SGLangClient(config.rollout_url, api_key=api_key) as client:
             await client.wait_healthy(timeout=60.0)
             async with server_sync(config, client, weights_dir) as sync:
                 yield client, sync
@@ -108,9 +109,12 @@ async def rollout_engine(
                 extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
             command = server_command(model, port=port, extra=extra)
         print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
+        # agentenv serve reads the key from its environment (kept out of the process list);
+        # SGLang has it among its flags already (--sglang-api-key).
+        env = {"AGENTENV_API_KEY": api_key} if api_key and config.rollout_engine == "serve" else {}
         async with (
-            Launcher(command, url),
-            SGLangClient(url) as client,
+            Launcher(command, url, env=env),
+            SGLangClient(url, api_key=api_key) as client,
             server_sync(config, client, weights_dir) as sync,
         ):
             yield client, sync

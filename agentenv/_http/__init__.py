@@ -18,7 +18,11 @@ server (:class:`HTTPServer`) has:
 - long-poll routes (``long_poll=True``): the handler is cancelled when the client
   disconnects or the server shuts down, so a waiting handler never hands its result to
   nobody (see :attr:`Response.on_undelivered`);
-- a ``guard`` that sees each request's head before its body is read (authentication);
+- a ``guard`` that sees each request's head before its body is read (authentication;
+  ``_auth.api_key_guard`` is SGLang's ``--api-key`` check);
+- a connection cap (``max_connections``, below the descriptor limit by default): at the
+  cap the longest-idle connection makes room, when all are busy a reserve answers probe
+  routes (``probe=True``, health checks) and the rest get 503 (see ``_limits.py``);
 - graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 

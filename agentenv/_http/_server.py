@@ -17,6 +17,7 @@ from anyio.abc import SocketAttribute
 
 from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError
 from agentenv._http._common import CONNECTION_ERRORS, RECV_BYTES
+from agentenv._http._limits import DEFAULT_RESERVE, Slots, default_max_connections
 
 __all__ = [
     "Guard",
@@ -147,6 +148,7 @@ def sse(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
 class _Route:
     handler: Handler
     long_poll: bool
+    probe: bool = False
 
 
 class Router:
@@ -156,27 +158,37 @@ class Router:
         self._routes: dict[tuple[str, str], _Route] = {}
         self._methods: dict[str, list[str]] = {}
 
-    def add(self, method: str, path: str, handler: Handler, *, long_poll: bool = False) -> None:
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        long_poll: bool = False,
+        probe: bool = False,
+    ) -> None:
         """Route ``method path`` to ``handler``.
 
         ``long_poll=True`` for handlers that may wait long (for data, for room): they are
         cancelled when the client disconnects, and answer 503 when the server shuts down.
+        ``probe=True`` for a health check: still answered when every connection is busy
+        (on the server's reserved connections).
         """
         method = method.upper()
         if not path.startswith("/"):
             raise ConfigError(f"a route path must start with '/', got {path!r}")
         if (method, path) in self._routes:
             raise ConfigError(f"route {method} {path} is already registered")
-        self._routes[method, path] = _Route(handler, long_poll)
+        self._routes[method, path] = _Route(handler, long_poll, probe)
         self._methods.setdefault(path, []).append(method)
 
     def route(
-        self, method: str, path: str, *, long_poll: bool = False
+        self, method: str, path: str, *, long_poll: bool = False, probe: bool = False
     ) -> Callable[[Handler], Handler]:
         """Decorator form of :meth:`add`."""
 
         def register(handler: Handler) -> Handler:
-            self.add(method, path, handler, long_poll=long_poll)
+            self.add(method, path, handler, long_poll=long_poll, probe=probe)
             return handler
 
         return register
@@ -219,13 +231,19 @@ class HTTPServer:
         port: TCP port; 0 picks a free one (read :attr:`port` after start).
         max_header_bytes: request line plus headers, at most (431 beyond).
         max_body_bytes: request body, at most (413 beyond).
-        keepalive_timeout: seconds an idle kept-alive connection stays open.
+        keepalive_timeout: seconds an idle connection (kept alive between requests, or
+            new and silent) stays open.
         request_timeout: seconds to receive one request's head and body (408 beyond).
         shutdown_grace: on exit, seconds in-flight requests get to finish before they
             are cancelled (long-poll requests are cancelled at once).
         guard: called with ``(method, path, headers)`` of every request before its body
             is read; it raises :class:`HTTPError` to refuse it (e.g. 401), and then the
             body is never read and the connection is closed.
+        max_connections: connections held at once (default: three quarters of the file
+            descriptors this process may open, see ``_limits.py``). At the cap the longest
+            idle connection is closed to make room; when all are busy, a new one gets 503.
+        reserve_connections: connections beyond the cap that only answer probe routes
+            (health checks), so that a saturated server still says it is alive.
     """
 
     def __init__(
@@ -236,10 +254,12 @@ class HTTPServer:
         port: int = 0,
         max_header_bytes: int = 64 * 1024,
         max_body_bytes: int = 64 * 1024 * 1024,
-        keepalive_timeout: float = 75.0,
+        keepalive_timeout: float = 10.0,
         request_timeout: float = 60.0,
         shutdown_grace: float = 5.0,
         guard: Guard | None = None,
+        max_connections: int | None = None,
+        reserve_connections: int = DEFAULT_RESERVE,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {port}")
@@ -257,6 +277,12 @@ class HTTPServer:
                 raise ConfigError(f"{name} must be > 0 seconds, got {seconds}")
         if not shutdown_grace >= 0:
             raise ConfigError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
+        if max_connections is None:
+            max_connections = default_max_connections()
+        if max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, got {max_connections}")
+        if reserve_connections < 0:
+            raise ConfigError(f"reserve_connections must be at least 0, got {reserve_connections}")
         self.router = router
         self.host = host
         self._port = port
@@ -266,6 +292,8 @@ class HTTPServer:
         self.request_timeout = request_timeout
         self.shutdown_grace = shutdown_grace
         self.guard = guard
+        self.max_connections = max_connections
+        self._slots = Slots(max_connections, reserve_connections)
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._conns: anyio.abc.TaskGroup | None = None
@@ -273,7 +301,6 @@ class HTTPServer:
         self._accepting = anyio.CancelScope()
         self._closing = False
         self._closed = False
-        self._idle: set[anyio.CancelScope] = set()  # connections waiting for a request
         self._polls: set[anyio.CancelScope] = set()  # long-poll handlers running
         self._busy = 0  # requests being handled
         self._quiet = anyio.Event()
@@ -336,7 +363,8 @@ class HTTPServer:
             return
         self._closed = self._closing = True
         self._accepting.cancel()
-        for scope in (*self._idle, *self._polls):
+        self._slots.close_idle()
+        for scope in self._polls:
             scope.cancel()
         if self._conns is None:  # never started
             return
@@ -346,8 +374,14 @@ class HTTPServer:
         self._conns.cancel_scope.cancel()
         await self._done.wait()
 
+    @property
+    def connections(self) -> int:
+        """Connections open now (counted against ``max_connections``)."""
+        return self._slots.open
+
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._listener is not None
+        self._slots.hold_spare()
         try:
             async with anyio.create_task_group() as conns:
                 self._conns = conns
@@ -361,6 +395,7 @@ class HTTPServer:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._listener.aclose()
+            self._slots.release_spare()
             self._done.set()
 
     async def _accept(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
@@ -373,28 +408,39 @@ class HTTPServer:
                 client, _ = sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 continue
-            except OSError as e:  # out of file descriptors and the like: back off
-                log.warning("accepting a connection failed: %s", e)
-                await anyio.sleep(0.1)
+            except OSError as e:  # out of file descriptors and the like
+                if not self._slots.refuse_with_spare(sock, e):
+                    log.warning("accepting a connection failed: %s", e)
+                    await anyio.sleep(0.1)  # back off
                 continue
+            conn = _Connection(self, None, None)
+            admission = self._slots.admit(conn)
+            if admission == "refuse":
+                self._slots.refuse(client)
+                continue
+            conn.probe_only = admission == "probe"
             try:
                 client.setblocking(False)
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 stream = await anyio.abc.SocketStream.from_socket(client)
             except (OSError, ValueError):  # reset before we got to it: not our problem
+                self._slots.leave(conn)
                 client.close()
                 continue
             except BaseException:
+                self._slots.leave(conn)
                 client.close()
                 raise
-            conns.start_soon(self._connection, stream)
+            conn.stream = stream
+            conns.start_soon(self._connection, conn)
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _connection(self, conn: _Connection) -> None:
+        stream = conn.stream
         try:
             client = stream.extra(SocketAttribute.remote_address)
         except (OSError, anyio.TypedAttributeLookupError):  # pragma: no cover - gone already
             client = None
-        conn = _Connection(self, stream, client if isinstance(client, tuple) else None)
+        conn.client = client if isinstance(client, tuple) else None
         try:
             await conn.run()
         except CONNECTION_ERRORS:
@@ -402,6 +448,7 @@ class HTTPServer:
         except Exception:  # a bug here must not take the server down
             log.exception("HTTP connection failed")
         finally:
+            self._slots.leave(conn)
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -417,19 +464,21 @@ class HTTPServer:
 class _Connection:
     """One client connection: read a request, answer it, repeat while kept alive."""
 
-    __slots__ = ("buf", "client", "gone", "server", "stream")
+    __slots__ = ("buf", "client", "gone", "probe_only", "server", "stream")
 
     def __init__(
         self,
         server: HTTPServer,
-        stream: anyio.abc.SocketStream,
+        stream: anyio.abc.SocketStream | None,
         client: tuple[str, int] | None,
     ) -> None:
         self.server = server
-        self.stream = stream
+        # None only between accept and the stream's creation (admission comes first).
+        self.stream: anyio.abc.SocketStream = stream  # type: ignore[assignment]
         self.client = client
         self.buf = bytearray()
         self.gone = False  # the client disconnected while a long-poll handler ran
+        self.probe_only = False  # beyond the cap: one request, answered only if a probe
 
     async def _fill(self) -> bool:
         try:
@@ -442,14 +491,15 @@ class _Connection:
     async def run(self) -> None:
         server = self.server
         while not server._closing:
-            if not self.buf:  # idle between requests: shutdown or keepalive_timeout end it
+            if not self.buf:  # idle between requests: shutdown, keepalive_timeout or a
+                # newcomer at the connection cap end it
                 with anyio.move_on_after(server.keepalive_timeout) as idle:
-                    server._idle.add(idle)
+                    server._slots.idle(self, idle)
                     try:
                         if server._closing or not await self._fill():
                             return
                     finally:
-                        server._idle.discard(idle)
+                        server._slots.busy(self)
                 if idle.cancelled_caught:
                     return
             server._begin()
@@ -476,10 +526,18 @@ class _Connection:
             return False
         if request is None:
             return False
-        keep = _keep_alive(request) and not server._closing
+        keep = _keep_alive(request) and not server._closing and not self.probe_only
         response: Response | StreamingResponse | None
         try:
             route = server.router.resolve(request.method, request.path)
+            if self.probe_only and not route.probe:
+                raise HTTPError(
+                    503,
+                    f"the server holds its maximum of {server.max_connections} connections; "
+                    "retry shortly",
+                    type="ServiceUnavailable",
+                    headers=[("retry-after", "1")],
+                )
             if route.long_poll:
                 response = await self._long_poll(route.handler, request)
             else:

@@ -1,16 +1,18 @@
 """``agentenv serve``: the embedded engine behind SGLang's HTTP API.
 
-    agentenv serve --model smollm2-135m [--host 127.0.0.1] [--port 30000]
+    agentenv serve --model smollm2-135m [--host 127.0.0.1] [--port 30000] [--api-key KEY]
     agentenv eval --env arithmetic --model http://127.0.0.1:30000
 
 Any SGLang client works against it (``/generate``, ``/health``, ``/abort_request``,
 ``/update_weights_from_disk``, ...). It binds to 127.0.0.1 unless told otherwise and runs
-until Ctrl-C (or SIGTERM).
+until Ctrl-C (or SIGTERM). With an API key (``--api-key``, or ``$AGENTENV_API_KEY``) every
+request but ``/health*`` must send ``Authorization: Bearer KEY``, as with SGLang's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any, Literal
@@ -46,6 +48,14 @@ class ServeConfig(pydantic.BaseModel):
     cuda_graphs: bool = pydantic.Field(
         True, description="on CUDA, replay captured graphs for decode steps"
     )
+    api_key: str | None = pydantic.Field(
+        None,
+        description="SGLang's --api-key: every request but /health* must send "
+        "'Authorization: Bearer KEY' (default: $AGENTENV_API_KEY; none: no check)",
+    )
+    max_connections: int | None = pydantic.Field(
+        None, ge=1, description="HTTP connections held at once (default: below the fd limit)"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -78,7 +88,11 @@ def add_parser(sub: Any) -> None:
 async def serve(cfg: ServeConfig) -> None:
     import torch
 
+    from agentenv._http._limits import raise_open_file_limit
     from agentenv.engine import Engine, EngineServer
+
+    raise_open_file_limit()  # as SGLang: room for thousands of concurrent clients
+    api_key = cfg.api_key or os.environ.get("AGENTENV_API_KEY") or None
 
     dtype = None if cfg.dtype is None else getattr(torch, cfg.dtype)
     residual = None if cfg.residual_dtype is None else getattr(torch, cfg.residual_dtype)
@@ -92,9 +106,13 @@ async def serve(cfg: ServeConfig) -> None:
         weight_version=cfg.weight_version,
         cuda_graphs=cfg.cuda_graphs,
     )
-    async with engine, EngineServer(engine, host=cfg.host, port=cfg.port) as server:
+    server = EngineServer(
+        engine, host=cfg.host, port=cfg.port, api_key=api_key, max_connections=cfg.max_connections
+    )
+    async with engine, server:
+        auth = "API key required" if api_key else "no API key"
         print(
-            f"agentenv serve: {cfg.model} on {cfg.device} at {server.url} (Ctrl-C stops)",
+            f"agentenv serve: {cfg.model} on {cfg.device} at {server.url} ({auth}; Ctrl-C stops)",
             file=sys.stderr,
             flush=True,
         )

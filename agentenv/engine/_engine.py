@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import random
 import uuid
@@ -35,7 +36,7 @@ import anyio.lowlevel
 import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError
+from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv.engine._model import KVCache, LlamaModel
 from agentenv.engine._models import resolve_model
@@ -45,6 +46,8 @@ from agentenv.engine._thread import ModelThread
 __all__ = ["Engine", "EngineChunk"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("agentenv.engine")
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,6 +59,7 @@ class EngineChunk:
     finish_reason: FinishReason | None
     weight_version: str
     cached_tokens: int = 0  # prompt tokens whose keys and values were copied, not computed
+    error: str | None = None  # the engine failed on this request (the last chunk)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -77,6 +81,7 @@ class _Request:
     streaming: bool = True
     held: list[EngineChunk] = dataclasses.field(default_factory=list)
     cached: int = 0
+    error: str | None = None
 
     @property
     def length(self) -> int:
@@ -139,6 +144,9 @@ class Engine:
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
         self._shapes: dict[str, tuple[int, ...]] | None = None
+        # Finished on the model thread outside the running batch: sent by `_deliver`.
+        self._dropped: list[_Request] = []
+        self._looping = False
         self.steps = 0
 
     def _setup(
@@ -207,22 +215,25 @@ class Engine:
         self._finish_aborted(self._running)
         self._running.clear()
 
-    # -- requests --------------------------------------------------------------------------
-    def _submit(
-        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, streaming: bool
-    ) -> tuple[_Request, MemoryObjectReceiveStream[EngineChunk]]:
-        if self._closed:
-            raise ClosedResourceError("the engine is closed")
-        if self._tg is None:
-            raise ConfigError("use the engine inside `async with Engine(...)`")
-        ids = list(input_ids)
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1``."""
+        return self.model.config.vocab_size
+
+    def check(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise what :meth:`generate` would raise at once for this prompt and these
+        parameters (:class:`ConfigError`, :class:`ContextLengthError`), without running it."""
+        ids = input_ids
         if not ids:
             raise ConfigError("input_ids cannot be empty.")
-        vocab = self.model.config.vocab_size
+        vocab = self.vocab_size
         if not all(type(t) is int and 0 <= t < vocab for t in ids):
             bad = next(t for t in ids if type(t) is not int or not 0 <= t < vocab)
             raise ConfigError(f"input_ids must be token ids in [0, {vocab}), got {bad!r}")
         params.verify()
+        if any(t >= vocab for t in params.stop_token_ids):
+            bad = next(t for t in params.stop_token_ids if t >= vocab)
+            raise ConfigError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad}")
         if len(ids) >= self.context_length:
             raise ContextLengthError(
                 f"The input ({len(ids)} tokens) is longer than the model's context length "
@@ -235,6 +246,17 @@ class Engine:
                 f"{len(ids) + params.max_new_tokens} tokens: {len(ids)} tokens from the input "
                 f"messages and {params.max_new_tokens} tokens for the completion."
             )
+
+    # -- requests --------------------------------------------------------------------------
+    def _submit(
+        self, input_ids: Sequence[int], params: SamplingParams, rid: str | None, streaming: bool
+    ) -> tuple[_Request, MemoryObjectReceiveStream[EngineChunk]]:
+        if self._closed:
+            raise ClosedResourceError("the engine is closed")
+        if self._tg is None:
+            raise ConfigError("use the engine inside `async with Engine(...)`")
+        ids = list(input_ids)
+        self.check(ids, params)
         rid = rid or uuid.uuid4().hex
         if rid in self._by_rid:
             raise ConfigError(f"request id {rid!r} is already running")
@@ -263,6 +285,8 @@ class Engine:
         try:
             async with receive:
                 async for chunk in receive:
+                    if chunk.error is not None:
+                        raise GenerationError(chunk.error)
                     yield chunk
                     if chunk.finish_reason is not None:
                         return
@@ -307,6 +331,11 @@ class Engine:
                 r.aborted = "Abort in waiting queue"
             self._finish_aborted(waiting)
         self._wake.set()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the scheduler loop runs (inside ``async with``, until closed)."""
+        return self._looping and not self._closed
 
     @property
     def running(self) -> int:
@@ -377,6 +406,13 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
+        self._looping = True
+        try:
+            await self._schedule()
+        finally:
+            self._looping = False
+
+    async def _schedule(self) -> None:
         while not self._closed:
             if self._paused:
                 await self._resumed.wait()
@@ -391,7 +427,19 @@ class Engine:
                     continue
                 room = self.max_running - len(self._running)
                 admitted, self._waiting = self._waiting[:room], self._waiting[room:]
-                await self._on_thread(self._step, admitted)
+                try:
+                    await self._on_thread(self._step, admitted)
+                except Exception as e:
+                    if self._closed:
+                        raise
+                    # Not one request's fault, as far as the step could tell: every request
+                    # of the step fails, the engine goes on with the next ones.
+                    log.exception("an engine step failed; its requests fail")
+                    for req in {*admitted, *self._running}:
+                        self._fail(req, e)
+                    self._dropped.extend(
+                        r for r in admitted if r not in self._running and r not in self._dropped
+                    )
                 self._deliver()
             await anyio.lowlevel.checkpoint()
 
@@ -407,10 +455,10 @@ class Engine:
         for req in admitted:
             if req.aborted:
                 req.finish = FinishReason("abort", message=req.aborted)
-                self._send(req)
+                self._dropped.append(req)
             elif req.params.max_new_tokens == 0:
                 req.finish = FinishReason("length", length=0)
-                self._send(req)
+                self._dropped.append(req)
             else:
                 fresh.append(req)
         # Newcomers are prefilled together, shortest first, in forwards of at most
@@ -427,8 +475,45 @@ class Engine:
             ):
                 take += 1
             chunk, firsts = firsts[:take], firsts[take:]
-            first = len(self._running)
-            self._running.extend(chunk)
+            try:
+                self._prefill(chunk, unique)
+            except Exception as e:
+                # Only these prompts were touched; alone, each fails or goes through.
+                log.warning("prefilling %d prompts together failed: %r", len(chunk), e)
+                for req in chunk:
+                    try:
+                        self._prefill([req], unique)
+                    except Exception as alone:
+                        log.exception("prefilling request %r failed; it fails", req.rid)
+                        for r in unique[tuple(req.prompt)]:
+                            self._fail(r, alone)
+                            self._dropped.append(r)
+        live = [i for i, r in enumerate(self._running) if r.finish is None]
+        if live:
+            try:
+                # Every slot takes part (a finished one's row is wasted, and dropped after).
+                ids = [r.output[-1] for r in self._running]
+                positions = [r.length - 1 for r in self._running]
+                logits = model.decode(ids, positions, cache)
+                if len(live) < len(self._running):
+                    logits = logits[live]
+                self._sample([self._running[i] for i in live], logits)
+            except Exception as e:
+                log.exception("a decode step failed; its %d requests fail", len(live))
+                for i in live:
+                    self._fail(self._running[i], e)
+        self.steps += 1
+
+    def _prefill(
+        self, chunk: list[_Request], unique: dict[tuple[int, ...], list[_Request]]
+    ) -> None:
+        """Prefill ``chunk`` (one request per distinct prompt), give the copies of each
+        prompt its keys and values, and sample everyone's first token. On an exception the
+        running batch is as it was."""
+        model, cache = self.model, self._cache
+        first = len(self._running)
+        self._running.extend(chunk)
+        try:
             logits = model.prefill([r.prompt for r in chunk], first, cache)
             copies: list[_Request] = []
             rows: list[int] = []
@@ -442,16 +527,9 @@ class Engine:
             if copies:
                 logits = torch.cat([logits, logits[rows]])
             self._sample([*chunk, *copies], logits)
-        live = [i for i, r in enumerate(self._running) if r.finish is None]
-        if live:
-            # Every slot takes part (a finished one's row is wasted, and dropped after).
-            ids = [r.output[-1] for r in self._running]
-            positions = [r.length - 1 for r in self._running]
-            logits = model.decode(ids, positions, cache)
-            if len(live) < len(self._running):
-                logits = logits[live]
-            self._sample([self._running[i] for i in live], logits)
-        self.steps += 1
+        except Exception:
+            del self._running[first:]
+            raise
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
         rows = [
@@ -463,12 +541,39 @@ class Engine:
             )
             for r in reqs
         ]
-        ids, lps = sample(logits, rows)
-        for req, token, lp in zip(reqs, ids, lps, strict=True):
+        try:
+            picked: list[tuple[int, float] | None] = list(zip(*sample(logits, rows), strict=True))
+        except Exception:
+            # One request's parameters broke the batch: sample row by row (the same draws,
+            # see _sampler.py), and only the request whose row fails fails.
+            picked = []
+            for i, (req, row) in enumerate(zip(reqs, rows, strict=True)):
+                try:
+                    one_ids, one_lps = sample(logits[i : i + 1], [row])
+                    picked.append((one_ids[0], one_lps[0]))
+                except Exception as e:
+                    log.exception("sampling request %r failed; it fails", req.rid)
+                    self._fail(req, e)
+                    picked.append(None)
+        for req, pick in zip(reqs, picked, strict=True):
+            if pick is None:
+                continue
+            token, lp = pick
             req.output.append(token)
             req.new_ids.append(token)
             req.new_lps.append(lp)
-            req.finish = self._finished(req, token)
+            try:
+                req.finish = self._finished(req, token)
+            except Exception as e:
+                log.exception("checking request %r for a stop failed; it fails", req.rid)
+                self._fail(req, e)
+
+    def _fail(self, req: _Request, error: BaseException) -> None:
+        """End ``req`` with an error (its caller gets :class:`GenerationError`)."""
+        if req.finish is not None and req.error is None and req.finish.type != "abort":
+            return  # it had finished already: its answer stands
+        req.error = f"the engine failed on this request: {type(error).__name__}: {error}"
+        req.finish = FinishReason("abort", message=req.error)
 
     def _finished(self, req: _Request, token: int) -> FinishReason | None:
         p = req.params
@@ -501,13 +606,18 @@ class Engine:
                 self._send(r)
 
     def _deliver(self) -> None:
+        dropped, self._dropped = self._dropped, []
+        for r in dropped:
+            self._send(r)
         for r in self._running:
             if r.new_ids or r.finish is not None:
                 self._send(r)
         self._compact()
 
     def _send(self, r: _Request) -> None:
-        chunk = EngineChunk(r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached)
+        chunk = EngineChunk(
+            r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached, error=r.error
+        )
         r.new_ids, r.new_lps = [], []
         if not r.streaming and r.finish is None:
             last = r.held[-1] if r.held else None

@@ -112,7 +112,7 @@ def _filtered(probs: torch.Tensor, params: list[SamplingParams], rows: list[int]
     sorted_p, order = torch.sort(sub, dim=-1, descending=True)
     vocab = sub.shape[1]
     rank = torch.arange(vocab, device=device).unsqueeze(0)
-    k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
     drop = rank >= k.unsqueeze(1)
     top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
     # Drop a token when the tokens before it already reach top_p (the first always stays).

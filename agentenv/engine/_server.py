@@ -19,8 +19,12 @@ and any other SGLang client talk to it unchanged::
                                            "weight_version", ...}
     POST /destroy_weights_update_group    {"group_name"}
 
-Errors are HTTP 400 ``{"error": {"message": ...}}`` naming the field, as SGLang answers;
-weight updates answer ``{"success": false, "message": ...}`` with 400.
+Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
+token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
+``{"error": {"message": ...}}`` naming the field, the value and what is expected, as
+SGLang answers; weight updates answer ``{"success": false, "message": ...}`` with 400. A
+request that fails inside the engine anyway answers 500 and fails alone. With
+``api_key`` every route but ``/health*`` needs ``Authorization: Bearer <key>`` (401).
 
 Distributed weight updates (SGLang's NCCL protocol; ``gloo`` too, for CPU): the trainer is
 rank 0 of a process group of its own, this server joins it as rank ``rank_offset`` (see
@@ -44,34 +48,39 @@ import dataclasses
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import anyio
 import torch
 
-from agentenv._errors import AgentEnvError, ConfigError
+from agentenv._errors import (
+    AgentEnvError,
+    ClosedResourceError,
+    ConfigError,
+    ContextLengthError,
+    GenerationError,
+)
 from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import HTTPError, HTTPServer, Request, Response, Router, StreamingResponse, sse
+from agentenv._http._auth import api_key_guard, warn_if_open
 from agentenv.engine._engine import Engine
-from agentenv.engine._group import DEFAULT_GROUP_NAME, WeightUpdateGroup, parse_dtype
+from agentenv.engine._group import WeightUpdateGroup, parse_dtype
 from agentenv.engine._model import weight_mismatch
+from agentenv.engine._requests import (
+    AbortBody,
+    Body,
+    DestroyGroupBody,
+    GenerateBody,
+    InitGroupBody,
+    PauseBody,
+    UpdateFromDiskBody,
+    UpdateFromDistributedBody,
+    UpdateVersionBody,
+    parse,
+)
 
 __all__ = ["EngineServer"]
-
-RENDEZVOUS_TIMEOUT = 60.0  # s: the default wait for every rank of a weight update group
-
-
-def _body(request: Request) -> dict[str, Any]:
-    if not request.body:
-        return {}
-    try:
-        data = json.loads(request.body)
-    except ValueError as e:
-        raise HTTPError(400, f"the request body is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    return data
 
 
 def _failure(message: str) -> Response:
@@ -92,52 +101,29 @@ class _ServedGroup:
     destroyed: bool = False
 
 
-def _int(data: Mapping[str, Any], key: str) -> int:
-    value = data.get(key)
-    if type(value) is not int:
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    return value
+B = TypeVar("B", bound=Body)
 
 
-def _init_args(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``/init_weights_update_group``'s body as :meth:`WeightUpdateGroup.join` arguments."""
-    address = data.get("master_address")
-    if not isinstance(address, str) or not address:
-        raise ConfigError(f"master_address must be a host name or address, got {address!r}")
-    port = _int(data, "master_port")
-    if not 0 < port < 65536:
-        raise ConfigError(f"master_port must be in [1, 65535], got {port}")
-    world = _int(data, "world_size")
-    if world < 2:
-        raise ConfigError(f"world_size must be at least 2 (the trainer and a server), got {world}")
-    rank = _int(data, "rank_offset")
-    if not 0 < rank < world:
-        raise ConfigError(
-            f"rank_offset must be in [1, {world - 1}] (rank 0 is the trainer; this server "
-            f"takes one rank), got {rank}"
-        )
-    name = data.get("group_name", DEFAULT_GROUP_NAME)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"group_name must be a non-empty string, got {name!r}")
-    backend = data.get("backend", "nccl")
-    if backend not in ("nccl", "gloo"):
-        raise ConfigError(f"backend must be nccl or gloo, got {backend!r}")
-    timeout = data.get("timeout", RENDEZVOUS_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return dict(
-        master_address=address, master_port=port, rank=rank, world_size=world, name=name,
-        backend=backend, timeout=float(timeout),
-    )  # fmt: skip
+def _parse(schema: type[B], request: Request, **context: Any) -> B:
+    """The body checked against its schema; 400 naming the field otherwise."""
+    try:
+        return parse(schema, request, **context)
+    except ConfigError as e:
+        raise _bad(str(e)) from None
 
 
-def _bucket(data: Mapping[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+def _status(error: AgentEnvError) -> HTTPError:
+    """The answer to a generation that failed with ``error``."""
+    if isinstance(error, ClosedResourceError):
+        return HTTPError(503, f"{error}; the server is shutting down", type="ServiceUnavailable")
+    if isinstance(error, GenerationError):  # the engine failed on it, not the request
+        return HTTPError(500, str(error), type="InternalServerError")
+    return _bad(str(error).rstrip(".") + ".")
+
+
+def _bucket(body: UpdateFromDistributedBody) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     """``/update_weights_from_distributed``'s tensors: (name, dtype, shape) in order."""
-    names, dtypes, shapes = (data.get(k) for k in ("names", "dtypes", "shapes"))
-    for key, value in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-    assert isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+    names, dtypes, shapes = body.names, body.dtypes, body.shapes
     if not len(names) == len(dtypes) == len(shapes):
         raise ConfigError(
             f"names, dtypes and shapes must have one entry per tensor, got {len(names)}, "
@@ -145,13 +131,13 @@ def _bucket(data: Mapping[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, 
         )
     out = []
     for i, (name, dtype, shape) in enumerate(zip(names, dtypes, shapes, strict=True)):
-        if not isinstance(name, str) or not name:
+        if not name:
             raise ConfigError(f"names[{i}] must be a weight name, got {name!r}")
         try:
             parsed = parse_dtype(dtype)
         except ConfigError as e:
             raise ConfigError(f"dtypes[{i}]: {e}") from None
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        if not all(d >= 0 for d in shape):
             raise ConfigError(f"shapes[{i}] must be a list of non-negative ints, got {shape!r}")
         out.append((name, parsed, tuple(shape)))
     return out
@@ -177,9 +163,23 @@ class EngineServer:
         engine: a started :class:`Engine` (inside its ``async with``).
         host: interface to bind; the default serves this machine only.
         port: TCP port; 0 picks a free one.
+        api_key: SGLang's ``--api-key``: every request but the health probes
+            (``/health``, ``/health_generate``) must carry ``Authorization: Bearer <key>``
+            (or ``X-API-Key: <key>``), else 401. Without one, a server bound to a
+            non-loopback address logs a warning at start.
+        max_connections: connections held at once (default: below the descriptor limit);
+            see :class:`~agentenv._http.HTTPServer`.
     """
 
-    def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self.engine = engine
         router = Router()
         routes: list[tuple[str, str, Any, bool]] = [
@@ -203,8 +203,17 @@ class EngineServer:
             ("POST", "/destroy_weights_update_group", self._destroy_group, False),
         ]
         for method, path, handler, long_poll in routes:
-            router.add(method, path, handler, long_poll=long_poll)
-        self._http = HTTPServer(router, host=host, port=port)
+            probe = path.startswith("/health")  # answered even when every connection is busy
+            router.add(method, path, handler, long_poll=long_poll, probe=probe)
+        guard = None
+        if api_key is not None:
+            guard = api_key_guard(
+                api_key, exempt=lambda path: path.startswith("/health"), hint="--api-key"
+            )
+        self.api_key = api_key
+        self._http = HTTPServer(
+            router, host=host, port=port, guard=guard, max_connections=max_connections
+        )
         self._groups: dict[str, _ServedGroup] = {}
         self._forming: set[str] = set()  # groups whose rendezvous is under way
 
@@ -218,6 +227,8 @@ class EngineServer:
 
     async def __aenter__(self) -> EngineServer:
         await self._http.__aenter__()
+        if self.api_key is None:
+            warn_if_open(self._http.host, self.port, what="agentenv serve")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -229,63 +240,69 @@ class EngineServer:
                     await self._leave(name)
 
     # -- generation ------------------------------------------------------------------------
-    def _prompt(self, data: Mapping[str, Any]) -> tuple[list[list[int]], bool]:
-        """The prompts as id lists, and whether the request was a batch."""
-        ids = data.get("input_ids")
-        if ids is None:
-            text = data.get("text")
-            if text is None:
-                raise _bad("Either text or input_ids should be provided.")
-            texts = text if isinstance(text, list) else [text]
-            if not all(isinstance(t, str) for t in texts):
-                raise _bad("text must be a string or a list of strings")
+    def _prompts(self, body: GenerateBody) -> list[list[int]]:
+        """The prompts as id lists (one, or the batch's)."""
+        if body.input_ids is not None:
+            ids = body.input_ids
+            return ids if body.batch else [ids]  # type: ignore[list-item,return-value]
+        texts = body.text if isinstance(body.text, list) else [body.text or ""]
+        try:
             encoded = [self.engine.tokenizer.encode(t).ids for t in texts]
-            return encoded, isinstance(text, list)
-        if isinstance(ids, list) and ids and all(isinstance(p, list) for p in ids):
-            return ids, True
-        if not isinstance(ids, list):
-            raise _bad("input_ids must be a list of token ids or a list of such lists")
-        return [ids], False
+        except Exception as e:  # e.g. a lone surrogate, which JSON can carry
+            raise _bad(f"text could not be tokenized: {type(e).__name__}: {e}"[:300]) from None
+        if any(not p for p in encoded):
+            raise _bad("input_ids cannot be empty.")
+        return encoded
+
+    def _rids(self, body: GenerateBody, n: int) -> list[str | None]:
+        rid = body.rid
+        if not body.batch:
+            if isinstance(rid, list):
+                raise _bad(f"rid must be a string for a single prompt, got {rid!r}"[:200])
+            return [rid]
+        if isinstance(rid, list):
+            if len(rid) != n:
+                raise _bad(
+                    "The specified rids length mismatch with the batch_size for batch processing."
+                )
+            return list(rid)
+        return [f"{rid}_{i}" if rid else None for i in range(n)]
 
     async def _generate(self, request: Request) -> Response | StreamingResponse:
-        data = _body(request)
-        prompts, batch = self._prompt(data)
-        if any(not p for p in prompts):
-            raise _bad("input_ids cannot be empty.")
+        # Everything is checked before anything runs: the engine sees valid requests only.
+        body = _parse(GenerateBody, request, vocab=self.engine.vocab_size)
         try:
-            params = SamplingParams.from_sglang(data.get("sampling_params"))
+            params = body.params()
         except ConfigError as e:
             raise _bad(str(e).rstrip(".") + ".") from None
-        logprob = bool(data.get("return_logprob", False))
-        rid = data.get("rid")
-        if batch:
-            if isinstance(rid, list):
-                if len(rid) != len(prompts):
-                    raise _bad(
-                        "The specified rids length mismatch with the batch_size for batch "
-                        "processing."
-                    )
-                rids: list[str | None] = [str(r) for r in rid]
-            else:
-                rids = [f"{rid}_{i}" if rid else None for i in range(len(prompts))]
-        else:
-            rids = [str(rid) if rid is not None else None]
-        if data.get("stream"):
-            if batch:
+        prompts = self._prompts(body)
+        rids = self._rids(body, len(prompts))
+        for prompt in prompts:
+            try:
+                self.engine.check(prompt, params)
+            except (ConfigError, ContextLengthError) as e:
+                raise _status(e) from None
+        logprob = body.return_logprob
+        if body.stream:
+            if body.batch:
                 raise _bad("streaming a batch is not supported by this server; send one prompt")
             return StreamingResponse(self._stream(prompts[0], params, rids[0], logprob))
         results: list[Any] = [None] * len(prompts)
+        errors: list[AgentEnvError] = []
 
-        async def one(i: int) -> None:
-            results[i] = await self._one(prompts[i], params, rids[i], logprob)
+        async def one(i: int, scope: anyio.CancelScope) -> None:
+            try:
+                results[i] = await self._one(prompts[i], params, rids[i], logprob)
+            except AgentEnvError as e:  # the batch fails with its first error
+                errors.append(e)
+                scope.cancel()
 
-        try:
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
-        except* AgentEnvError as group:
-            raise _bad(str(group.exceptions[0])) from None
-        return Response.json(results if batch else results[0])
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i, tg.cancel_scope)
+        if errors:
+            raise _status(errors[0])
+        return Response.json(results if body.batch else results[0])
 
     async def _one(
         self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool
@@ -362,6 +379,8 @@ class EngineServer:
 
     # -- control ---------------------------------------------------------------------------
     async def _health(self, request: Request) -> Response:
+        if not self.engine.healthy:
+            raise HTTPError(503, "the engine is not running", type="ServiceUnavailable")
         return Response.empty(200)
 
     async def _model_info(self, request: Request) -> Response:
@@ -396,19 +415,15 @@ class EngineServer:
         return Response.json({"weight_version": self.engine.weight_version})
 
     async def _abort(self, request: Request) -> Response:
-        data = _body(request)
-        if data.get("abort_all"):
+        body = _parse(AbortBody, request)
+        if body.abort_all:
             self.engine.abort(all=True)
-        elif data.get("rid"):
-            self.engine.abort(str(data["rid"]))
+        elif body.rid:
+            self.engine.abort(body.rid)
         return Response.empty(200)
 
     async def _pause(self, request: Request) -> Response:
-        mode = _body(request).get("mode", "abort")
-        try:
-            await self.engine.pause(mode)
-        except ConfigError as e:
-            raise _bad(str(e)) from None
+        await self.engine.pause(_parse(PauseBody, request).mode)
         return Response.json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def _continue(self, request: Request) -> Response:
@@ -424,45 +439,40 @@ class EngineServer:
         return Response.text("Cache flushed.\nPlease check backend logs for more details.")
 
     async def _update_from_disk(self, request: Request) -> Response:
-        data = _body(request)
-        path = data.get("model_path")
-        if not isinstance(path, str) or not path:
-            return Response.json(
-                {"success": False, "message": "model_path is required"}, status=400
-            )
-        version = data.get("weight_version")
-        if data.get("abort_all_requests"):
+        try:
+            body = parse(UpdateFromDiskBody, request)
+        except ConfigError as e:
+            return _failure(f"Failed to update weights: {e}")
+        version = body.weight_version
+        if body.abort_all_requests:
             self.engine.abort(all=True)
         try:
-            await self.engine.update_weights_from_disk(
-                path, weight_version=None if version is None else str(version)
-            )
-        except (AgentEnvError, OSError) as e:
+            await self.engine.update_weights_from_disk(body.model_path, weight_version=version)
+        except ClosedResourceError:
+            raise
+        except AgentEnvError as e:
             return _failure(f"Failed to update weights: {e}")
+        except Exception as e:  # unreadable, corrupt or foreign files: the model is unchanged
+            return _failure(f"Failed to update weights: {type(e).__name__}: {e}")
         message = "Succeeded to update model weights."
         if version is not None:
             message += f" Weight version updated to {version}."
         return Response.json({"success": True, "message": message, "num_paused_requests": 0})
 
     async def _update_version(self, request: Request) -> Response:
-        data = _body(request)
-        version = data.get("new_version")
-        if version is None:
-            return Response.json(
-                {
-                    "success": False,
-                    "message": "Failed to update weight version: new_version is required",
-                },
-                status=400,
-            )
-        if data.get("abort_all_requests", True):
+        try:
+            body = parse(UpdateVersionBody, request)
+        except ConfigError as e:
+            return _failure(f"Failed to update weight version: {e}")
+        if body.abort_all_requests:
             self.engine.abort(all=True)
-        self.engine.weight_version = str(version)
+        version = body.new_version
+        self.engine.weight_version = version
         return Response.json(
             {
                 "success": True,
                 "message": f"Weight version updated to {version}",
-                "new_version": str(version),
+                "new_version": version,
             }
         )
 
@@ -470,10 +480,15 @@ class EngineServer:
     async def _init_group(self, request: Request) -> Response:
         fail = "Failed to initialize custom process group: "
         try:
-            args = _init_args(_body(request))
+            body = parse(InitGroupBody, request)
         except ConfigError as e:
             return _failure(f"{fail}{e}")
-        name = args["name"]
+        args: dict[str, Any] = dict(
+            master_address=body.master_address, master_port=body.master_port,
+            rank=body.rank_offset, world_size=body.world_size, name=body.group_name,
+            backend=body.backend, timeout=body.timeout,
+        )  # fmt: skip
+        name = body.group_name
         if name in self._groups or name in self._forming:
             return _failure(
                 f"{fail}group {name!r} already exists on this server; destroy it first "
@@ -504,9 +519,12 @@ class EngineServer:
         )
 
     async def _update_from_distributed(self, request: Request) -> Response:
-        data = _body(request)
-        name = data.get("group_name", DEFAULT_GROUP_NAME)
-        served = self._groups.get(name) if isinstance(name, str) else None
+        try:
+            body = parse(UpdateFromDistributedBody, request)
+        except ConfigError as e:  # nothing is received: the request says nothing usable
+            return _failure(f"Failed to update weights: {e}")
+        name = body.group_name
+        served = self._groups.get(name)
         if served is None:
             return _failure(
                 f"Failed to update weights: group {name!r} is not one of this server's "
@@ -514,17 +532,17 @@ class EngineServer:
                 "/init_weights_update_group first"
             )
         try:
-            bucket = _bucket(data)
-            if data.get("load_format") not in (None, "auto"):
+            bucket = _bucket(body)
+            if body.load_format not in (None, "auto"):
                 raise ConfigError(
-                    f"load_format {data['load_format']!r} is not supported here; broadcast the "
+                    f"load_format {body.load_format!r} is not supported here; broadcast the "
                     "tensors as they are (load_format null)"
                 )
         except ConfigError as e:  # nothing is received: the request says nothing usable
             return _failure(f"Failed to update weights: {e}")
         # Checked now, refused after the bucket is received: the trainer is broadcasting it.
         problem = weight_mismatch({n: shape for n, _, shape in bucket}, self.engine.weight_shapes())
-        if data.get("abort_all_requests"):
+        if body.abort_all_requests:
             self.engine.abort(all=True)
         async with served.lock:
             if served.destroyed:
@@ -544,11 +562,11 @@ class EngineServer:
                 f"Failed to update weights: {problem}; the bucket was received and dropped, "
                 "the model is unchanged"
             )
-        version = data.get("weight_version")
+        version = body.weight_version
         try:
             await self.engine.update_weights(
                 {n: t for (n, _, _), t in zip(bucket, tensors, strict=True)},
-                weight_version=None if version is None else str(version),
+                weight_version=version,
                 partial=True,
             )
         except AgentEnvError as e:
@@ -559,8 +577,11 @@ class EngineServer:
         return Response.json({"success": True, "message": message})
 
     async def _destroy_group(self, request: Request) -> Response:
-        name = _body(request).get("group_name", DEFAULT_GROUP_NAME)
-        if not isinstance(name, str) or name not in self._groups:
+        try:
+            name = parse(DestroyGroupBody, request).group_name
+        except ConfigError as e:
+            return _failure(f"Failed to destroy the group: {e}")
+        if name not in self._groups:
             return _failure(f"The group to be destroyed does not exist: {name!r}.")
         await self._leave(name)
         return Response.json(

@@ -28,6 +28,7 @@ import httpx
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv._http import HTTPTransport, RawResponse, async_client
+from agentenv._http._auth import check_api_key
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 
@@ -112,7 +113,9 @@ class SGLangClient:
             with every generate, so that every turn of an episode goes to one server and
             reuses its prefix cache. The key is the ``rid`` up to its last ``/`` -- the
             episode, for the rids :class:`~agentenv.Episode` makes -- unless given.
-        headers: sent with every request (e.g. ``{"Authorization": "Bearer ..."}``).
+        headers: sent with every request.
+        api_key: the server's ``--api-key`` (SGLang's, or ``agentenv serve``'s), sent as
+            ``Authorization: Bearer <key>`` with every request.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class SGLangClient:
         max_backoff: float = 8.0,
         sticky_routing: bool = True,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"url must start with http:// or https://, got {url!r}")
@@ -139,15 +143,18 @@ class SGLangClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.sticky_routing = sticky_routing
+        headers = dict(headers or {})
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {check_api_key(api_key)}"
         self._http = async_client(
             self.url,
-            headers=dict(headers or {}),
+            headers=headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
             max_connections=max_connections,
         )
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self._headers = dict(headers or {})
+        self._headers = headers
         parsed = httpx.URL(self.url)
         self._host, self._port = parsed.host, parsed.port or 80
         self._base_path = parsed.raw_path.decode("ascii").rstrip("/")

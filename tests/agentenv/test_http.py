@@ -209,3 +209,115 @@ async def test_a_connection_reset_before_it_is_accepted_is_ignored() -> None:
             with anyio.fail_after(5):
                 r = await client.get("/hello")
         assert r.json() == {"hello": "world"}
+
+
+# -- the connection cap -------------------------------------------------------------------
+def _capped_router(release: anyio.Event) -> Router:
+    router = _router()
+
+    @router.route("GET", "/health", probe=True)
+    async def health(request: Request) -> Response:
+        return Response.empty(200)
+
+    @router.route("GET", "/slow", long_poll=True)
+    async def slow(request: Request) -> Response:
+        await release.wait()
+        return Response.json({"slow": True})
+
+    return router
+
+
+async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_503() -> None:
+    release = anyio.Event()
+    server = HTTPServer(_capped_router(release), max_connections=8, reserve_connections=2)
+    async with server:
+        # 60 sockets that connect and never send: each newcomer at the cap closes the
+        # longest-idle one, so the server never holds more than its cap ...
+        idle = [await anyio.connect_tcp("127.0.0.1", server.port) for _ in range(60)]
+        with anyio.fail_after(10):
+            while server.connections < 8:  # noqa: ASYNC110 - the server accepts meanwhile
+                await anyio.sleep(0.01)
+        assert server.connections == 8
+        # ... and a normal client still gets in.
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
+            assert (await client.get("/hello")).json() == {"hello": "world"}
+            assert server.connections <= 8
+        for s in idle:
+            await s.aclose()
+
+        # Every connection busy: the reserve answers health probes only, beyond it a 503.
+        busy_clients = [
+            httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=10) for _ in range(8)
+        ]
+        answers: list[int] = []
+
+        async def wait_slow(client: httpx.AsyncClient) -> None:
+            answers.append((await client.get("/slow")).status_code)
+
+        async with anyio.create_task_group() as tg:
+            for client in busy_clients:
+                tg.start_soon(wait_slow, client)
+            with anyio.fail_after(10):
+                while server._busy < 8:  # noqa: ASYNC110 - the handlers start meanwhile
+                    await anyio.sleep(0.01)
+            assert await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n") == (
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
+                b"content-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            refused = await _raw(server.port, b"GET /hello HTTP/1.1\r\n\r\n")
+            assert refused.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), refused
+            assert b"retry-after: 1" in refused and b"maximum of 8 connections" in refused
+            # The reserve taken too (by requests that are still arriving; idle ones would be
+            # closed to make room): refused at once, unread.
+            held = []
+            for n in (9, 10):
+                held.append(await anyio.connect_tcp("127.0.0.1", server.port))
+                await held[-1].send(b"GET /health HTTP/1.1\r\n")
+                with anyio.fail_after(5):
+                    while server._busy < n:  # noqa: ASYNC110 - the server reads it meanwhile
+                        await anyio.sleep(0.01)
+            beyond = await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n")
+            assert beyond.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), beyond
+            for s in held:
+                await s.aclose()
+            release.set()
+        assert answers == [200] * 8
+        for client in busy_clients:
+            await client.aclose()
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
+            assert (await client.get("/hello")).status_code == 200
+
+
+def test_the_default_cap_stays_below_the_descriptor_limit() -> None:
+    from agentenv._http._limits import default_max_connections
+
+    assert default_max_connections(1024) == 720
+    assert default_max_connections(80) == 16
+    assert default_max_connections(1 << 20) == 8192
+    with pytest.raises(ConfigError, match="max_connections must be at least 1, got 0"):
+        HTTPServer(_router(), max_connections=0)
+
+
+async def test_out_of_descriptors_a_client_gets_503_and_the_server_goes_on() -> None:
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with HTTPServer(_router(), max_connections=1000) as server:
+        used = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used + 64, hard))
+        filler: list[int] = []
+        try:
+            with pytest.raises(OSError, match="Too many open files"):  # noqa: PT012
+                for _ in range(200):
+                    filler.append(os.open(os.devnull, os.O_RDONLY))
+            os.close(filler.pop())  # room for the client's socket only: the accept fails
+            with anyio.fail_after(10):
+                answer = await _raw(server.port, b"GET /hello HTTP/1.1\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        finally:
+            for fd in filler:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
+            assert (await client.get("/hello")).json() == {"hello": "world"}

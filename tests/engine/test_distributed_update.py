@@ -199,7 +199,7 @@ async def test_the_group_life_cycle_and_refused_inits(served: tuple[Engine, SGLa
         (init("g"), "group 'g' already exists on this server; destroy it first"),
         (init(backend="nccl"), "backend nccl needs the engine on a CUDA device, this server "
                                "runs on cpu (use backend gloo)"),
-        (init(backend="mpi"), "backend must be nccl or gloo, got 'mpi'"),
+        (init(backend="mpi"), "backend must be 'nccl' or 'gloo', got 'mpi'"),
         (init(rank=0), "rank_offset must be in [1, 1] (rank 0 is the trainer"),
     ]:  # fmt: skip
         with pytest.raises(SGLangError, match="Failed to initialize custom process group: ") as e:

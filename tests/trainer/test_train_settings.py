@@ -211,3 +211,55 @@ def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
         GRPOConfig(concurrency=0)
     # A generator that does not say what it decodes together: a whole round at once.
     assert GRPOConfig(rollout_batch_size=8, n_samples_per_prompt=4).concurrency_for(None) == 32
+
+
+def test_the_rollout_servers_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pydantic
+
+    monkeypatch.delenv("AGENTENV_API_KEY", raising=False)
+    base = {"env": "arithmetic"}
+    assert TrainConfig(**base).rollout_api_key() is None
+    # SGLang's --api-key: passed through to a launched SGLang, and this trainer's key.
+    sglang = TrainConfig(
+        **base, rollout_engine="sglang", sglang_args=["--api-key", "k1", "--tp", "2"]
+    )
+    assert sglang.rollout_api_key() == "k1" and sglang.sglang_args[:2] == ["--api-key", "k1"]
+    # The one --sglang-* flag a non-SGLang server takes.
+    assert (
+        TrainConfig(**base, rollout_engine="serve", sglang_args=["--api-key=k2"]).rollout_api_key()
+        == "k2"
+    )
+    url = TrainConfig(**base, rollout_url="http://10.0.0.2:30000", sglang_args=["--api-key", "k3"])
+    assert url.rollout_api_key() == "k3"
+    with pytest.raises(pydantic.ValidationError, match=r"\(--tp 2\) need --rollout-engine sglang"):
+        TrainConfig(**base, rollout_engine="serve", sglang_args=["--api-key", "k", "--tp", "2"])
+    with pytest.raises(pydantic.ValidationError, match="the embedded engine takes none"):
+        TrainConfig(**base, sglang_args=["--api-key", "k"])
+    monkeypatch.setenv("AGENTENV_API_KEY", "from-env")
+    assert TrainConfig(**base, rollout_engine="serve").rollout_api_key() == "from-env"
+
+
+@pytest.mark.timeout(180)
+def test_a_launched_agentenv_serve_gets_the_key_and_the_trainer_sends_it(
+    tmp_path: Path, smollm2: ChatTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+    import httpx
+
+    from agentenv import SamplingParams
+    from trainer._train import rollout_engine
+
+    monkeypatch.delenv("AGENTENV_API_KEY", raising=False)
+    config = TrainConfig(
+        env="arithmetic", rollout_engine="serve", sglang_args=["--api-key", "trainer-key"]
+    )
+
+    async def go() -> None:
+        async with rollout_engine(config, smollm2, tmp_path) as (client, _):
+            c = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+            assert len(c.output_ids) == 2
+            async with httpx.AsyncClient(base_url=client.url) as plain:  # no key: refused
+                r = await plain.post("/generate", json={"input_ids": [1, 2, 3]})
+                assert r.status_code == 401
+
+    anyio.run(go)

@@ -1,0 +1,206 @@
+"""How many connections an :class:`~agentenv._http.HTTPServer` holds at once.
+
+Every connection costs a file descriptor, and a process that runs out of them can accept
+no one: idle sockets alone would lock every client out. So the server counts its
+connections against ``max_connections`` (by default three quarters of the descriptors
+the process may open, see :func:`default_max_connections`):
+
+- below the cap a new connection is served as usual;
+- at the cap the connection idle the longest (a kept-alive one between requests, or one
+  that has sent nothing yet) is closed to make room, so idle sockets never keep a client
+  out;
+- when every connection is busy, ``reserve`` more are accepted for health probes only: a
+  request to a probe route (``Router.add(..., probe=True)``) is answered, any other gets
+  503 (``Retry-After: 1``), and the connection closes;
+- beyond that, the connection gets a 503 at once and is closed.
+
+If accepting fails for want of descriptors anyway (``EMFILE``: other files), a spare
+descriptor held for the purpose is given up for a moment to accept the client and tell it
+503, so it is not left waiting in the backlog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import time
+from typing import Literal
+
+import anyio
+
+__all__ = [
+    "DEFAULT_RESERVE",
+    "Slots",
+    "default_max_connections",
+    "open_file_limit",
+    "raise_open_file_limit",
+]
+
+log = logging.getLogger("agentenv.http")
+
+DEFAULT_RESERVE = 8  # connections beyond the cap, for health probes
+_MAX_DEFAULT = 8192  # a default cap above this buys little and costs memory per connection
+
+Admission = Literal["serve", "probe", "refuse"]
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open file descriptors (``ulimit -n``)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 1024
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def raise_open_file_limit(target: int = 65536) -> int:
+    """Raise the soft descriptor limit to ``target`` or the hard limit, whichever is lower
+    (as SGLang's server does at start); returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return open_file_limit()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return open_file_limit()
+
+
+def default_max_connections(limit: int | None = None) -> int:
+    """The connection cap for a descriptor limit (default: this process's): three quarters
+    of what is left after 64 for files, pipes and libraries; between 16 and 8,192."""
+    soft = open_file_limit() if limit is None else limit
+    return max(16, min(_MAX_DEFAULT, (soft - 64) * 3 // 4))
+
+
+def busy_response(cap: int) -> bytes:
+    """The whole 503 a connection beyond the cap gets."""
+    body = json.dumps(
+        {
+            "error": {
+                "type": "ServiceUnavailable",
+                "message": f"the server holds its maximum of {cap} connections; retry shortly",
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Slots:
+    """The server's connections, counted against ``cap`` (plus ``reserve`` for probes),
+    and which of them are idle, the longest idle first."""
+
+    def __init__(self, cap: int, reserve: int) -> None:
+        self.cap = cap
+        self.reserve = reserve
+        self._open: set[object] = set()
+        self._idle: dict[object, anyio.CancelScope] = {}  # insertion order: idle since
+        self._spare: int | None = None
+        self._warned = 0.0
+        self._refused = 0
+
+    @property
+    def open(self) -> int:
+        """Connections counted now."""
+        return len(self._open)
+
+    def admit(self, conn: object) -> Admission:
+        """Count a new connection: served, kept for a probe, or refused (not counted)."""
+        if len(self._open) >= self.cap:
+            self._evict_idle()
+        if len(self._open) < self.cap:
+            self._open.add(conn)
+            return "serve"
+        if len(self._open) < self.cap + self.reserve:
+            self._open.add(conn)
+            return "probe"
+        self._note_refusal()
+        return "refuse"
+
+    def leave(self, conn: object) -> None:
+        """``conn`` closed (or is closing)."""
+        self._open.discard(conn)
+        self._idle.pop(conn, None)
+
+    def idle(self, conn: object, scope: anyio.CancelScope) -> None:
+        """``conn`` waits for a request; cancelling ``scope`` closes it."""
+        self._idle[conn] = scope
+
+    def busy(self, conn: object) -> None:
+        """``conn`` got a request (or stopped waiting)."""
+        self._idle.pop(conn, None)
+
+    def close_idle(self) -> None:
+        """Close every idle connection (shutdown)."""
+        for scope in self._idle.values():
+            scope.cancel()
+
+    def _evict_idle(self) -> None:
+        if not self._idle:
+            return
+        conn = next(iter(self._idle))
+        scope = self._idle.pop(conn)
+        scope.cancel()  # its task closes the socket at its next step
+        self._open.discard(conn)
+
+    # -- running out of descriptors -----------------------------------------------------
+    def hold_spare(self) -> None:
+        """Keep one descriptor in hand for :meth:`refuse_with_spare`."""
+        if self._spare is None:
+            with contextlib.suppress(OSError):
+                self._spare = os.open(os.devnull, os.O_RDONLY)
+
+    def release_spare(self) -> None:
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+
+    def refuse_with_spare(self, sock: socket.socket, error: OSError) -> bool:
+        """After ``accept`` failed with ``error``: if it was for want of descriptors, give up
+        the spare one to accept the client and answer it 503. False if nothing was done."""
+        if error.errno not in (errno.EMFILE, errno.ENFILE) or self._spare is None:
+            return False
+        self.release_spare()
+        try:
+            client, _ = sock.accept()
+        except OSError:
+            return False
+        finally:
+            self.hold_spare()
+        self.refuse(client)
+        self._note_refusal(f"out of file descriptors ({error.strerror})")
+        return True
+
+    def refuse(self, client: socket.socket) -> None:
+        """Answer ``client`` 503 and close it, without waiting."""
+        try:
+            client.setblocking(False)
+            client.send(busy_response(self.cap))
+            client.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def _note_refusal(self, why: str | None = None) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._warned >= 10.0:  # a warning every 10 s at most, with the count
+            self._warned = now
+            log.warning(
+                "refused %d connection(s) with 503: %s",
+                self._refused,
+                why or f"all {self.cap} connections (+{self.reserve} for probes) are busy",
+            )
+            self._refused = 0

@@ -1,0 +1,334 @@
+"""The request bodies ``agentenv serve`` accepts: one pydantic schema per route.
+
+Every body is checked here, at the HTTP boundary, before anything reaches the engine:
+types are strict (an integer field takes an integer -- not ``2.5``, ``"3"``, ``true`` or
+``NaN`` -- a number field takes a finite number, a flag takes ``true``/``false``), token
+ids must be in the model's vocabulary, and the sampling parameters' ranges are those of
+:meth:`SamplingParams.verify` (SGLang's). A body that fails raises :class:`ConfigError`
+(the server answers 400) with a message naming the field, the value and what is expected::
+
+    sampling_params.top_k must be an integer, got 1e+30
+
+Keys a schema does not name are ignored, as SGLang ignores request fields it does not use.
+:func:`parse` is the one entry point: ``parse(GenerateBody, request, vocab=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+import pydantic
+from pydantic_core import PydanticCustomError
+
+from agentenv._errors import ConfigError
+from agentenv._generator import SamplingParams
+from agentenv._http import Request
+from agentenv.engine._group import DEFAULT_GROUP_NAME
+
+__all__ = [
+    "AbortBody",
+    "DestroyGroupBody",
+    "GenerateBody",
+    "InitGroupBody",
+    "PauseBody",
+    "UpdateFromDiskBody",
+    "UpdateFromDistributedBody",
+    "UpdateVersionBody",
+    "parse",
+]
+
+B = TypeVar("B", bound="Body")
+
+RENDEZVOUS_TIMEOUT = 60.0  # s: the default wait for every rank of a weight update group
+
+# What pydantic's error types mean, said the way this server says it.
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a JSON object",
+    "model_type": "a JSON object",
+    "model_attributes_type": "a JSON object",
+    "literal_error": "one of the listed values",
+    "string_too_short": "a non-empty string",  # the only length rule here: min_length=1
+    "missing": "given",
+}
+
+
+class Body(pydantic.BaseModel):
+    """A request body: strict types, finite numbers, unknown keys ignored."""
+
+    model_config = pydantic.ConfigDict(
+        strict=True, extra="ignore", allow_inf_nan=False, frozen=True
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "the body"
+
+
+def _message(error: pydantic.ValidationError) -> str:
+    first = error.errors(include_url=False)[0]
+    if first["type"] == "invalid":  # ours: the message says it all
+        return str(first["msg"])
+    where = _where(first["loc"])
+    if first["type"] == "missing":
+        return f"{where} is required"
+    expected = _EXPECTED.get(first["type"])
+    if first["type"] == "literal_error":
+        expected = first["msg"].removeprefix("Input should be ")
+    if expected is None:
+        msg = first["msg"].rstrip(".")
+        expected = (
+            msg.removeprefix("Input should be ")
+            if msg.startswith("Input ")
+            else (f"valid ({msg[0].lower()}{msg[1:]})")
+        )
+    return f"{where} must be {expected}, got {_short(first['input'])}"
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid", message)
+
+
+def _vocab(info: pydantic.ValidationInfo) -> int | None:
+    context = info.context or {}
+    vocab = context.get("vocab")
+    return vocab if isinstance(vocab, int) else None
+
+
+def _token_ids(value: Any, where: str, vocab: int | None, *, empty: bool = True) -> list[int]:
+    if not isinstance(value, list):
+        raise _invalid(f"{where} must be a list of token ids, got {_short(value)}")
+    if not empty and not value:
+        raise _invalid(f"{where} cannot be empty.")
+    for i, t in enumerate(value):
+        if type(t) is not int or t < 0 or (vocab is not None and t >= vocab):
+            span = f"[0, {vocab})" if vocab is not None else ">= 0"
+            raise _invalid(f"{where}[{i}] must be a token id {span}, got {_short(t)}")
+    return value
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            at = f"{where}[{i}]" if isinstance(value, list) else where
+            raise _invalid(f"{at} must be a string, got {_short(s)}")
+    return items
+
+
+class SamplingBody(Body):
+    """SGLang's ``sampling_params`` (the keys this engine uses); ranges as
+    :meth:`SamplingParams.verify`."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    min_new_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    sampling_seed: int | None = None
+
+    @pydantic.field_validator("stop", mode="plain")
+    @classmethod
+    def _stop(cls, value: Any) -> list[str] | None:
+        if value is None:
+            return None
+        stops = _strings(value, "sampling_params.stop")
+        if any(not s for s in stops):
+            raise _invalid("sampling_params.stop must hold non-empty strings, got ''")
+        return stops
+
+    @pydantic.field_validator("stop_token_ids", mode="plain")
+    @classmethod
+    def _stop_ids(cls, value: Any, info: pydantic.ValidationInfo) -> list[int] | None:
+        if value is None:
+            return None
+        return _token_ids(value, "sampling_params.stop_token_ids", _vocab(info))
+
+    def params(self) -> SamplingParams:
+        """These parameters, range-checked (:class:`ConfigError` naming the field)."""
+        fields = self.model_dump(exclude_none=True)
+        if "sampling_seed" in fields:
+            fields["seed"] = fields.pop("sampling_seed")
+        return SamplingParams(**fields)
+
+
+class GenerateBody(Body):
+    """``/generate``: one prompt or a batch (a list of id lists, or of texts)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingBody | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    stream: bool = False
+
+    @pydantic.field_validator("text", mode="plain")
+    @classmethod
+    def _text(cls, value: Any) -> str | list[str] | None:
+        if value is None:
+            return None
+        _strings(value, "text")
+        if isinstance(value, list) and not value:
+            raise _invalid("text cannot be an empty list: send one string or several")
+        return value  # type: ignore[no-any-return]
+
+    @pydantic.field_validator("input_ids", mode="plain")
+    @classmethod
+    def _input_ids(
+        cls, value: Any, info: pydantic.ValidationInfo
+    ) -> list[int] | list[list[int]] | None:
+        if value is None:
+            return None
+        vocab = _vocab(info)
+        if isinstance(value, list) and value and all(isinstance(p, list) for p in value):
+            return [
+                _token_ids(p, f"input_ids[{i}]", vocab, empty=False) for i, p in enumerate(value)
+            ]
+        if isinstance(value, list) and any(isinstance(p, list) for p in value):
+            raise _invalid(
+                "input_ids must be a list of token ids or a list of such lists, not a mix"
+            )
+        if not isinstance(value, list):
+            raise _invalid(
+                f"input_ids must be a list of token ids or a list of such lists, got "
+                f"{_short(value)}"
+            )
+        return _token_ids(value, "input_ids", vocab, empty=False)
+
+    @pydantic.field_validator("rid", mode="plain")
+    @classmethod
+    def _rid(cls, value: Any) -> str | list[str] | None:
+        if value is None:
+            return None
+        _strings(value, "rid")
+        return value  # type: ignore[no-any-return]
+
+    @pydantic.model_validator(mode="after")
+    def _prompt(self) -> GenerateBody:
+        if self.text is None and self.input_ids is None:
+            raise _invalid("Either text or input_ids should be provided.")
+        if self.text is not None and self.input_ids is not None:
+            raise _invalid("text and input_ids cannot be provided at the same time")
+        return self
+
+    @property
+    def batch(self) -> bool:
+        """Whether the body holds several prompts."""
+        if self.input_ids is not None:
+            return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        return isinstance(self.text, list)
+
+    def params(self) -> SamplingParams:
+        """The sampling parameters, range-checked (:class:`ConfigError` naming the field)."""
+        return (self.sampling_params or SamplingBody()).params()
+
+
+class AbortBody(Body):
+    """``/abort_request``: one request id, or every request."""
+
+    rid: str | None = None
+    abort_all: bool = False
+
+
+class PauseBody(Body):
+    """``/pause_generation``."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class UpdateFromDiskBody(Body):
+    """``/update_weights_from_disk``."""
+
+    model_path: str
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+
+    @pydantic.field_validator("model_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value:
+            raise _invalid("model_path must be a directory of safetensors weights, got ''")
+        return value
+
+
+class UpdateVersionBody(Body):
+    """``/update_weight_version``."""
+
+    new_version: str
+    abort_all_requests: bool = True
+
+
+class InitGroupBody(Body):
+    """``/init_weights_update_group``: join the trainer's process group."""
+
+    master_address: str = pydantic.Field(min_length=1)
+    master_port: int = pydantic.Field(ge=1, le=65535)
+    rank_offset: int
+    world_size: int = pydantic.Field(ge=2)
+    group_name: str = pydantic.Field(DEFAULT_GROUP_NAME, min_length=1)
+    backend: Literal["nccl", "gloo"] = "nccl"
+    timeout: float = pydantic.Field(RENDEZVOUS_TIMEOUT, gt=0, le=24 * 3600)
+
+    @pydantic.model_validator(mode="after")
+    def _rank(self) -> InitGroupBody:
+        if not 0 < self.rank_offset < self.world_size:
+            raise _invalid(
+                f"rank_offset must be in [1, {self.world_size - 1}] (rank 0 is the trainer; "
+                f"this server takes one rank), got {self.rank_offset}"
+            )
+        return self
+
+
+class UpdateFromDistributedBody(Body):
+    """``/update_weights_from_distributed``: one bucket's names, dtypes and shapes (their
+    meaning is checked against the group and the model by the server)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = DEFAULT_GROUP_NAME
+    weight_version: str | None = None
+    load_format: str | None = None
+    abort_all_requests: bool = False
+
+
+class DestroyGroupBody(Body):
+    """``/destroy_weights_update_group``."""
+
+    group_name: str = DEFAULT_GROUP_NAME
+
+
+def parse(schema: type[B], request: Request, **context: Any) -> B:
+    """``request``'s JSON body checked against ``schema``; :class:`ConfigError` naming the
+    field otherwise. ``context``: what a check needs to know (``vocab``: the vocabulary
+    size that token ids must stay below)."""
+    data: Any = {}
+    if request.body:
+        try:
+            data = json.loads(request.body)
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+            raise ConfigError(f"the request body is not JSON: {_short(str(e))}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the request body must be a JSON object, got {_short(data)}")
+    try:
+        return schema.model_validate(data, context=context)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_message(e)) from None
