@@ -126,6 +126,12 @@ class TrainConfig(pydantic.BaseModel):
         "CUDA default) or bf16 (bf16 weights, fp32 master copies; less activation memory, "
         "learns less per step); default fp32 on CPU. megatron: its --bf16 (always)",
     )
+    gradient_checkpointing: bool = pydantic.Field(
+        False,
+        description="--backend torch: recompute each decoder layer in the backward (less "
+        "activation memory, about a third more training compute); megatron: its "
+        "--recompute-granularity",
+    )
     qkv_format: Literal["bshd", "thd"] | None = pydantic.Field(
         None,
         description="--backend megatron: micro-batches as padded rows (bshd) or packed "
@@ -249,6 +255,11 @@ class TrainConfig(pydantic.BaseModel):
 
             parallel = parse_megatron_flags(self.megatron_args)  # before anything loads
             parallel.data_parallel_size(self.actor_num_gpus_per_node)
+        if self.backend == "megatron" and self.gradient_checkpointing:
+            raise ValueError(
+                "--gradient-checkpointing is the torch backend's; with --backend megatron "
+                "pass megatron's --recompute-granularity full --recompute-method uniform"
+            )
         if self.backend == "megatron" and self.precision not in (None, "bf16"):
             raise ValueError(
                 f"--precision {self.precision}: --backend megatron trains bf16 weights with "

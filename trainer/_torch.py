@@ -50,6 +50,10 @@ class TorchBackend(MicroBatchBackend):
         master_weights: with ``bf16``, keep fp32 copies of the weights for the optimizer
             (default: yes). Without them, bf16 weights lose every update smaller than half
             their spacing -- most updates at RL learning rates.
+        gradient_checkpointing: keep only each decoder layer's input in the forward and
+            recompute the layer in the backward (Hugging Face's gradient checkpointing,
+            non-reentrant): activation memory falls from every layer's intermediates to
+            one layer's, for about a third more compute in the training step.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class TorchBackend(MicroBatchBackend):
         logit_chunk: int = 1024,
         entropy_metric: bool = True,
         master_weights: bool | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -84,6 +89,11 @@ class TorchBackend(MicroBatchBackend):
         )
         self.model: Any = loaded.to(self.device)
         self.model.train()
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            self.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.reference: Any = None
         if loss is not None and loss.kl_coef > 0:
             # A frozen copy of the starting weights for the KL penalty.
@@ -117,8 +127,8 @@ class TorchBackend(MicroBatchBackend):
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
         ids, attention = pad(batch)
-        hidden = model.get_decoder()(
-            input_ids=ids.to(self.device), attention_mask=attention.to(self.device)
+        hidden = model.get_decoder()(  # no KV cache: nothing is generated here
+            input_ids=ids.to(self.device), attention_mask=attention.to(self.device), use_cache=False
         ).last_hidden_state
         rows, cols, target, sizes = response_positions(batch)
         h = hidden[rows.to(self.device), cols.to(self.device)]

@@ -363,7 +363,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
             **common,
         )
     else:
-        backend = TorchBackend(config.hf_checkpoint, precision=config.precision, **common)
+        backend = TorchBackend(
+            config.hf_checkpoint,
+            precision=config.precision,
+            gradient_checkpointing=config.gradient_checkpointing,
+            **common,
+        )
     dtypes = engine_dtypes(backend, config.rollout_device or config.device)
     report = Reporter(config, config.save, resuming)
 

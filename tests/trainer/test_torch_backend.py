@@ -249,3 +249,65 @@ def test_one_step_takes_the_old_logprobs_from_its_training_forward(tmp_path: Pat
         with_pass.state_dict().items(), without.state_dict().values(), strict=True
     ):
         assert torch.allclose(a, b, rtol=0, atol=1e-6), name
+
+
+def test_gradient_checkpointing_recomputes_the_layers_and_changes_no_number(
+    tmp_path: Path,
+) -> None:
+    """With gradient checkpointing each decoder layer runs again in the backward, and the
+    step's loss, gradient norm and updated weights are those of the step without it."""
+    from tests.trainer.test_loop import tiny_llama
+
+    model = tiny_llama(tmp_path / "tiny")
+    gen = torch.Generator().manual_seed(2)
+    samples = [
+        Sample(
+            prompt_ids=torch.randint(1000, 1016, (6,), generator=gen).tolist(),
+            completion_ids=torch.randint(1000, 1016, (3 + i % 4,), generator=gen).tolist(),
+            reward=float(i % 2),
+            group_id=f"g{i // 4}",
+        )
+        for i in range(8)
+    ]
+    adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples])
+    plain, checkpointed = (
+        TorchBackend(model, optim=OptimConfig(lr=1e-2), gradient_checkpointing=on)
+        for on in (False, True)
+    )
+    runs = {"plain": 0, "checkpointed": 0}
+    saved = {"plain": 0, "checkpointed": 0}
+    for name, backend in (("plain", plain), ("checkpointed", checkpointed)):
+        mlp = backend.model.get_decoder().layers[0].mlp
+        forward = mlp.forward
+
+        def counted(*args: Any, name: str = name, forward: Any = forward) -> Any:
+            runs[name] += 1
+            return forward(*args)
+
+        mlp.forward = counted
+
+    def step(name: str, backend: TorchBackend) -> dict[str, float]:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[name] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return backend.train_step(samples, adv)
+
+    a, b = step("plain", plain), step("checkpointed", checkpointed)
+    assert runs["checkpointed"] == 2 * runs["plain"] == 2 * a["micro_batches"]
+    assert saved["checkpointed"] < saved["plain"] / 2  # what the backward keeps
+    for name in ("loss", "pg_loss", "grad_norm"):
+        assert b[name] == pytest.approx(a[name], rel=1e-6, abs=1e-7), name
+    for (name, x), y in zip(
+        plain.state_dict().items(), checkpointed.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(x, y, rtol=0, atol=1e-6), name
+
+
+def test_gradient_checkpointing_is_the_torch_backends_flag() -> None:
+    from trainer._cli import TrainConfig
+
+    assert TrainConfig(env="arithmetic", gradient_checkpointing=True).gradient_checkpointing
+    with pytest.raises(ValueError, match="--recompute-granularity"):
+        TrainConfig(env="arithmetic", backend="megatron", gradient_checkpointing=True)
