@@ -84,13 +84,17 @@ class Rubric:
         *funcs: RewardFn | tuple[RewardFn, float],
         group: Sequence[GroupRewardFn | tuple[GroupRewardFn, float]] = (),
     ) -> None:
-        self.funcs: list[tuple[RewardFn, float]] = [self._weighted(f) for f in funcs]
+        self.funcs: list[tuple[RewardFn, float]] = [
+            self._weighted(f, "(task, state)") for f in funcs
+        ]
         if callable(group):
             raise ConfigError(
                 f"group must be a list of group reward functions, got {_name(group)!r} alone; "
                 "wrap it in a list"
             )
-        self.group: list[tuple[GroupRewardFn, float]] = [self._weighted(f) for f in group]
+        self.group: list[tuple[GroupRewardFn, float]] = [
+            self._weighted(f, "(task, samples)") for f in group
+        ]
         # Components are reported by name (score's dict, metadata["rewards"]); two functions
         # of one name (two lambdas, one function listed twice) would silently lose one.
         names = [_name(fn) for fn, _ in self.funcs]
@@ -102,12 +106,29 @@ class Rubric:
             )
 
     @staticmethod
-    def _weighted(item: Any) -> tuple[Any, float]:
+    def _weighted(item: Any, arguments: str) -> tuple[Any, float]:
         if isinstance(item, tuple) and len(item) != 2:
             raise ConfigError(f"a weighted reward is a (function, weight) pair, got {item!r}")
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         if not callable(fn):
-            raise ConfigError(f"a reward must be callable, got {type(fn).__name__}")
+            hint = (
+                "; a weight goes with its function in a pair: Rubric((my_reward, 0.5))"
+                if isinstance(fn, int | float)
+                else ""
+            )
+            raise ConfigError(f"a reward must be callable, got {type(fn).__name__}{hint}")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have none: called as they are
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(None, None)
+            except TypeError:
+                raise ConfigError(
+                    f"reward function {_name(fn)!r}{signature} cannot be called as "
+                    f"{_name(fn)}{arguments}; write it as def {_name(fn)}{arguments} -> float"
+                ) from None
         if (
             isinstance(weight, bool)
             or not isinstance(weight, int | float)

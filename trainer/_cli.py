@@ -47,7 +47,9 @@ class TrainConfig(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    env: str = pydantic.Field(description="registered environment name or module:Class")
+    env: str = pydantic.Field(
+        description="registered environment name, package.module:Class or path/file.py:Class"
+    )
     env_args: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="JSON object of keyword arguments for the environment"
     )

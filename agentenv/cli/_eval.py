@@ -40,13 +40,17 @@ class EvalConfig(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    env: str = pydantic.Field(description="registered environment name or module:Class")
+    env: str = pydantic.Field(
+        description="registered environment name, package.module:Class or path/file.py:Class"
+    )
     model: str = pydantic.Field(
         description="http://host:port (SGLang or agentenv serve), a model name "
         "(smollm2-135m) or HF directory (embedded engine), or scripted:<file.json|file.py>"
     )
     tokenizer: str | None = pydantic.Field(
-        None, description="tokenizer name or HF directory (default: smollm2-135m)"
+        None,
+        description="tokenizer name or HF directory (default: the model's own; a "
+        "server's, else smollm2-135m; scripted models bring theirs)",
     )
     env_args: dict[str, Any] = pydantic.Field(
         default_factory=dict, description="JSON object of keyword arguments for the environment"

@@ -29,7 +29,7 @@ class ServeConfig(pydantic.BaseModel):
     model: str = pydantic.Field(
         "smollm2-135m", description="a model name (smollm2-135m) or a local HF model directory"
     )
-    host: str = pydantic.Field("127.0.0.1", description="interface to bind (loopback by default)")
+    host: str = pydantic.Field("127.0.0.1", description="interface to bind")
     port: int = pydantic.Field(30000, ge=0, le=65535, description="TCP port (0: any free one)")
     device: str = pydantic.Field("cpu", description="cpu, cuda or cuda:N")
     dtype: Literal["float32", "bfloat16", "float16"] | None = pydantic.Field(

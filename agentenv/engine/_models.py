@@ -75,6 +75,11 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> pathlib.Path:
     if value and path.is_dir():
         if (path / "config.json").is_file() or (path / "tokenizer.json").is_file():
             return path
+        if (path / "model" / "config.json").is_file():  # an `agentenv train --save` directory
+            raise ModelNotFoundError(
+                f"model directory {value!r} holds no config.json; it looks like a training "
+                f"run's directory: its model is {str(path / 'model')!r}"
+            )
         raise ModelNotFoundError(
             f"model directory {value!r} holds neither config.json nor tokenizer.json; expected a "
             "Hugging Face model directory. Fix: pass the directory that holds config.json, "

@@ -331,3 +331,26 @@ def test_numpy_scalars_are_numbers() -> None:
     assert check_reward(np.float32(0.5), "np") == 0.5
     assert check_reward(np.int64(2), "np") == 2.0
     assert Sample(prompt_ids=[1], completion_ids=[2], reward=np.float32(1.0)).reward == 1.0
+
+
+def test_a_reward_function_of_the_wrong_shape_is_refused_naming_the_signature() -> None:
+    def one_arg(state: State) -> float:
+        return 1.0
+
+    with pytest.raises(ConfigError, match=r"def one_arg\(task, state\) -> float"):
+        Rubric(one_arg)
+    with pytest.raises(ConfigError, match=r"def one_arg\(task, samples\) -> float"):
+        Rubric(group=[one_arg])
+
+    def any_args(*args: Any) -> float:
+        return 1.0
+
+    def with_default(task: Task, state: State, extra: int = 0) -> float:
+        return 1.0
+
+    Rubric(any_args, with_default)  # these can be called so
+
+
+def test_a_bare_weight_names_the_pair() -> None:
+    with pytest.raises(ConfigError, match=r"Rubric\(\(my_reward, 0.5\)\)"):
+        Rubric(lambda task, state: 1.0, 0.5)  # type: ignore[arg-type]

@@ -221,6 +221,13 @@ def test_directory_without_model_files_raises(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "weights.gguf"))
 
 
+def test_a_training_runs_directory_points_to_its_model(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError, match=r"its model is .*model'"):
+        resolve_model(str(tmp_path))
+
+
 def test_missing_package_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def missing(name: str) -> importlib.metadata.Distribution:
         raise importlib.metadata.PackageNotFoundError(name)
