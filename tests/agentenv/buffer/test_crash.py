@@ -41,7 +41,8 @@ def test_kill_minus_nine_at_random_moments(tmp_path: Path) -> None:
         proc = _spawn(buf, logs)
         time.sleep(rng.uniform(0.3, 0.8))  # imports take ~0.3 s; then it is mid-work
         if proc.poll() is not None:
-            proc.communicate()
+            _, err = proc.communicate()
+            assert proc.returncode == 0, err.decode()[-2000:]  # it ended, but not by a crash
             break  # it finished before we could kill it
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
