@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -90,10 +90,18 @@ class InstantEngine:
 
 
 # -- the server process --------------------------------------------------------------------
-async def _serve(service: str, server: str) -> None:
+@contextlib.asynccontextmanager
+async def serving(service: str, server: str) -> AsyncIterator[str]:
+    """``service``'s handlers (``buffer`` or ``engine``) served on ``server`` (``ours`` or
+    ``aiohttp``) in this process; yields the URL."""
     from agentenv.buffer import Buffer, BufferConfig
     from agentenv.buffer._service import BufferServer
 
+    if service not in SERVICES or server not in SERVERS:
+        raise ConfigError(
+            f"service must be one of {SERVICES} and server one of {SERVERS}, "
+            f"got {service!r} and {server!r}"
+        )
     async with contextlib.AsyncExitStack() as stack:
         served: Any
         if service == "buffer":
@@ -107,9 +115,13 @@ async def _serve(service: str, server: str) -> None:
         http = served._http
         if server == "ours":
             await stack.enter_async_context(served)
-            url = served.url
+            yield served.url
         else:
-            url = await _start_aiohttp(stack, http.router, http.guard, http.max_body_bytes)
+            yield await _start_aiohttp(stack, http.router, http.guard, http.max_body_bytes)
+
+
+async def _serve(service: str, server: str) -> None:
+    async with serving(service, server) as url:
         print(url, flush=True)
         await anyio.sleep_forever()
 
