@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ import anyio
 from agentenv._errors import ConfigError
 from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import Guard, Router
+from agentenv.bench._client import _drive
 
 SERVERS = ("ours", "aiohttp")
 SERVICES = ("buffer", "engine")
@@ -145,22 +145,6 @@ async def _start_aiohttp(
 
 
 # -- the client process --------------------------------------------------------------------
-async def _drive(send: Any, requests: int, in_flight: int) -> float:
-    left = requests
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await send()
-
-    start = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(in_flight):
-            tg.start_soon(worker)
-    return time.perf_counter() - start
-
-
 def cpu_seconds(pid: int | None) -> float | None:
     """CPU time (user + system) process ``pid`` has used so far, where ``/proc`` says."""
     if pid is None:
