@@ -4,6 +4,7 @@
     agentenv bench buffer [--quick] [--json]
     agentenv bench engine [--quick] [--device cpu|cuda] [--json]
     agentenv bench client [--quick] [--json]
+    agentenv bench http [--quick] [--repeat N] [--json]
     agentenv bench sandbox [--quick] [--json]      (from the sandboxes package)
 
 ``rollout`` measures the SDK's per-turn overhead on a 3-turn tool-use episode with an
@@ -15,7 +16,10 @@ CPU core; in the same run it plays the equivalent episode through PrimeIntellect
 ``generate`` on the same model, prompts, sampling and device, at 1, 8, 32 and 128
 concurrent requests. ``client`` measures the requests/s the SGLang client sustains with
 4,096 requests in flight against an instant stand-in server (client on one core, server on
-the other), and the same with plain httpx for comparison.
+the other), and the same with plain httpx for comparison. ``http`` serves the Buffer
+service's and ``agentenv serve``'s handlers (over an instant engine) on agentenv's HTTP
+server and on aiohttp's (``pip install 'agentenv[bench]'``), server and client each on
+one core, and reports requests/s of each and their ratio.
 """
 
 from __future__ import annotations
@@ -104,6 +108,15 @@ def add_parser(sub: Any) -> None:
         "--no-httpx", action="store_true", help="skip the plain-httpx comparison (slow)"
     )
     client.set_defaults(handler=run_client)
+    http = kinds.add_parser(
+        "http", help="agentenv's HTTP server vs aiohttp's, same handlers, requests/s"
+    )
+    http.add_argument("--quick", action="store_true", help="fewer requests (< 60 s a round)")
+    http.add_argument("--json", action="store_true", help="print one JSON object last")
+    http.add_argument(
+        "--repeat", type=int, default=3, metavar="N", help="rounds, for the spread (default: 3)"
+    )
+    http.set_defaults(handler=run_http)
     from agentenv.cli import add_plugins
 
     add_plugins(kinds, "agentenv.benches")
@@ -278,6 +291,13 @@ def run_client(args: argparse.Namespace) -> int:
         if server.stdout is not None:
             server.stdout.close()
     _emit(results, args.json)
+    return 0
+
+
+def run_http(args: argparse.Namespace) -> int:
+    from agentenv.bench._http import compare
+
+    _emit(compare(quick=args.quick, repeat=args.repeat), args.json)
     return 0
 
 

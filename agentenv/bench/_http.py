@@ -1,0 +1,394 @@
+"""agentenv's HTTP/1.1 server against aiohttp's web server, serving the same handlers.
+
+The server runs in a process of its own pinned to one core and serves either the Buffer
+service's routes (``BufferServer``, an in-memory Buffer) or ``agentenv serve``'s routes
+(``EngineServer`` over an instant engine: every prompt gets the same 8 output tokens with
+log-probs, at once) -- on agentenv's ``HTTPServer`` (``--server ours``) or, through the
+adapter in ``_aiohttp.py``, on aiohttp (``--server aiohttp``). The client runs in another
+process pinned to the other core and is the same for both. Workloads:
+
+- ``buffer_put``: 16 producers put groups of 8 samples of 1,000 tokens while a consumer
+  takes batches of 16 groups and acknowledges them (the BufferClient coalesces concurrent
+  puts into ``put_groups`` requests): samples/s and requests/s.
+- ``buffer_stats``: 64 concurrent ``statistics`` calls, small requests: requests/s.
+- ``engine``: SGLangClient ``/generate`` calls (100-token prompts) with ``--in-flight``
+  requests going: requests/s. ::
+
+    python -m agentenv.bench._http --serve engine --server aiohttp     # prints its URL
+    python -m agentenv.bench._http --url URL --workload engine --requests 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import anyio
+
+from agentenv._errors import ConfigError
+from agentenv._generator import FinishReason, SamplingParams
+from agentenv._http import Guard, Router
+from agentenv.bench._client import _drive
+
+SERVERS = ("ours", "aiohttp")
+SERVICES = ("buffer", "engine")
+WORKLOADS = {"buffer_put": "buffer", "buffer_stats": "buffer", "engine": "engine"}
+TOKEN = "bench"
+MISSING = "aiohttp is not installed: pip install 'agentenv[bench]' (or skip --server aiohttp)"
+
+
+def aiohttp_missing() -> str | None:
+    """Why ``--server aiohttp`` cannot run here, or None."""
+    import importlib.util
+
+    return MISSING if importlib.util.find_spec("aiohttp") is None else None
+
+
+# -- the instant engine behind `agentenv serve`'s handlers ----------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Completion:
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    weight_version: str = "default"
+    cached_tokens: int = 0
+
+
+class _NoText:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+class InstantEngine:
+    """What ``EngineServer``'s handlers use of an Engine, answering every prompt at once."""
+
+    vocab_size = 49152
+    healthy = True
+    tokenizer = _NoText()
+
+    def check(self, input_ids: Sequence[int], params: SamplingParams) -> None:
+        return None
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = False,
+    ) -> _Completion:
+        from agentenv.bench._client import OUTPUT
+
+        logprobs = [-0.5] * len(OUTPUT) if return_logprob else None
+        return _Completion(list(OUTPUT), logprobs, FinishReason("length", length=len(OUTPUT)))
+
+
+# -- the server process --------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def serving(service: str, server: str) -> AsyncIterator[str]:
+    """``service``'s handlers (``buffer`` or ``engine``) served on ``server`` (``ours`` or
+    ``aiohttp``) in this process; yields the URL."""
+    from agentenv.buffer import Buffer, BufferConfig
+    from agentenv.buffer._service import BufferServer
+
+    if service not in SERVICES or server not in SERVERS:
+        raise ConfigError(
+            f"service must be one of {SERVICES} and server one of {SERVERS}, "
+            f"got {service!r} and {server!r}"
+        )
+    async with contextlib.AsyncExitStack() as stack:
+        served: Any
+        if service == "buffer":
+            config = BufferConfig(n_samples_per_prompt=8, capacity=4096)
+            buffer = await stack.enter_async_context(Buffer(config))
+            served = BufferServer(buffer, token=TOKEN)
+        else:
+            from agentenv.engine._server import EngineServer
+
+            served = EngineServer(InstantEngine())  # type: ignore[arg-type]
+        http = served._http
+        if server == "ours":
+            await stack.enter_async_context(served)
+            yield served.url
+        else:
+            yield await _start_aiohttp(stack, http.router, http.guard, http.max_body_bytes)
+
+
+async def _serve(service: str, server: str) -> None:
+    async with serving(service, server) as url:
+        print(url, flush=True)
+        await anyio.sleep_forever()
+
+
+async def _start_aiohttp(
+    stack: contextlib.AsyncExitStack, router: Router, guard: Guard | None, max_body_bytes: int
+) -> str:
+    from aiohttp import web
+
+    from agentenv.bench._aiohttp import aiohttp_app
+
+    app = aiohttp_app(router, guard, max_body_bytes=max_body_bytes)
+    # Long-poll handlers end when their client leaves, as on agentenv's server.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=8192)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}"
+
+
+# -- the client process --------------------------------------------------------------------
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system) process ``pid`` has used so far, where ``/proc`` says."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_workload(
+    url: str, workload: str, requests: int, in_flight: int, server_pid: int | None = None
+) -> dict[str, Any]:
+    """Drive ``workload`` against the server at ``url`` (after a warm-up); the measurements.
+
+    ``requests``: requests to send (``buffer_put``: groups to put, a multiple of 16). With
+    ``server_pid``, also the server's CPU time per request: what the server costs, whichever
+    side limits the rate.
+    """
+    if workload not in WORKLOADS:
+        raise ConfigError(f"workload must be one of {sorted(WORKLOADS)}, got {workload!r}")
+    out: dict[str, Any] = {"workload": workload, "in_flight": in_flight}
+    if workload == "engine":
+        from agentenv.bench._client import OUTPUT
+        from agentenv.sglang import SGLangClient
+
+        prompt = list(range(2000, 2100))
+        params = SamplingParams(max_new_tokens=8)
+        async with SGLangClient(url, max_connections=in_flight) as sglang:
+
+            async def generate() -> None:
+                completion = await sglang.generate(prompt, params)
+                assert completion.output_ids == OUTPUT
+
+            await _drive(generate, in_flight, in_flight)  # warm-up: open the connections
+            cpu = cpu_seconds(server_pid)
+            wall = await _drive(generate, requests, in_flight)
+            sent = requests
+    else:
+        from agentenv.bench._buffer import BATCH_GROUPS, GROUP, _through_buffer, make_groups
+        from agentenv.buffer._service import BufferClient
+
+        async with BufferClient(url, token=TOKEN, max_connections=max(in_flight, 1)) as client:
+            sent = 0
+
+            async def count(request: Any) -> None:
+                nonlocal sent
+                sent += 1
+
+            client._http.event_hooks = {"request": [count]}
+            if workload == "buffer_put":
+                if requests % BATCH_GROUPS:
+                    raise ConfigError(f"buffer_put needs a multiple of 16 groups, got {requests}")
+                groups = make_groups(requests + BATCH_GROUPS)
+                warm, groups = groups[:BATCH_GROUPS], groups[BATCH_GROUPS:]
+                await _through_buffer(client, warm, producers=in_flight)
+                sent = 0
+                cpu = cpu_seconds(server_pid)
+                wall = await _through_buffer(client, groups, producers=in_flight)
+                out["samples"] = len(groups) * GROUP
+                out["samples_per_s"] = round(len(groups) * GROUP / wall, 1)
+            else:
+                await _drive(client.statistics, in_flight, in_flight)
+                sent = 0
+                cpu = cpu_seconds(server_pid)
+                wall = await _drive(client.statistics, requests, in_flight)
+    after = cpu_seconds(server_pid)
+    out.update(requests=sent, seconds=round(wall, 3), requests_per_s=round(sent / wall, 1))
+    if cpu is not None and after is not None:
+        out["server_cpu_us_per_request"] = round((after - cpu) / sent * 1e6, 1)
+        out["server_cpu_busy"] = round((after - cpu) / wall, 2)
+    return out
+
+
+# -- the comparison (`agentenv bench http`) -------------------------------------------------
+# (workload, requests -- groups for buffer_put --, in flight), full and --quick.
+RUNS = {
+    False: [("buffer_put", 1024, 16), ("buffer_stats", 8000, 64), ("engine", 8000, 256)],
+    True: [("buffer_put", 256, 16), ("buffer_stats", 2000, 64), ("engine", 2000, 256)],
+}
+KEEP_RATIO = 1.5  # agentenv's server stays only if it is this much faster everywhere
+
+
+def compare(
+    *, quick: bool = False, repeat: int = 3, servers: Sequence[str] = SERVERS
+) -> dict[str, Any]:
+    """Each workload on each server, ``repeat`` rounds (servers alternating within a round,
+    each run on a fresh server process); medians, spreads and ours/aiohttp ratios."""
+    from agentenv.bench._child import run_child
+
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be at least 1, got {repeat}")
+    if "aiohttp" in servers and (missing := aiohttp_missing()):
+        raise ConfigError(missing)
+    server_cpu, client_cpu = _cpus()
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for round_ in range(repeat):
+        for workload, n, in_flight in RUNS[quick]:
+            order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+            for server in order:
+                with _server_process(WORKLOADS[workload], server, server_cpu) as (url, pid):
+                    args = ["--url", url, "--workload", workload, "--requests", str(n)]
+                    args += ["--in-flight", str(in_flight), "--server-pid", str(pid)]
+                    if client_cpu is not None:
+                        args += ["--cpu", str(client_cpu)]
+                    r = run_child("agentenv.bench._http", args, timeout=600)
+                rows.setdefault(workload, {}).setdefault(server, []).append(r)
+                print(
+                    f"{workload:>12} {server:>7}: {r['requests_per_s']:>8,.0f} requests/s"
+                    + (f" {r['samples_per_s']:>8,.0f} samples/s" if "samples_per_s" in r else "")
+                    + f"  server {r.get('server_cpu_us_per_request', float('nan')):.0f} µs/request",
+                    file=sys.stderr,
+                )
+    return _summarise(rows, quick=quick, repeat=repeat, cpus=(server_cpu, client_cpu))
+
+
+def _summarise(
+    rows: dict[str, dict[str, list[dict[str, Any]]]],
+    *,
+    quick: bool,
+    repeat: int,
+    cpus: tuple[int | None, int | None],
+) -> dict[str, Any]:
+    import statistics
+
+    keys = ("requests_per_s", "samples_per_s", "server_cpu_us_per_request")
+    workloads: dict[str, Any] = {}
+    for workload, by_server in rows.items():
+        entry: dict[str, Any] = {}
+        for server, runs in by_server.items():
+            stats: dict[str, Any] = {"runs": runs}
+            for key in keys:
+                values = [r[key] for r in runs if key in r]
+                if values:
+                    stats[key] = {
+                        "median": round(statistics.median(values), 1),
+                        "min": min(values),
+                        "max": max(values),
+                    }
+            entry[server] = stats
+        if "ours" in entry and "aiohttp" in entry:
+            ours, theirs = entry["ours"], entry["aiohttp"]
+            entry["ours_over_aiohttp"] = round(
+                ours["requests_per_s"]["median"] / theirs["requests_per_s"]["median"], 2
+            )
+            if "server_cpu_us_per_request" in ours and "server_cpu_us_per_request" in theirs:
+                entry["aiohttp_cpu_over_ours"] = round(
+                    theirs["server_cpu_us_per_request"]["median"]
+                    / ours["server_cpu_us_per_request"]["median"],
+                    2,
+                )
+        workloads[workload] = entry
+    ratios = [w["ours_over_aiohttp"] for w in workloads.values() if "ours_over_aiohttp" in w]
+    result: dict[str, Any] = {
+        "bench": "http",
+        "quick": quick,
+        "repeat": repeat,
+        "server_cpu": cpus[0],
+        "client_cpu": cpus[1],
+        "workloads": workloads,
+    }
+    if ratios:
+        keep = min(ratios) >= KEEP_RATIO
+        result["decision"] = {
+            "rule": f"keep agentenv's server only if it is >= {KEEP_RATIO}x aiohttp everywhere",
+            "min_ratio": min(ratios),
+            "keep_ours": keep,
+        }
+    return result
+
+
+def _cpus() -> tuple[int | None, int | None]:
+    """The server's and the client's CPUs: two different ones where there are two."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return None, None
+    if len(cpus) < 2:
+        return None, None
+    return cpus[-2], cpus[-1]
+
+
+@contextlib.contextmanager
+def _server_process(service: str, server: str, cpu: int | None) -> Iterator[tuple[str, int]]:
+    """A server process for ``service`` on ``server``; yields its URL and pid."""
+    import subprocess
+
+    from agentenv.bench._child import _ROOT
+
+    command = [sys.executable, "-m", "agentenv.bench._http", "--serve", service]
+    command += ["--server", server, *([] if cpu is None else ["--cpu", str(cpu)])]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        OMP_NUM_THREADS="1",
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise ConfigError(f"the {service} server on {server} did not start ({url!r})")
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", choices=SERVICES, help="run a server for this service")
+    parser.add_argument("--server", choices=SERVERS, default="ours")
+    parser.add_argument("--url")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--requests", type=int, default=4000, help="requests (buffer_put: groups)")
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
+    parser.add_argument("--server-pid", type=int, default=None, help="the server's pid")
+    args = parser.parse_args(argv)
+    if args.cpu is not None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setaffinity(0, {args.cpu})
+    from agentenv.bench._client import _raise_fd_limit
+
+    _raise_fd_limit()
+    if args.serve:
+        if args.server == "aiohttp" and (missing := aiohttp_missing()):
+            print(missing, file=sys.stderr)
+            return 2
+        with contextlib.suppress(KeyboardInterrupt):
+            anyio.run(_serve, args.serve, args.server)
+        return 0
+    if args.url is None or args.workload is None:
+        parser.error("--url and --workload are required (or --serve)")
+    result = anyio.run(
+        run_workload, args.url, args.workload, args.requests, args.in_flight, args.server_pid
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
