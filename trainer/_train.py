@@ -1,4 +1,4 @@
-"""What ``agentenv train`` runs: a validated :class:`~trainer._cli.TrainConfig` wired into
+"""What ``agentenv train`` runs: a validated :class:`~trainer._config.TrainConfig` wired into
 the backend, the rollout engines, the loop and the reports."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agentenv import Tokenizer
     from agentenv.buffer import GroupFilter
     from trainer._backend import Backend
-    from trainer._cli import TrainConfig
+    from trainer._config import TrainConfig
     from trainer._sync import WeightSync
 
 __all__ = ["train"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv._errors import ConfigError
-from agentenv.bench._child import run_child
+from agentenv.bench import run_child
 
 LEVELS = (1, 64, 1024)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -104,7 +104,7 @@ def add_parser(sub: Any) -> None:
         "--no-httpx", action="store_true", help="skip the plain-httpx comparison (slow)"
     )
     client.set_defaults(handler=run_client)
-    from agentenv.cli import add_plugins
+    from agentenv.cli._plugins import add_plugins
 
     add_plugins(kinds, "agentenv.benches")
 
@@ -217,7 +217,7 @@ def _emit(results: dict[str, Any], as_json: bool) -> None:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    from agentenv.bench._engine import bench
+    from agentenv.bench import engine_bench as bench
 
     levels = [c for c in args.levels if c > 0]
     if not levels:
