@@ -1,6 +1,6 @@
 # Two entry points, each doing all set-up on a fresh Debian machine (as root):
 #   make demo   train SmolLM2-135M with GRPO on a bundled task; reward before/after
-#   make test   lint, type-check and run the test suite
+#   make test   lint (the import contracts included), type-check and run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -41,6 +41,7 @@ demo-eval: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check agentenv environments sandboxes trainer examples tests
 	$(BIN)/ruff format --check agentenv environments sandboxes trainer examples tests
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -28,9 +28,10 @@ from agentenv._errors import (
 )
 from agentenv._generator import Completion, FinishReason, Generator, SamplingParams
 from agentenv._messages import Message, validate_messages
-from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, State, ToolEnv
+from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, ToolEnv
+from agentenv._names import resolve_name
 from agentenv._registry import load_environment, register
-from agentenv._rewards import Rubric, reward
+from agentenv._rewards import Rubric, State, reward
 from agentenv._run import RolloutResult, run
 from agentenv._runner import (
     JsonlSink,
@@ -119,6 +120,7 @@ __all__ = [
     "load_environment",
     "play_match",
     "register",
+    "resolve_name",
     "reward",
     "run",
     "run_rollouts",

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from agentenv._environment import Environment, Episode, Task
 from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, ToolCallError
 from agentenv._messages import Message
-from agentenv._rewards import Rubric
+from agentenv._rewards import Rubric, State
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tools import (
     HermesParser,
@@ -25,36 +25,8 @@ from agentenv._tools import (
     ToolCallParser,
     run_tool_calls,
 )
-from agentenv._transcript import Transcript
 
-__all__ = ["MultiTurnEnv", "SingleTurnEnv", "State", "ToolEnv"]
-
-
-@dataclasses.dataclass(slots=True)
-class State:
-    """An episode in progress, as reward functions and ``respond`` see it.
-
-    ``info`` is scratch space for the environment; what is JSON there ends up in the
-    sample's metadata.
-    """
-
-    task: Task
-    transcript: Transcript
-    episode: Episode
-    info: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
-
-    @property
-    def completion(self) -> str:
-        """The last assistant message's text."""
-        return self.transcript.last_assistant
-
-    @property
-    def messages(self) -> list[Message]:
-        return self.transcript.messages
-
-    @property
-    def turns(self) -> int:
-        return self.transcript.turns
+__all__ = ["MultiTurnEnv", "SingleTurnEnv", "ToolEnv"]
 
 
 # The rubric of an environment that set none. Running one is refused (every sample would

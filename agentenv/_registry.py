@@ -10,14 +10,12 @@ hints before it is called.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import importlib.metadata
 import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
@@ -25,6 +23,7 @@ import pydantic
 
 from agentenv._environment import Environment
 from agentenv._errors import ConfigError
+from agentenv._names import close_names, resolve_name
 
 __all__ = ["available_environments", "load_environment", "register"]
 
@@ -74,24 +73,15 @@ def _import(spec: str) -> Any:
         # Modules in the working directory are importable, as with `python -m`.
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ConfigError(f"cannot import environment module {module_name!r}: {e}") from None
+        return resolve_name(spec, what="environment", kind="Class")
     try:
         return getattr(module, attr)
     except AttributeError:
-        names = [n for n in vars(module) if not n.startswith("_")]
-        close = _close(attr, names)
+        close = close_names(attr, [n for n in vars(module) if not n.startswith("_")])
         raise ConfigError(
-            f"module {module_name!r} has no attribute {attr!r}"
+            f"environment {spec!r}: {module_name!r} has no attribute {attr!r}"
             + (f"; did you mean {close}?" if close else "")
         ) from None
-
-
-def _close(name: str, candidates: Iterable[str]) -> str:
-    """The names in ``candidates`` closest to ``name`` ("A or B"), or "" when none is."""
-    return " or ".join(difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6))
 
 
 def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,7 +98,7 @@ def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str
     named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
         if key not in params and not takes_any:
-            close = _close(key, named)
+            close = close_names(key, named)
             raise ConfigError(
                 f"{cls.__name__} has no argument {key!r}"
                 + (f" (did you mean {close}?)" if close else "")
@@ -152,7 +142,7 @@ def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Envi
         eps = _entry_points()
         if spec not in eps:
             names = available_environments()
-            close = _close(spec, names)
+            close = close_names(spec, names)
             raise ConfigError(
                 f"unknown environment {spec!r}"
                 + (f" (did you mean {close}?)" if close else "")

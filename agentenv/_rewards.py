@@ -8,6 +8,7 @@ is checked: NaN, infinities and non-numbers raise :class:`RewardError` naming th
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -17,16 +18,44 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentenv._errors import ConfigError, RewardError
-from agentenv._sample import Sample
+from agentenv._sample import JSONValue, Sample
 
 if TYPE_CHECKING:
-    from agentenv._environment import Task
-    from agentenv._multiturn import State
+    from agentenv._environment import Episode, Task
+    from agentenv._messages import Message
+    from agentenv._transcript import Transcript
 
-__all__ = ["GroupRewardFn", "RewardFn", "Rubric", "reward"]
+__all__ = ["GroupRewardFn", "RewardFn", "Rubric", "State", "reward"]
 
 RewardFn = Callable[["Task", "State"], float | Awaitable[float]]
 GroupRewardFn = Callable[["Task", Sequence[Sample]], Sequence[float] | Awaitable[Sequence[float]]]
+
+
+@dataclasses.dataclass(slots=True)
+class State:
+    """An episode in progress, as reward functions and ``respond`` see it.
+
+    ``info`` is scratch space for the environment; what is JSON there ends up in the
+    sample's metadata.
+    """
+
+    task: Task
+    transcript: Transcript
+    episode: Episode
+    info: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
+
+    @property
+    def completion(self) -> str:
+        """The last assistant message's text."""
+        return self.transcript.last_assistant
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.transcript.messages
+
+    @property
+    def turns(self) -> int:
+        return self.transcript.turns
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -229,7 +229,7 @@ class ChatTokenizer:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike[str]) -> ChatTokenizer:
         """Load by model name (``"smollm2-135m"``) or from a local HF directory."""
-        from agentenv.engine._models import resolve_model
+        from agentenv.engine import resolve_model
 
         return cls.from_dir(resolve_model(str(name_or_path)))
 

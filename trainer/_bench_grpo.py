@@ -202,11 +202,11 @@ def _agentenv_argv(w: Workload, save: str) -> list[str]:
 
 
 def agentenv_config(w: Workload, save: str) -> Any:
-    """The :class:`~trainer._cli.TrainConfig` that ``agentenv train`` builds from
+    """The :class:`~trainer._config.TrainConfig` that ``agentenv train`` builds from
     :func:`_agentenv_argv` (its own parser, so every flag it has is accepted)."""
-    from agentenv.cli._config import build_config
-    from trainer._cli import TrainConfig
+    from agentenv.cli import build_config
     from trainer._cli import add_parser as add_train_parser
+    from trainer._config import TrainConfig
 
     parser = argparse.ArgumentParser(prog="agentenv")
     add_train_parser(parser.add_subparsers())

@@ -1,11 +1,10 @@
-"""What ``agentenv train`` runs: a validated :class:`~trainer._cli.TrainConfig` wired into
+"""What ``agentenv train`` runs: a validated :class:`~trainer._config.TrainConfig` wired into
 the backend, the rollout engines, the loop and the reports."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import shutil
 import sys
@@ -15,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentenv import ConfigError, Task
+from agentenv import ConfigError, Task, resolve_name
 from trainer._files import free_port
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from agentenv import Tokenizer
     from agentenv.buffer import GroupFilter
     from trainer._backend import Backend
-    from trainer._cli import TrainConfig
+    from trainer._config import TrainConfig
     from trainer._sync import WeightSync
 
 __all__ = ["train"]
@@ -36,17 +35,7 @@ RAW_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 def load_filter(path: str) -> GroupFilter:
     """``module:name`` or ``module.name``: a group filter, or a class built without
     arguments (``agentenv.buffer.RewardStdFilter``)."""
-    module, sep, name = path.partition(":")
-    if not sep:
-        module, _, name = path.rpartition(".")
-    if not module or not name:
-        raise ConfigError(
-            f"--dynamic-sampling-filter-path {path!r}: expected module:function or module.function"
-        )
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"--dynamic-sampling-filter-path {path!r}: {e}") from None
+    found = resolve_name(path, what="--dynamic-sampling-filter-path", kind="function")
     if isinstance(found, type):
         found = found()
     if not callable(found):

@@ -19,7 +19,7 @@ server (:class:`HTTPServer`) has:
   disconnects or the server shuts down, so a waiting handler never hands its result to
   nobody (see :attr:`Response.on_undelivered`);
 - a ``guard`` that sees each request's head before its body is read (authentication;
-  ``_auth.api_key_guard`` is SGLang's ``--api-key`` check);
+  :func:`api_key_guard` is SGLang's ``--api-key`` check);
 - a connection cap (``max_connections``, below the descriptor limit by default): at the
   cap the longest-idle connection makes room, when all are busy a reserve answers probe
   routes (``probe=True``, health checks) and the rest get 503 (see ``_limits.py``);
@@ -41,7 +41,9 @@ connection pool (a fraction of httpx's default per-request cost). ::
         await anyio.sleep_forever()
 """
 
+from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
 from agentenv._http._client import HTTPTransport, RawResponse, async_client
+from agentenv._http._limits import raise_open_file_limit
 from agentenv._http._server import (
     Guard,
     Handler,
@@ -65,6 +67,10 @@ __all__ = [
     "Response",
     "Router",
     "StreamingResponse",
+    "api_key_guard",
     "async_client",
+    "check_api_key",
+    "raise_open_file_limit",
     "sse",
+    "warn_if_open",
 ]

@@ -1,0 +1,29 @@
+"""The measurements behind ``agentenv bench``: each runs in a child process of its own
+(:func:`run_child`) so that one measurement's imports and threads do not colour the next.
+
+``engine_bench`` (the embedded engine against Hugging Face ``generate``) imports torch when
+it runs, and ``http_compare`` (agentenv's HTTP server against aiohttp's) needs the ``bench``
+extra, so both load on first use.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from agentenv.bench._child import run_child
+
+if TYPE_CHECKING:
+    from agentenv.bench._engine import bench as engine_bench
+    from agentenv.bench._http import compare as http_compare
+
+__all__ = ["engine_bench", "http_compare", "run_child"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "engine_bench":
+        from agentenv.bench._engine import bench
+
+        return bench
+    if name == "http_compare":
+        from agentenv.bench._http import compare
+
+        return compare
+    raise AttributeError(f"module 'agentenv.bench' has no attribute {name!r}")

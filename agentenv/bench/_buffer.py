@@ -132,7 +132,7 @@ async def run(
                     ]
                 )
     elif mode == "service":
-        from agentenv.buffer._service import BufferClient, BufferServer
+        from agentenv.buffer import BufferClient, BufferServer
 
         async with (
             Buffer(config) as buffer,
@@ -141,7 +141,7 @@ async def run(
         ):
             wall = await _through_buffer(client, groups, producers)
     elif mode == "service_split":
-        from agentenv.buffer._service import BufferClient
+        from agentenv.buffer import BufferClient
 
         async with _server_process() as url, BufferClient(url, token="bench") as client:
             wall = await _through_buffer(client, groups, producers)
@@ -180,7 +180,7 @@ async def _server_process() -> AsyncIterator[str]:
 
 
 async def _serve() -> None:
-    from agentenv.buffer._service import BufferServer
+    from agentenv.buffer import BufferServer
 
     config = BufferConfig(n_samples_per_prompt=GROUP, capacity=4096)
     async with Buffer(config) as buffer, BufferServer(buffer, token="bench") as server:

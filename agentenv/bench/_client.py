@@ -121,8 +121,7 @@ async def run_client(url: str, client: str, requests: int, in_flight: int) -> di
     import httpx
 
     from agentenv._generator import SamplingParams
-    from agentenv.sglang import SGLangClient
-    from agentenv.sglang._client import parse_completion
+    from agentenv.sglang import SGLangClient, parse_completion
 
     prompt = list(range(2000, 2100))
     params = SamplingParams(max_new_tokens=8)

@@ -94,8 +94,7 @@ class InstantEngine:
 async def serving(service: str, server: str) -> AsyncIterator[str]:
     """``service``'s handlers (``buffer`` or ``engine``) served on ``server`` (``ours`` or
     ``aiohttp``) in this process; yields the URL."""
-    from agentenv.buffer import Buffer, BufferConfig
-    from agentenv.buffer._service import BufferServer
+    from agentenv.buffer import Buffer, BufferConfig, BufferServer
 
     if service not in SERVICES or server not in SERVERS:
         raise ConfigError(
@@ -109,7 +108,7 @@ async def serving(service: str, server: str) -> AsyncIterator[str]:
             buffer = await stack.enter_async_context(Buffer(config))
             served = BufferServer(buffer, token=TOKEN)
         else:
-            from agentenv.engine._server import EngineServer
+            from agentenv.engine import EngineServer
 
             served = EngineServer(InstantEngine())  # type: ignore[arg-type]
         http = served._http
@@ -187,7 +186,7 @@ async def run_workload(
             sent = requests
     else:
         from agentenv.bench._buffer import BATCH_GROUPS, GROUP, _through_buffer, make_groups
-        from agentenv.buffer._service import BufferClient
+        from agentenv.buffer import BufferClient
 
         async with BufferClient(url, token=TOKEN, max_connections=max(in_flight, 1)) as client:
             sent = 0

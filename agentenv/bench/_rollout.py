@@ -32,8 +32,8 @@ import anyio
 
 from agentenv._environment import Episode, Task
 from agentenv._generator import Completion, FinishReason, SamplingParams
-from agentenv._multiturn import State, ToolEnv
-from agentenv._rewards import Rubric
+from agentenv._multiturn import ToolEnv
+from agentenv._rewards import Rubric, State
 from agentenv._runner import RolloutConfig, run_rollouts
 from agentenv._sample import Sample
 from agentenv._tokenizer import ChatTokenizer

@@ -1,7 +1,8 @@
 """The Data Buffer: GRPO groups in, trainer batches out, optionally crash-safe on disk.
 
 See :class:`Buffer`. ``agentenv buffer stats|export|serve`` work on a durable Buffer's
-directory.
+directory (:func:`open_readonly` reads one without taking its lock; :func:`decode_sample`
+decodes a stored sample).
 """
 
 from agentenv.buffer._buffer import (
@@ -12,9 +13,10 @@ from agentenv.buffer._buffer import (
     LeaseExpiredError,
     UnknownBatchError,
 )
+from agentenv.buffer._codec import decode_sample
 from agentenv.buffer._config import BufferConfig, FilterResult, GroupFilter, RewardStdFilter
 from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
-from agentenv.buffer._store import BufferLockedError, BufferStoreError
+from agentenv.buffer._store import BufferLockedError, BufferStoreError, StoreReader, open_readonly
 
 __all__ = [
     "Batch",
@@ -31,5 +33,8 @@ __all__ = [
     "GroupFilter",
     "LeaseExpiredError",
     "RewardStdFilter",
+    "StoreReader",
     "UnknownBatchError",
+    "decode_sample",
+    "open_readonly",
 ]

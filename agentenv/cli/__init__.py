@@ -13,13 +13,14 @@ status. agentenv itself never imports them by name.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 
 from agentenv._errors import AgentEnvError
+from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.cli._plugins import add_plugins
 
-__all__ = ["main"]
+__all__ = ["add_model_arguments", "add_plugins", "build_config", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,17 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_plugins(sub: object, group: str) -> None:
-    """Let every entry point of ``group`` add its sub-command to ``sub``."""
-    for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
-        try:
-            add = ep.load()
-        except ImportError as e:  # a broken plug-in must not take the other commands down
-            print(f"agentenv: warning: plug-in {ep.name!r} ({ep.value}): {e}", file=sys.stderr)
-            continue
-        add(sub)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -56,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server_flags: list[str] = []
     router_flags: list[str] = []
     if any(a.startswith(("--sglang-", "--router-")) for a in ours):
-        from agentenv.sglang._launcher import split_passthrough  # loads the client (httpx)
+        from agentenv.sglang import split_passthrough  # loads the client (httpx)
 
         try:
             ours, server_flags, router_flags = split_passthrough(ours)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv._errors import ConfigError
-from agentenv.bench._child import run_child
+from agentenv.bench import run_child
 
 LEVELS = (1, 64, 1024)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -117,7 +117,7 @@ def add_parser(sub: Any) -> None:
         "--repeat", type=int, default=3, metavar="N", help="rounds, for the spread (default: 3)"
     )
     http.set_defaults(handler=run_http)
-    from agentenv.cli import add_plugins
+    from agentenv.cli._plugins import add_plugins
 
     add_plugins(kinds, "agentenv.benches")
 
@@ -230,7 +230,7 @@ def _emit(results: dict[str, Any], as_json: bool) -> None:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    from agentenv.bench._engine import bench
+    from agentenv.bench import engine_bench as bench
 
     levels = [c for c in args.levels if c > 0]
     if not levels:
@@ -295,7 +295,7 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def run_http(args: argparse.Namespace) -> int:
-    from agentenv.bench._http import compare
+    from agentenv.bench import http_compare as compare
 
     _emit(compare(quick=args.quick, repeat=args.repeat), args.json)
     return 0

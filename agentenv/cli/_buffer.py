@@ -39,8 +39,7 @@ from agentenv._errors import ConfigError
 from agentenv.cli._config import add_model_arguments, build_config
 
 if TYPE_CHECKING:  # the Buffer (numpy, httpx) loads only in the command that uses it
-    from agentenv.buffer._config import BufferConfig
-    from agentenv.buffer._store import StoreReader
+    from agentenv.buffer import BufferConfig, StoreReader
 
 __all__ = ["add_parser"]
 
@@ -167,7 +166,7 @@ def read_token(path: Path) -> str:
 
 
 def buffer_config(cfg: ServeConfig) -> BufferConfig:
-    from agentenv.buffer._config import BufferConfig, RewardStdFilter
+    from agentenv.buffer import BufferConfig, RewardStdFilter
 
     return BufferConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,
@@ -186,8 +185,7 @@ def buffer_config(cfg: ServeConfig) -> BufferConfig:
 
 async def serve(cfg: ServeConfig) -> None:
     """Serve the Buffer ``cfg`` describes until SIGINT or SIGTERM."""
-    from agentenv.buffer._buffer import Buffer
-    from agentenv.buffer._service import BufferServer
+    from agentenv.buffer import Buffer, BufferServer
 
     token = read_token(cfg.token_file)
     with contextlib.suppress(OSError):
@@ -391,7 +389,7 @@ def render(path: Path, summary: dict[str, Any]) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from agentenv.buffer._store import open_readonly
+    from agentenv.buffer import open_readonly
 
     store = open_readonly(args.path)
     try:
@@ -407,7 +405,7 @@ def run_stats(args: argparse.Namespace) -> int:
 # -- export -----------------------------------------------------------------------------------
 def rows(store: StoreReader, state: str) -> Iterator[dict[str, Any]]:
     """One dict per sample, in put order: ``Sample.to_dict()`` plus its group's fields."""
-    from agentenv.buffer._codec import decode_sample
+    from agentenv.buffer import decode_sample
 
     query = (
         "SELECT g.seq, g.state, g.step, g.reason, s.offset, s.length FROM groups g "
@@ -499,7 +497,7 @@ def export_parquet(store: StoreReader, state: str, out: Path, chunk: int = 4096)
 def run_export(args: argparse.Namespace) -> int:
     if args.format == "parquet" and args.out is None:
         raise ConfigError("--format parquet writes a binary file: give it --out FILE")
-    from agentenv.buffer._store import open_readonly
+    from agentenv.buffer import open_readonly
 
     store = open_readonly(args.path)
     try:

@@ -88,7 +88,7 @@ def add_parser(sub: Any) -> None:
 async def serve(cfg: ServeConfig) -> None:
     import torch
 
-    from agentenv._http._limits import raise_open_file_limit
+    from agentenv._http import raise_open_file_limit
     from agentenv.engine import Engine, EngineServer
 
     raise_open_file_limit()  # as SGLang: room for thousands of concurrent clients

@@ -29,19 +29,22 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from agentenv._errors import ConfigError
 
-if TYPE_CHECKING:
-    from agentenv.engine._graphs import DecodeGraphs
-
-__all__ = ["KVCache", "LlamaModel", "ModelConfig"]
+__all__ = ["DecodeReplay", "KVCache", "LlamaModel", "ModelConfig"]
 
 _ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+class DecodeReplay(Protocol):
+    """What replays the decode step instead of running it (``_graphs.DecodeGraphs``)."""
+
+    def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -184,7 +187,7 @@ class LlamaModel:
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
         self._rope_table(1024)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: DecodeReplay | None = None
         self._tied: bool | None = None
 
     # -- loading ---------------------------------------------------------------------------

@@ -62,8 +62,17 @@ from agentenv._errors import (
     GenerationError,
 )
 from agentenv._generator import FinishReason, SamplingParams
-from agentenv._http import HTTPError, HTTPServer, Request, Response, Router, StreamingResponse, sse
-from agentenv._http._auth import api_key_guard, warn_if_open
+from agentenv._http import (
+    HTTPError,
+    HTTPServer,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    api_key_guard,
+    sse,
+    warn_if_open,
+)
 from agentenv.engine._engine import Engine
 from agentenv.engine._group import WeightUpdateGroup, parse_dtype
 from agentenv.engine._model import weight_mismatch

@@ -3,7 +3,7 @@
 The same client talks to ``agentenv serve`` (the embedded engine behind SGLang's API).
 """
 
-from agentenv.sglang._client import SGLangClient, SGLangError, StreamChunk
+from agentenv.sglang._client import SGLangClient, SGLangError, StreamChunk, parse_completion
 from agentenv.sglang._launcher import Launcher, router_command, server_command, split_passthrough
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "SGLangClient",
     "SGLangError",
     "StreamChunk",
+    "parse_completion",
     "router_command",
     "server_command",
     "split_passthrough",

@@ -27,8 +27,7 @@ import httpx
 
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
-from agentenv._http import HTTPTransport, RawResponse, async_client
-from agentenv._http._auth import check_api_key
+from agentenv._http import HTTPTransport, RawResponse, async_client, check_api_key
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 

@@ -182,16 +182,15 @@ class Followers:
 
 def follow(spec: Path) -> None:
     """A follower's life: build the backend, then run each broadcast call until close."""
-    import importlib
-
     import torch
+
+    from agentenv import resolve_name
 
     factory, kwargs = pickle.loads(spec.read_bytes())
     device = os.environ[FOLLOWER_DEVICE]
     if device.isdigit():
         torch.cuda.set_device(int(device))
-    module, _, name = factory.partition(":")
-    backend = getattr(importlib.import_module(module), name)(**kwargs)
+    backend = resolve_name(factory, what="backend factory", kind="Class")(**kwargs)
     while True:
         name, args, call_kwargs = _broadcast_object(None)
         if name == _CLOSE:
