@@ -18,6 +18,7 @@ from agentenv._errors import ConfigError
 __all__ = ["Completion", "CompletionBuilder", "FinishReason", "Generator", "SamplingParams"]
 
 _GREEDY_EPS = 1e-6
+_SEED_LIMIT = 1 << 63  # seeds are non-negative int64
 
 
 def _is_int(value: object) -> bool:
@@ -43,7 +44,8 @@ def _is_finite(value: object) -> bool:
 class SamplingParams:
     """Sampling parameters, with SGLang's names, defaults and range checks.
 
-    ``temperature`` below 1e-6 means greedy. ``top_k=-1`` means all tokens.
+    ``temperature`` below 1e-6 means greedy. ``top_k=-1`` means all tokens. ``seed``, when
+    given, is in ``[0, 2**63)``. However small ``top_p`` is, the likeliest token stays.
     """
 
     max_new_tokens: int = 128
@@ -78,6 +80,10 @@ class SamplingParams:
             raise ConfigError(f"ignore_eos must be true or false, got {_shown(self.ignore_eos)}")
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed must be an integer or None, got {_shown(self.seed)}")
+        if self.seed is not None and not 0 <= self.seed < _SEED_LIMIT:
+            raise ConfigError(
+                f"seed must be in [0, 2**63) (a 63-bit integer), got {_shown(self.seed)}"
+            )
         if self.temperature < 0.0:
             raise ConfigError(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

@@ -6,12 +6,14 @@ connections against ``max_connections`` (by default three quarters of the descri
 the process may open, see :func:`default_max_connections`):
 
 - below the cap a new connection is served as usual;
-- at the cap the connection idle the longest (a kept-alive one between requests, or one
-  that has sent nothing yet) is closed to make room, so idle sockets never keep a client
-  out;
-- when every connection is busy, ``reserve`` more are accepted for health probes only: a
-  request to a probe route (``Router.add(..., probe=True)``) is answered, any other gets
-  503 (``Retry-After: 1``), and the connection closes;
+- at the cap the connection waiting the longest (a kept-alive one between requests, one
+  that has sent nothing yet, or one that has not finished sending its request head) is
+  closed to make room, so idle or half-open sockets never keep a client out;
+- when every connection is busy (its request head read), ``reserve`` more are accepted
+  for health probes only: once its head is read, a request to a probe route
+  (``Router.add(..., probe=True)``) is answered, any other gets 503 (``Retry-After: 1``),
+  and the connection closes; these are closed to make room too while their head is
+  incomplete;
 - beyond that, the connection gets a 503 at once and is closed.
 
 If accepting fails for want of descriptors anyway (``EMFILE``: other files), a spare
@@ -99,7 +101,7 @@ def busy_response(cap: int) -> bytes:
 
 class Slots:
     """The server's connections, counted against ``cap`` (plus ``reserve`` for probes),
-    and which of them are idle, the longest idle first."""
+    and which of them are idle (no request, or its head incomplete), the longest first."""
 
     def __init__(self, cap: int, reserve: int) -> None:
         self.cap = cap
@@ -134,11 +136,11 @@ class Slots:
         self._idle.pop(conn, None)
 
     def idle(self, conn: object, scope: anyio.CancelScope) -> None:
-        """``conn`` waits for a request; cancelling ``scope`` closes it."""
+        """``conn`` waits for a request or its head; cancelling ``scope`` closes it."""
         self._idle[conn] = scope
 
     def busy(self, conn: object) -> None:
-        """``conn`` got a request (or stopped waiting)."""
+        """``conn`` got a request head (or stopped waiting)."""
         self._idle.pop(conn, None)
 
     def close_idle(self) -> None:

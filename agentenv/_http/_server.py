@@ -233,17 +233,23 @@ class HTTPServer:
         max_body_bytes: request body, at most (413 beyond).
         keepalive_timeout: seconds an idle connection (kept alive between requests, or
             new and silent) stays open.
-        request_timeout: seconds to receive one request's head and body (408 beyond).
+        head_timeout: seconds from a request's first byte to the end of its head (408
+            beyond). Until its head is complete a connection counts as idle: at the cap
+            it may be closed to make room, so half-sent heads cannot lock clients out.
+        request_timeout: seconds to receive one request's body once its head is read
+            (408 beyond).
         shutdown_grace: on exit, seconds in-flight requests get to finish before they
             are cancelled (long-poll requests are cancelled at once).
         guard: called with ``(method, path, headers)`` of every request before its body
             is read; it raises :class:`HTTPError` to refuse it (e.g. 401), and then the
             body is never read and the connection is closed.
         max_connections: connections held at once (default: three quarters of the file
-            descriptors this process may open, see ``_limits.py``). At the cap the longest
-            idle connection is closed to make room; when all are busy, a new one gets 503.
+            descriptors this process may open, see ``_limits.py``). At the cap the
+            connection waiting longest (idle, or still sending its request head) is closed
+            to make room; when all are busy, a new one gets 503.
         reserve_connections: connections beyond the cap that only answer probe routes
-            (health checks), so that a saturated server still says it is alive.
+            (health checks), so that a saturated server still says it is alive; a
+            request is known to be a probe once its head is read.
     """
 
     def __init__(
@@ -255,6 +261,7 @@ class HTTPServer:
         max_header_bytes: int = 64 * 1024,
         max_body_bytes: int = 64 * 1024 * 1024,
         keepalive_timeout: float = 10.0,
+        head_timeout: float = 10.0,
         request_timeout: float = 60.0,
         shutdown_grace: float = 5.0,
         guard: Guard | None = None,
@@ -271,6 +278,7 @@ class HTTPServer:
                 raise ConfigError(f"{name} must be at least 1, got {value}")
         for name, seconds in (
             ("keepalive_timeout", keepalive_timeout),
+            ("head_timeout", head_timeout),
             ("request_timeout", request_timeout),
         ):
             if not seconds > 0:
@@ -289,6 +297,7 @@ class HTTPServer:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self.keepalive_timeout = keepalive_timeout
+        self.head_timeout = head_timeout
         self.request_timeout = request_timeout
         self.shutdown_grace = shutdown_grace
         self.guard = guard
@@ -502,19 +511,56 @@ class _Connection:
                         server._slots.busy(self)
                 if idle.cancelled_caught:
                     return
+            head = await self._await_head()
+            if head is None:
+                return
             server._begin()
             try:
-                if not await self._one():
+                if not await self._one(head):
                     return
             finally:
                 server._end()
 
-    async def _one(self) -> bool:
-        """Read and answer one request; False when the connection must close."""
+    async def _await_head(self) -> bytes | None:
+        """The next request's head, read within ``head_timeout``; None when the
+        connection must close. Until the head is complete the connection counts as idle:
+        a newcomer at the connection cap may close it (the longest waiting first)."""
+        server = self.server
+        deadline = anyio.current_time() + server.head_timeout
+        head: bytes | None = None
+        error: HTTPError | None = None
+        with anyio.CancelScope(deadline=deadline) as waiting:
+            server._slots.idle(self, waiting)
+            try:
+                head = await self._read_head()
+            except HTTPError as e:
+                error = e
+            finally:
+                server._slots.busy(self)
+        if waiting.cancelled_caught:
+            if anyio.current_time() >= deadline:  # not closed to make room: too slow
+                error = HTTPError(
+                    408,
+                    f"the request head took over {server.head_timeout:g} s to arrive",
+                    type="RequestTimeout",
+                )
+            else:
+                return None
+        if error is not None:
+            with anyio.move_on_after(1.0):
+                await self._send_response(error.to_response(), False, "GET")
+            if error.status != 408:
+                await self._drain()
+            return None
+        return head
+
+    async def _one(self, head: bytes) -> bool:
+        """Read the body of the request whose ``head`` was read and answer it; False
+        when the connection must close."""
         server = self.server
         try:
             with anyio.fail_after(server.request_timeout):
-                request = await self._read_request()
+                request = await self._read_request(head)
         except TimeoutError:
             await self._send_response(
                 HTTPError(408, "the request took too long to arrive").to_response(), False, "GET"
@@ -558,7 +604,7 @@ class _Connection:
             return await self._send_stream(response, keep, request)
         return await self._send_response(response, keep, request.method, request.http_version)
 
-    async def _read_request(self) -> Request | None:
+    async def _read_head(self) -> bytes | None:
         server = self.server
         buf = self.buf
         while buf[:2] == b"\r\n":  # stray CRLF between requests (RFC 9112 2.2)
@@ -578,6 +624,10 @@ class _Connection:
             )
         head = bytes(buf[:end])
         del buf[: end + 4]
+        return head
+
+    async def _read_request(self, head: bytes) -> Request | None:
+        server = self.server
         method, path, query, version, headers = _parse_head(head)
         if server.guard is not None:
             server.guard(method, path, headers)

@@ -56,6 +56,9 @@ class ServeConfig(pydantic.BaseModel):
     max_connections: int | None = pydantic.Field(
         None, ge=1, description="HTTP connections held at once (default: below the fd limit)"
     )
+    max_prompts: int = pydantic.Field(
+        4096, ge=1, description="prompts one /generate request may hold (a batch beyond: 400)"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -107,7 +110,12 @@ async def serve(cfg: ServeConfig) -> None:
         cuda_graphs=cfg.cuda_graphs,
     )
     server = EngineServer(
-        engine, host=cfg.host, port=cfg.port, api_key=api_key, max_connections=cfg.max_connections
+        engine,
+        host=cfg.host,
+        port=cfg.port,
+        api_key=api_key,
+        max_connections=cfg.max_connections,
+        max_prompts=cfg.max_prompts,
     )
     async with engine, server:
         auth = "API key required" if api_key else "no API key"

@@ -263,7 +263,7 @@ class Engine:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(self.model.config.eos_token_ids)
-        seed = params.seed % (1 << 63) if params.seed is not None else random.getrandbits(63)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
         send, receive = anyio.create_memory_object_stream[EngineChunk](math.inf)
         req = _Request(rid, ids, params, frozenset(stops), seed, send, streaming=streaming)
         self._by_rid[rid] = req

@@ -4,8 +4,11 @@ Every body is checked here, at the HTTP boundary, before anything reaches the en
 types are strict (an integer field takes an integer -- not ``2.5``, ``"3"``, ``true`` or
 ``NaN`` -- a number field takes a finite number, a flag takes ``true``/``false``), token
 ids must be in the model's vocabulary, and the sampling parameters' ranges are those of
-:meth:`SamplingParams.verify` (SGLang's). A body that fails raises :class:`ConfigError`
-(the server answers 400) with a message naming the field, the value and what is expected::
+:meth:`SamplingParams.verify` (SGLang's); sizes are bounded (:data:`MAX_PROMPTS` prompts
+per request unless the server says otherwise, seeds in ``[0, 2**63)``, weight versions of
+1 to :data:`MAX_VERSION_CHARS` printable characters, :data:`MAX_WORLD_SIZE` ranks). A body
+that fails raises :class:`ConfigError` (the server answers 400) with a message naming the
+field, the value and what is expected::
 
     sampling_params.top_k must be an integer, got 1e+30
 
@@ -41,6 +44,10 @@ __all__ = [
 B = TypeVar("B", bound="Body")
 
 RENDEZVOUS_TIMEOUT = 60.0  # s: the default wait for every rank of a weight update group
+MAX_PROMPTS = 4096  # prompts in one /generate request, by default
+MAX_WORLD_SIZE = 65536  # ranks in a weight update group
+MAX_VERSION_CHARS = 256  # characters in a weight version
+SEED_LIMIT = 1 << 63  # sampling_seed is in [0, 2**63): the engine's seeds are int64
 
 # What pydantic's error types mean, said the way this server says it.
 _EXPECTED = {
@@ -121,6 +128,32 @@ def _token_ids(value: Any, where: str, vocab: int | None, *, empty: bool = True)
     return value
 
 
+def _max_prompts(info: pydantic.ValidationInfo) -> int:
+    context = info.context or {}
+    limit = context.get("max_prompts")
+    return limit if isinstance(limit, int) else MAX_PROMPTS
+
+
+def _batch_size(n: int, where: str, limit: int) -> None:
+    if n > limit:
+        raise _invalid(
+            f"{where} holds {n} prompts; this server takes at most {limit} per request "
+            "(agentenv serve --max-prompts): split the batch into several requests"
+        )
+
+
+def _version(value: Any, where: str) -> str:
+    """A weight version: a non-empty, printable string of at most MAX_VERSION_CHARS."""
+    if not isinstance(value, str):
+        raise _invalid(f"{where} must be a string, got {_short(value)}")
+    if not value or len(value) > MAX_VERSION_CHARS or not value.isprintable():
+        raise _invalid(
+            f"{where} must be 1 to {MAX_VERSION_CHARS} printable characters (no control "
+            f"characters or lone surrogates), got {_short(value)}"
+        )
+    return value
+
+
 def _strings(value: Any, where: str) -> list[str]:
     items = value if isinstance(value, list) else [value]
     for i, s in enumerate(items):
@@ -144,6 +177,15 @@ class SamplingBody(Body):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     sampling_seed: int | None = None
+
+    @pydantic.field_validator("sampling_seed", mode="after")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value < SEED_LIMIT:
+            raise _invalid(
+                f"sampling_params.sampling_seed must be in [0, 2**63), got {_short(value)}"
+            )
+        return value
 
     @pydantic.field_validator("stop", mode="plain")
     @classmethod
@@ -182,12 +224,14 @@ class GenerateBody(Body):
 
     @pydantic.field_validator("text", mode="plain")
     @classmethod
-    def _text(cls, value: Any) -> str | list[str] | None:
+    def _text(cls, value: Any, info: pydantic.ValidationInfo) -> str | list[str] | None:
         if value is None:
             return None
         _strings(value, "text")
         if isinstance(value, list) and not value:
             raise _invalid("text cannot be an empty list: send one string or several")
+        if isinstance(value, list):
+            _batch_size(len(value), "text", _max_prompts(info))
         return value  # type: ignore[no-any-return]
 
     @pydantic.field_validator("input_ids", mode="plain")
@@ -199,6 +243,7 @@ class GenerateBody(Body):
             return None
         vocab = _vocab(info)
         if isinstance(value, list) and value and all(isinstance(p, list) for p in value):
+            _batch_size(len(value), "input_ids", _max_prompts(info))
             return [
                 _token_ids(p, f"input_ids[{i}]", vocab, empty=False) for i, p in enumerate(value)
             ]
@@ -268,12 +313,22 @@ class UpdateFromDiskBody(Body):
             raise _invalid("model_path must be a directory of safetensors weights, got ''")
         return value
 
+    @pydantic.field_validator("weight_version", mode="plain")
+    @classmethod
+    def _weight_version(cls, value: Any) -> str | None:
+        return None if value is None else _version(value, "weight_version")
+
 
 class UpdateVersionBody(Body):
     """``/update_weight_version``."""
 
     new_version: str
     abort_all_requests: bool = True
+
+    @pydantic.field_validator("new_version", mode="plain")
+    @classmethod
+    def _new_version(cls, value: Any) -> str:
+        return _version(value, "new_version")
 
 
 class InitGroupBody(Body):
@@ -282,7 +337,7 @@ class InitGroupBody(Body):
     master_address: str = pydantic.Field(min_length=1)
     master_port: int = pydantic.Field(ge=1, le=65535)
     rank_offset: int
-    world_size: int = pydantic.Field(ge=2)
+    world_size: int = pydantic.Field(ge=2, le=MAX_WORLD_SIZE)
     group_name: str = pydantic.Field(DEFAULT_GROUP_NAME, min_length=1)
     backend: Literal["nccl", "gloo"] = "nccl"
     timeout: float = pydantic.Field(RENDEZVOUS_TIMEOUT, gt=0, le=24 * 3600)
@@ -309,6 +364,11 @@ class UpdateFromDistributedBody(Body):
     load_format: str | None = None
     abort_all_requests: bool = False
 
+    @pydantic.field_validator("weight_version", mode="plain")
+    @classmethod
+    def _weight_version(cls, value: Any) -> str | None:
+        return None if value is None else _version(value, "weight_version")
+
 
 class DestroyGroupBody(Body):
     """``/destroy_weights_update_group``."""
@@ -319,7 +379,8 @@ class DestroyGroupBody(Body):
 def parse(schema: type[B], request: Request, **context: Any) -> B:
     """``request``'s JSON body checked against ``schema``; :class:`ConfigError` naming the
     field otherwise. ``context``: what a check needs to know (``vocab``: the vocabulary
-    size that token ids must stay below)."""
+    size that token ids must stay below; ``max_prompts``: the most prompts one
+    ``/generate`` body may hold, :data:`MAX_PROMPTS` by default)."""
     data: Any = {}
     if request.body:
         try:

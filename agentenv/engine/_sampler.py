@@ -119,6 +119,9 @@ def _filtered(probs: torch.Tensor, params: list[SamplingParams], rows: list[int]
     drop |= (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= top_p
     min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
     drop |= sorted_p < sorted_p[:, :1] * min_p
+    # The likeliest token always stays: a top_p that is 0 in float32 (1e-300) would
+    # otherwise drop every token, and the draw fall on the last id.
+    drop[:, 0] = False
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = probs.clone()
     out[rows] = torch.empty_like(sub).scatter_(1, order, sorted_p)

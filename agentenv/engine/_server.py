@@ -77,6 +77,7 @@ from agentenv.engine._engine import Engine
 from agentenv.engine._group import WeightUpdateGroup, parse_dtype
 from agentenv.engine._model import weight_mismatch
 from agentenv.engine._requests import (
+    MAX_PROMPTS,
     AbortBody,
     Body,
     DestroyGroupBody,
@@ -178,6 +179,8 @@ class EngineServer:
             non-loopback address logs a warning at start.
         max_connections: connections held at once (default: below the descriptor limit);
             see :class:`~agentenv._http.HTTPServer`.
+        max_prompts: prompts one ``/generate`` request may hold (a batch beyond it is
+            answered 400 naming the limit).
     """
 
     def __init__(
@@ -188,8 +191,12 @@ class EngineServer:
         port: int = 0,
         api_key: str | None = None,
         max_connections: int | None = None,
+        max_prompts: int = MAX_PROMPTS,
     ) -> None:
+        if max_prompts < 1:
+            raise ConfigError(f"max_prompts must be at least 1, got {max_prompts}")
         self.engine = engine
+        self.max_prompts = max_prompts
         router = Router()
         routes: list[tuple[str, str, Any, bool]] = [
             ("POST", "/generate", self._generate, True),
@@ -279,7 +286,9 @@ class EngineServer:
 
     async def _generate(self, request: Request) -> Response | StreamingResponse:
         # Everything is checked before anything runs: the engine sees valid requests only.
-        body = _parse(GenerateBody, request, vocab=self.engine.vocab_size)
+        body = _parse(
+            GenerateBody, request, vocab=self.engine.vocab_size, max_prompts=self.max_prompts
+        )
         try:
             params = body.params()
         except ConfigError as e:

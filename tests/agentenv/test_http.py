@@ -267,12 +267,12 @@ async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_50
             refused = await _raw(server.port, b"GET /hello HTTP/1.1\r\n\r\n")
             assert refused.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), refused
             assert b"retry-after: 1" in refused and b"maximum of 8 connections" in refused
-            # The reserve taken too (by requests that are still arriving; idle ones would be
-            # closed to make room): refused at once, unread.
+            # The reserve taken too (by requests whose body is still arriving; idle ones, or
+            # ones still sending their head, would be closed to make room): refused at once.
             held = []
             for n in (9, 10):
                 held.append(await anyio.connect_tcp("127.0.0.1", server.port))
-                await held[-1].send(b"GET /health HTTP/1.1\r\n")
+                await held[-1].send(b"GET /health HTTP/1.1\r\ncontent-length: 9\r\n\r\n")
                 with anyio.fail_after(5):
                     while server._busy < n:  # noqa: ASYNC110 - the server reads it meanwhile
                         await anyio.sleep(0.01)
@@ -286,6 +286,40 @@ async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_50
             await client.aclose()
         async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
             assert (await client.get("/hello")).status_code == 200
+
+
+async def test_half_sent_heads_cannot_lock_clients_or_probes_out() -> None:
+    release = anyio.Event()
+    server = HTTPServer(_capped_router(release), max_connections=4, reserve_connections=2)
+    async with server:
+        # Sockets that start a request head and never finish it: each newcomer at the cap
+        # closes the one waiting longest, as for idle sockets, so none of them holds a
+        # connection (the probe reserve included) against a client that sends its head.
+        half = []
+        for _ in range(12):
+            half.append(await anyio.connect_tcp("127.0.0.1", server.port))
+            await half[-1].send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        with anyio.fail_after(10):
+            while server.connections < 4:  # noqa: ASYNC110 - the server accepts meanwhile
+                await anyio.sleep(0.01)
+        with anyio.fail_after(10):
+            health = await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n")
+            assert health.startswith(b"HTTP/1.1 200 OK\r\n"), health
+            async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as c:
+                assert (await c.get("/hello")).json() == {"hello": "world"}
+        assert server.connections <= 4
+        for s in half:
+            await s.aclose()
+
+
+async def test_a_head_that_never_ends_gets_408_after_head_timeout() -> None:
+    async with HTTPServer(_router(), head_timeout=0.3, request_timeout=60) as server:
+        with anyio.fail_after(5):
+            answer = await _raw(server.port, b"GET /hello HTTP/1.1\r\nHost: x\r\n")
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+        assert b"the request head took over 0.3 s to arrive" in answer
+    with pytest.raises(ConfigError, match="head_timeout must be > 0 seconds, got 0"):
+        HTTPServer(_router(), head_timeout=0)
 
 
 def test_the_default_cap_stays_below_the_descriptor_limit() -> None:

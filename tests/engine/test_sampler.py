@@ -102,3 +102,12 @@ def test_a_draw_at_the_very_top_still_picks_a_possible_token(
     assert ids[0] < 10 and math.isfinite(lps[0])
     ids, _ = sample(logits, [SampleRow(SamplingParams(temperature=1.0, top_k=3), 0, 0)])
     assert ids[0] < 10
+
+
+def test_a_top_p_too_small_for_float32_keeps_the_likeliest_token() -> None:
+    # 1e-300 is 0 in float32: the filter dropped every token, and the draw fell on the
+    # last id. The likeliest token always stays, so a tiny top_p is greedy.
+    freq = _frequencies(SamplingParams(temperature=1.0, top_p=1e-300), n=2000)
+    assert freq[0] == 1.0, freq
+    freq = _frequencies(SamplingParams(temperature=1.0, top_p=1e-300, min_p=1.0), n=2000)
+    assert freq[0] == 1.0, freq

@@ -210,6 +210,73 @@ async def test_the_control_endpoints_check_their_bodies_too(
 
 
 @pytest.mark.anyio
+async def test_sizes_seeds_and_versions_are_bounded(
+    server: tuple[Engine, httpx.AsyncClient],
+) -> None:
+    engine, http = server
+    group = {"master_address": "127.0.0.1", "master_port": 1, "backend": "gloo"}
+    seed = "sampling_params.sampling_seed must be in [0, 2**63)"
+    cases = [
+        # The process group's constructor failed on these (500).
+        (
+            "/init_weights_update_group",
+            group | {"rank_offset": 1, "world_size": 2**70},
+            "world_size must be less than or equal to 65536",
+        ),
+        (
+            "/init_weights_update_group",
+            group | {"rank_offset": 2**70, "world_size": 4},
+            "rank_offset must be in [1, 3]",
+        ),
+        # Accepted, then reported in every answer.
+        ("/update_weight_version", {"new_version": ""}, "new_version must be 1 to 256 printable"),
+        ("/update_weight_version", {"new_version": "\ud800"}, "no control characters or lone"),
+        ("/update_weight_version", {"new_version": "a\nb"}, "new_version must be 1 to 256"),
+        ("/update_weight_version", {"new_version": "v" * 257}, "new_version must be 1 to 256"),
+        (
+            "/update_weights_from_disk",
+            {"model_path": "/", "weight_version": ""},
+            "weight_version must be 1 to 256 printable",
+        ),
+        # Wrapped silently onto another seed.
+        ("/generate", _generate(sampling_seed=2**64), seed),
+        ("/generate", _generate(sampling_seed=2**63), seed),
+        ("/generate", _generate(sampling_seed=-1), seed),
+        ("/generate", _generate(sampling_seed=-(2**70)), seed),
+        # A batch of any size was accepted.
+        (
+            "/generate",
+            {"input_ids": [[1]] * 4097},
+            "input_ids holds 4097 prompts; this server takes at most 4096 per request",
+        ),
+        ("/generate", {"text": ["a"] * 4097}, "text holds 4097 prompts"),
+    ]
+    for path, body, message in cases:
+        r = await _post(http, path, body)
+        assert r.status_code == 400, (path, body, r.status_code, r.text)
+        data = r.json()
+        text = data["message"] if "message" in data else data["error"]["message"]
+        assert message in text, (path, body, data)
+    assert engine.weight_version == "default"
+    # The largest seed is a seed of its own, and a top_p that is 0 in float32 is greedy
+    # (it masked every token, and the draw fell on the last id).
+    greedy = await _post(http, "/generate", _generate(temperature=0))
+    for sampling in ({"sampling_seed": 2**63 - 1}, {"top_p": 1e-300, "sampling_seed": 3}):
+        r = await _post(http, "/generate", _generate(**sampling))
+        assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == greedy.json()["output_ids"]
+    async with EngineServer(engine, max_prompts=2) as small:
+        r = await http.post(f"{small.url}/generate", json={"input_ids": [[1], [2], [3]]})
+        assert r.status_code == 400 and "at most 2 per request" in r.text, r.text
+        r = await http.post(
+            f"{small.url}/generate",
+            json={"input_ids": [[1], [2]], "sampling_params": {"max_new_tokens": 1}},
+        )
+        assert r.status_code == 200 and len(r.json()) == 2, r.text
+    await _still_serving(http)
+
+
+@pytest.mark.anyio
 async def test_a_request_that_fails_inside_the_engine_fails_alone(
     server: tuple[Engine, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
