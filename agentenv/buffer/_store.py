@@ -351,57 +351,84 @@ class SqliteStore:
 
     def _open(self, root: Path) -> None:
         # Under the lock: nobody else writes here, so what lies past the index is dead.
-        existed = self.path.exists() and self.path.stat().st_size > 0
         log_path = root / LOG_FILENAME
-        if existed:
-            self._check_magic()
-        elif log_path.exists():
-            raise ConfigError(
-                f"{str(log_path)!r} exists without its index {FILENAME}; refusing to touch "
-                "it: choose another --path"
-            )
+        for stale in root.glob(f"{FILENAME}.new*"):  # a creation killed before its rename
+            stale.unlink()
+        if not (self.path.exists() and self.path.stat().st_size > 0):
+            if log_path.exists():
+                raise ConfigError(
+                    f"{str(log_path)!r} exists without its index {FILENAME}; refusing to "
+                    "touch it: choose another --path"
+                )
+            self._create_index(root)
+        self._check_magic()
         try:
-            if existed:  # read-only first: a foreign file must not be changed at all
-                probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-                try:
-                    self._check_format(probe)
-                finally:
-                    probe.close()
+            # Read-only first: a foreign file must not be changed at all.
+            probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            try:
+                self._check_format(probe)
+            finally:
+                probe.close()
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if self._sync else 'NORMAL'}")
-            if not existed:
-                self._db.executescript(_SCHEMA)
-                self._db.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("format", FORMAT), ("version", VERSION)],
-                )
         except sqlite3.DatabaseError as e:
             raise ConfigError(
                 f"{str(self.path)!r} cannot be opened as an agentenv buffer: {e}; "
                 "refusing to touch it: choose another --path"
             ) from None
         try:
-            if not existed:
-                self._log = SampleLog.create(log_path)
-            elif not log_path.exists():
-                raise ConfigError(
-                    f"{str(log_path)!r} is missing: the buffer's samples are gone; "
-                    "restore the directory as a whole"
-                )
-            else:
-                self._log = SampleLog(log_path, writable=True)
-                end = indexed_end(self._db)
-                if self._log.size < end:
+            end = indexed_end(self._db)
+            if not log_path.exists():
+                if end > len(LOG_MAGIC):
                     raise ConfigError(
-                        f"{str(log_path)!r} has {self._log.size} bytes but the index expects "
-                        f"{end}: the log was truncated or replaced"
+                        f"{str(log_path)!r} is missing: the buffer's samples are gone; "
+                        "restore the directory as a whole"
                     )
-                self._log.truncate(end)  # a put that crashed before its commit
+                # Nothing indexed yet: a creation killed between the index and the log.
+                self._log = SampleLog.create(log_path)
+                return
+            self._log = SampleLog(log_path, writable=True)
+            if self._log.size < end:
+                raise ConfigError(
+                    f"{str(log_path)!r} has {self._log.size} bytes but the index expects "
+                    f"{end}: the log was truncated or replaced"
+                )
+            self._log.truncate(end)  # a put that crashed before its commit
         except BaseException:
             self._db.close()
             raise
+
+    def _create_index(self, root: Path) -> None:
+        """A new, empty index, whole or not at all: built beside its place, then renamed
+        into it (a process killed while creating leaves no half-made index behind)."""
+        tmp = root / f"{FILENAME}.new"
+        db = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)
+            db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("format", FORMAT), ("version", VERSION)],
+            )
+            db.execute("COMMIT")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()  # the last connection: the WAL is folded in and removed
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def _check_format(self, db: sqlite3.Connection) -> None:
         try:

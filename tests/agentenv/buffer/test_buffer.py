@@ -619,3 +619,40 @@ async def test_a_second_opener_cannot_cut_off_an_unindexed_put(tmp_path: Path) -
         with pytest.raises(BufferLockedError):
             Buffer(path=path)
         assert (path / "samples.log").stat().st_size == size + 100
+
+
+async def test_a_creation_killed_at_any_point_leaves_a_directory_that_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 while a durable Buffer creates its directory: before the index is renamed
+    into place (a half-made index beside it), or between the index and the log. Each
+    leaves a directory that opens as a new, empty Buffer."""
+    import os
+
+    from agentenv.buffer import _store
+
+    cfg = BufferConfig(n_samples_per_prompt=2, rollout_batch_size=1)
+    killed = tmp_path / "before_rename"
+
+    def killed_before_rename(src: object, dst: object) -> None:
+        raise KeyboardInterrupt  # the process dies here, its temporary index left behind
+
+    monkeypatch.setattr(_store.os, "replace", killed_before_rename)
+    with pytest.raises(KeyboardInterrupt):
+        Buffer(cfg, path=killed)
+    monkeypatch.undo()
+    assert (killed / "buffer.sqlite.new").exists() and not (killed / "buffer.sqlite").exists()
+    between = tmp_path / "between"
+    async with Buffer(cfg, path=between) as b:
+        await b.put_group(group("a", [0.0, 1.0]))
+    os.remove(between / "samples.log")  # as if killed before the log was created...
+    with sqlite3.connect(between / "buffer.sqlite") as db:  # ...so nothing was indexed
+        db.execute("DELETE FROM samples")
+        db.execute("DELETE FROM groups")
+    for path in (killed, between):
+        async with Buffer(cfg, path=path) as b:
+            assert (await b.statistics()).ready == 0
+            await b.put_group(group("b", [0.0, 1.0]))
+            batch = await b.get_batch()
+            assert [s.group_id for s in batch.samples] == ["b", "b"]
+        assert not list(path.glob("buffer.sqlite.new*"))
