@@ -28,7 +28,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from agentenv import SamplingParams
 from agentenv.engine import Engine, EngineServer, WeightUpdateGroup
 from agentenv.sglang import SGLangClient, SGLangError
-from tests.engine.sglang_peer import PAYLOAD
+from tests.agentenv.engine.sglang_peer import PAYLOAD
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
