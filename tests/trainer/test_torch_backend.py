@@ -137,7 +137,9 @@ def test_bench_train_runs_on_cpu() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["ours"]["step_s"] > 0 and result["hf"]["step_s"] > 0
-    assert result["speedup_vs_hf"] > 0 and result["weight_sync_s"] >= 0
+    assert result["speedup_vs_hf"] > 0
+    assert "weight_sync_error" not in result, result.get("weight_sync_error")
+    assert isinstance(result["weight_sync_s"], float)  # the sync into the engine was timed
 
 
 def test_response_positions_padded_and_packed() -> None:
