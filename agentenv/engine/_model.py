@@ -4,7 +4,7 @@ Covers the Hugging Face ``LlamaForCausalLM``, ``MistralForCausalLM`` and
 ``Qwen2ForCausalLM`` layouts (grouped-query attention, RoPE, RMSNorm, SiLU-gated MLP,
 optional q/k/v biases, tied or separate output embeddings), loaded from a model directory
 (``config.json`` + ``*.safetensors``). It computes exactly what the HF implementation
-computes (``tests/engine`` checks logits against ``transformers``), but its forward takes a
+computes (``tests/agentenv/engine`` checks logits against ``transformers``), but its forward takes a
 *batch of sequences at different positions* against one shared key/value cache:
 
 * :class:`KVCache` holds ``[layers, slots, kv_heads, capacity, head_dim]`` keys and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -14,7 +15,12 @@ def test_all_is_sorted_and_complete() -> None:
     modules = {n for n in public if type(getattr(agentenv, n)).__name__ == "module"}
     assert set(agentenv.__all__) == public - modules
     for name in agentenv.__all__:
-        assert getattr(agentenv, name) is not None
+        value = getattr(agentenv, name)
+        if name.isupper():  # a constant
+            assert not callable(value), name
+        else:  # a class or function of agentenv's own, with its documentation
+            assert value.__module__.startswith("agentenv."), (name, value.__module__)
+            assert inspect.getdoc(value), f"{name} has no docstring"
 
 
 def test_import_is_light() -> None:

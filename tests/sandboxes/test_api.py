@@ -102,12 +102,18 @@ async def test_a_missing_command_is_reported(backend: str) -> None:
 async def test_a_container_killed_mid_job_fails_the_job_and_the_pool_heals() -> None:
     async with Sandbox("docker", size=1) as sandbox:
         job = asyncio.ensure_future(sandbox.run(["sleep", "30"]))
-        await asyncio.sleep(1.0)
         pool = sandbox._backend.pool_id  # type: ignore[union-attr]
-        names = (
-            await run_command("docker", "ps", "-q", "--filter", f"label=agentenv.sandbox={pool}")
-        ).split()
-        assert len(names) == 1
+        async with asyncio.timeout(60):  # until the job runs in the pool's container
+            while True:
+                names = (
+                    await run_command(
+                        "docker", "ps", "-q", "--filter", f"label=agentenv.sandbox={pool}"
+                    )
+                ).split()
+                assert len(names) <= 1
+                if names and "sleep 30" in await run_command("docker", "top", names[0]):
+                    break
+                await asyncio.sleep(0.05)
         await run_command("docker", "rm", "-f", *names)
         r = await asyncio.wait_for(job, 30)
         assert not r.ok and r.error and "container" in r.error

@@ -124,22 +124,6 @@ def test_first_step_ratio_is_one_and_the_update_follows_the_advantages(
         assert moved * a > 0, (a, moved)
 
 
-def test_bench_train_runs_on_cpu() -> None:
-    import json
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "agentenv", "bench", "train", "--device", "cpu", "--hidden", "64",
-         "--layers", "1", "--samples", "2", "--tokens", "32", "--steps", "1", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.splitlines()[-1])
-    assert result["ours"]["step_s"] > 0 and result["hf"]["step_s"] > 0
-    assert result["speedup_vs_hf"] > 0 and result["weight_sync_s"] >= 0
-
-
 def test_response_positions_padded_and_packed() -> None:
     from trainer._backend import Item, response_positions
 

@@ -133,7 +133,7 @@ async def test_admission_control_bounds_started_rollouts() -> None:
             await b.put_group(group(name, [1]))
         async with anyio.create_task_group() as tg:
             tg.start_soon(b.reserve, 1)
-            await anyio.sleep(0.05)
+            await anyio.wait_all_tasks_blocked()
             assert (await b.statistics()).in_flight == 0  # still waiting: 4 ready
             await b.get_batch(2)  # the trainer took a batch: room for two more
         assert (await b.statistics()).in_flight == 1
@@ -174,7 +174,7 @@ async def test_backpressure_put_waits_when_full() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(put_third)
-            await anyio.sleep(0.1)
+            await anyio.wait_all_tasks_blocked()
             assert not done and (await b.statistics()).ready == 2
             await b.get_batch(1)
         assert done == [True] and (await b.statistics()).ready == 2

@@ -390,7 +390,9 @@ async def test_a_waiting_get_batch_is_not_lost_when_its_client_leaves() -> None:
         async with BufferClient(server.url, token=TOKEN) as leaver:
             with anyio.move_on_after(0.2):
                 await leaver.get_batch(1)  # waits: nothing ready; then the client leaves
-        await anyio.sleep(0.1)  # the server notices the closed connection
+        with anyio.fail_after(10):  # until the server notices the closed connection
+            while server._http._polls:  # noqa: ASYNC110 - polls a private set
+                await anyio.sleep(0.005)
         async with BufferClient(server.url, token=TOKEN) as client:
             await client.put_group(group("a", [1, 0]))
             batch = await client.get_batch(1, timeout=5)

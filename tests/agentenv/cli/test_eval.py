@@ -12,7 +12,7 @@ import pytest
 from agentenv import Sample
 from agentenv.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ORACLE = str(ROOT / "examples" / "scripts" / "arithmetic_oracle.py")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agentenv.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIRST_LEGAL = f"scripted:{ROOT / 'examples' / 'scripts' / 'first_legal_move.py'}"
 TICTACTOE = "environments.games.tictactoe:TicTacToeEnv"
 

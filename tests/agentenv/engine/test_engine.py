@@ -22,8 +22,9 @@ PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 2817, 5122, 30]
 
 
 async def _until_step(engine: Engine, n: int) -> None:
-    while engine.steps < n:  # noqa: ASYNC110 - polling the engine's step counter
-        await anyio.sleep(0.01)
+    with anyio.fail_after(60):
+        while engine.steps < n:  # noqa: ASYNC110 - polling the engine's step counter
+            await anyio.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ async def test_concurrent_requests_batch_and_equal_their_solo_runs(engine: Engin
     together: list[Any] = [None] * 6
 
     async def one(i: int) -> None:
-        await anyio.sleep(0.01 * i)  # staggered: later ones join a running batch
+        await _until_step(engine, steps + i)  # staggered: later ones join a running batch
         together[i] = await engine.generate(prompts[i], params[i])
 
     async with anyio.create_task_group() as tg:

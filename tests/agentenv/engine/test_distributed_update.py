@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -28,12 +28,13 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from agentenv import SamplingParams
 from agentenv.engine import Engine, EngineServer, WeightUpdateGroup
 from agentenv.sglang import SGLangClient, SGLangError
-from tests.engine.sglang_peer import PAYLOAD
+from tests.agentenv.engine.sglang_peer import PAYLOAD
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 PEER = Path(__file__).with_name("sglang_peer.py")
 NORM = "model.norm.weight"
+Served = tuple[Engine, SGLangClient, EngineServer]  # the fixture's engine, its client, server
 
 
 def free_port() -> int:
@@ -43,14 +44,26 @@ def free_port() -> int:
         return port
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for another task or thread to make ``condition`` true (a bounded wait)."""
+    with anyio.fail_after(30):
+        while not condition():  # noqa: ASYNC110 - polls the server's state
+            await anyio.sleep(0.005)
+
+
+def receiving(server: EngineServer, name: str) -> Callable[[], bool]:
+    """Whether ``server`` is receiving a bucket over its group ``name`` (in a thread)."""
+    return lambda: name in server._groups and server._groups[name].lock.locked()
+
+
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[Engine, SGLangClient]]:
+async def served() -> AsyncIterator[Served]:
     async with (
         Engine("smollm2-135m", context_length=256) as engine,
         EngineServer(engine) as server,
         SGLangClient(server.url, retries=0) as client,
     ):
-        yield engine, client
+        yield engine, client, server
 
 
 async def form(client: SGLangClient, name: str = "g") -> WeightUpdateGroup:
@@ -101,9 +114,9 @@ async def send(
 
 
 async def test_a_bucket_broadcast_by_rank_0_lands_in_the_served_model(
-    served: tuple[Engine, SGLangClient],
+    served: Served,
 ) -> None:
-    engine, client = served
+    engine, client, server = served
     model = engine.model
     c = model.config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -129,8 +142,8 @@ async def test_a_bucket_broadcast_by_rank_0_lands_in_the_served_model(
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(post)
-            await anyio.sleep(0.3)  # the server now waits for the tensors, in a thread...
-            assert await client.health()  # ...and still answers
+            await until(receiving(server, "g"))  # the server waits for the tensors, in a
+            assert await client.health()  # thread, and still answers
             await anyio.to_thread.run_sync(group.broadcast, list(bucket.values()))
     assert answer == ["Succeeded to update parameter online from distributed. "
                       "Weight version updated to 7."]  # fmt: skip
@@ -146,9 +159,9 @@ async def test_a_bucket_broadcast_by_rank_0_lands_in_the_served_model(
 
 
 async def test_bad_buckets_are_refused_clearly_and_leave_the_model_whole(
-    served: tuple[Engine, SGLangClient],
+    served: Served,
 ) -> None:
-    engine, client = served
+    engine, client, _ = served
     hidden = engine.model.config.hidden_size
     norm = engine.model.norm.clone()
     with pytest.raises(SGLangError, match=r"group 'g' is not one of this server's weight up"):
@@ -186,8 +199,8 @@ async def test_bad_buckets_are_refused_clearly_and_leave_the_model_whole(
     group.destroy()
 
 
-async def test_the_group_life_cycle_and_refused_inits(served: tuple[Engine, SGLangClient]) -> None:
-    engine, client = served
+async def test_the_group_life_cycle_and_refused_inits(served: Served) -> None:
+    engine, client, server = served
     group = await form(client, "g")
 
     async def init(name: str = "h", rank: int = 1, backend: str = "gloo", **kw: float) -> None:
@@ -216,8 +229,8 @@ async def test_the_group_life_cycle_and_refused_inits(served: tuple[Engine, SGLa
                     await init(rendezvous_timeout=1)
 
             tg.start_soon(lonely)
-            await anyio.sleep(0.2)
-            assert await client.health()
+            await until(lambda: "h" in server._forming)  # waiting at the rendezvous...
+            assert await client.health()  # ...the server still answers
     # Destroyed, the name is free again.
     await client.destroy_weights_update_group("g")
     group.destroy()
@@ -246,10 +259,10 @@ async def slime_trainer(client: SGLangClient) -> AsyncIterator[anyio.abc.Process
 
 
 async def test_the_server_joins_a_group_formed_the_sglang_way(
-    served: tuple[Engine, SGLangClient],
+    served: Served,
 ) -> None:
     """A slime-style trainer: rank 0 built with torch's own helper, in another process."""
-    engine, client = served
+    engine, client, _ = served
     async with slime_trainer(client) as peer:
         assert peer.stdin is not None
         with anyio.fail_after(60):
@@ -292,11 +305,11 @@ async def test_rank_0_broadcasts_to_a_peer_formed_the_sglang_way() -> None:
 
 
 async def test_the_server_fails_a_receive_when_the_trainer_goes_away(
-    served: tuple[Engine, SGLangClient],
+    served: Served,
 ) -> None:
     """The trainer (rank 0, another process) dies mid-bucket: the server's request fails
     naming it, the model is unchanged, and the server carries on."""
-    engine, client = served
+    engine, client, server = served
     before = engine.model.norm.clone()
     async with slime_trainer(client) as peer:
         with anyio.fail_after(60):
@@ -309,7 +322,7 @@ async def test_the_server_fails_a_receive_when_the_trainer_goes_away(
                         )
 
                 tg.start_soon(post)
-                await anyio.sleep(1.0)  # the server is receiving
+                await until(receiving(server, "slime"))
                 peer.kill()  # before it sends anything
     assert torch.equal(engine.model.norm, before)
     assert await client.health()
@@ -320,12 +333,14 @@ class _BlockingGroup:
     """A process group whose broadcasts wait until ``abort`` (as NCCL's do)."""
 
     def __init__(self) -> None:
+        self.waiting = threading.Event()
         self.aborted = threading.Event()
 
     def broadcast(self, tensors: list[torch.Tensor], options: object) -> _BlockingGroup:
         return self
 
     def wait(self) -> None:
+        self.waiting.set()
         if not self.aborted.wait(30):
             raise AssertionError("never aborted")
         raise RuntimeError("NCCL communicator was aborted")
@@ -337,7 +352,12 @@ class _BlockingGroup:
 def test_abort_ends_a_broadcast_waiting_in_another_thread() -> None:
     pg = _BlockingGroup()
     group = WeightUpdateGroup("g", "gloo", 1, 2, pg, store=None)
-    threading.Timer(0.3, group.abort).start()
+
+    def abort_once_waiting() -> None:
+        if pg.waiting.wait(30):
+            group.abort()
+
+    threading.Thread(target=abort_once_waiting, daemon=True).start()
     with pytest.raises(RuntimeError, match="'g' was aborted during the transfer"):
         group.broadcast([torch.empty(4)])
     assert pg.aborted.is_set() and group.destroyed

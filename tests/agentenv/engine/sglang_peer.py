@@ -3,7 +3,7 @@ theirs: torch's ``tcp://`` rendezvous, a store prefixed with the group's name, a
 own process-group helper (registered so that ``torch.distributed.broadcast`` accepts it).
 The tests run it beside agentenv's end of the group to show that the two interoperate.
 
-    python tests/engine/sglang_peer.py ADDRESS PORT RANK WORLD_SIZE GROUP_NAME
+    python tests/agentenv/engine/sglang_peer.py ADDRESS PORT RANK WORLD_SIZE GROUP_NAME
 
 Rank 0 waits for a line on stdin, then broadcasts ``PAYLOAD`` (float32); any other rank
 receives a tensor of that shape and prints its values as JSON.

@@ -19,7 +19,7 @@ from agentenv.buffer import Buffer, BufferConfig, RewardStdFilter
 from agentenv.buffer._service import BufferClient
 from agentenv.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GROUP_FIELDS = ("group_seq", "group_state", "group_step", "group_reason")
 
 
