@@ -606,6 +606,42 @@ async def test_a_second_process_cannot_open_the_directory(tmp_path: Path) -> Non
         assert (await b.statistics()).ready == 1
 
 
+async def test_removing_the_lock_file_does_not_let_a_second_process_in(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    path = tmp_path / "buf"
+    async with await anyio.open_process(
+        [sys.executable, "-c", HOLDER, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT))
+    ) as holder:
+        assert holder.stdout is not None
+        with anyio.fail_after(60):
+            line = await BufferedByteReceiveStream(holder.stdout).receive_until(b"\n", 64)
+        assert line == b"open"
+        (path / "buffer.lock").unlink()  # a user tidying up: the lock must not depend on it
+        with anyio.fail_after(60):
+            second = await anyio.run_process(
+                [sys.executable, "-c", OPENER, str(path)],
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                check=False,
+            )
+        holder.kill()
+        await holder.wait()
+    assert second.stdout.decode().strip() == "BufferLockedError", second.stderr.decode()
+
+
+OPENER = """
+import sys
+from agentenv.buffer import Buffer, BufferLockedError
+
+try:
+    Buffer(path=sys.argv[1])
+    print("opened")
+except BufferLockedError:
+    print("BufferLockedError")
+"""
+
+
 async def test_a_second_opener_cannot_cut_off_an_unindexed_put(tmp_path: Path) -> None:
     from agentenv.buffer import BufferLockedError
 
