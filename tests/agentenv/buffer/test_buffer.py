@@ -541,6 +541,23 @@ async def test_reserve_and_release_refuse_bad_counts(bad: object) -> None:
         assert (await b.statistics()).in_flight == 2
 
 
+async def test_reserve_refuses_more_than_its_bound_and_release_more_than_reserved() -> None:
+    async with Buffer(BufferConfig(capacity=8)) as b:
+        for huge in (9, 10**9, 2**70):
+            with pytest.raises(ConfigError, match=rf"reserve\({huge}\).*at most 8"):
+                await b.reserve(huge)
+        await b.reserve(8)
+        with pytest.raises(ConfigError, match=r"release\(9\).*reserved and not yet put \(8\)"):
+            await b.release(9)
+        await b.release(8)
+        assert (await b.statistics()).in_flight == 0
+    cfg = BufferConfig(n_samples_per_prompt=1, capacity=4, max_staleness=2, rollout_batch_size=4)
+    async with Buffer(cfg) as b:
+        await b.reserve(12)  # (2 + 1) * 4: a bound above the capacity
+        with pytest.raises(ConfigError, match=r"at most 12"):
+            await b.reserve(13)
+
+
 async def test_get_batch_refuses_a_bad_timeout_or_lease() -> None:
     async with Buffer(BufferConfig(rollout_batch_size=1)) as b:
         for bad in (math.nan, -1.0, "5"):

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -202,3 +203,20 @@ def test_a_64_mb_body_costs_a_small_multiple_of_its_size(buffer_serve: tuple[str
         assert r.status_code == 200 and r.json()["errors"] == [None] * len(groups)
         grown = _memory_mb(pid)["VmHWM"] - before
         assert grown < 5 * size / MB, grown
+
+
+async def test_reserve_beyond_its_bound_and_release_beyond_the_reserved_are_400(
+    raw: tuple[Buffer, httpx.AsyncClient],
+) -> None:
+    buffer, client = raw
+    for path, body, words in (
+        ("/v1/reserve", b'{"prompts": 1000000000}', "reserve(1000000000)"),
+        ("/v1/release", b'{"prompts": 5}', "release(5)"),
+    ):
+        r = await client.post(path, content=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "ConfigError" and words in error["message"], error
+    assert (await buffer.statistics()).in_flight == 0
+    with anyio.fail_after(5):
+        await buffer.reserve(1)  # nobody is held back
