@@ -229,7 +229,9 @@ class Buffer:
 
         Returns once the group is stored (on disk, for a durable Buffer). Waits while the
         Buffer holds ``capacity`` ready groups. A group whose sample ids are all stored
-        already is a no-op (counted in ``duplicate_groups``).
+        already is a no-op (counted in ``duplicate_groups``). Cancelled while it waits for
+        room (or in a filter), the put is withdrawn; once its samples are being stored it
+        completes first, so a put is applied wholly or not at all.
         """
         await self._put_encoded(samples, None)
 
@@ -265,22 +267,25 @@ class Buffer:
                 verdict = await self._filter(record.samples)
                 if not verdict.keep:
                     record.state, record.reason = "dropped", verdict.reason or "filtered"
-        new = await self._commit(records, [])
-        self._stats.in_flight = max(0, self._stats.in_flight - 1)
-        if not any(new):
-            self._stats.duplicate_groups += 1
-            return
-        self._stats.groups_put += 1
-        self._stats.samples_put += n_samples
-        for record, is_new in zip(records, new, strict=True):
-            if not is_new:
-                continue
-            if record.state == "ready":
-                self._stats.kept += 1
-                self._ready.append(self._group(record))
-            else:
-                self._stats.dropped[record.reason] += 1
-        self._stats.ready = len(self._ready)
+        # From here on the put completes (or fails) as a whole: once its samples are being
+        # written, cancelling the caller must not leave them stored but not ready.
+        with anyio.CancelScope(shield=True):
+            new = await self._commit(records, [])
+            self._stats.in_flight = max(0, self._stats.in_flight - 1)
+            if not any(new):
+                self._stats.duplicate_groups += 1
+                return
+            self._stats.groups_put += 1
+            self._stats.samples_put += n_samples
+            for record, is_new in zip(records, new, strict=True):
+                if not is_new:
+                    continue
+                if record.state == "ready":
+                    self._stats.kept += 1
+                    self._ready.append(self._group(record))
+                else:
+                    self._stats.dropped[record.reason] += 1
+            self._stats.ready = len(self._ready)
 
     def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
         if not samples:

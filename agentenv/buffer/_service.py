@@ -50,6 +50,11 @@ and empty records and counts the samples before decoding any (``max_samples_per_
 413 beyond; the body itself is capped by ``max_body_bytes``, 413 beyond). So a request costs
 at most a small multiple of its size in memory, and a malformed one never reaches the Buffer.
 
+Puts are long polls: a put whose client disconnects while it waits for room in a full
+Buffer is withdrawn (once admitted, the Buffer completes it). At most
+``max_put_requests`` are handled at once; beyond, 503 ``PutsBusy``, which the client
+retries, so producers waiting on a full Buffer leave connections to consumers.
+
 Leases: a batch handed out by the server is lent for ``lease_s`` seconds. The client renews
 the leases of the batches it holds in the background (every third of ``lease_s``, one
 ``renew`` request for all of them) until it acknowledges or releases them; a consumer that
@@ -74,7 +79,7 @@ import json
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
@@ -132,6 +137,8 @@ _INT64 = 2**63
 # Requests in flight at once: one keeps the server busy while the next is sent and the
 # answer to the previous is read; more only split the queued groups into smaller requests.
 _PUTS_IN_FLIGHT = 2
+_PUTS_BUSY = "PutsBusy"  # the server's 503 when it handles max_put_requests already
+_BUSY_RETRY_S = (0.02, 1.0)  # the client's first and longest wait before retrying it
 
 
 class BufferServiceError(AgentEnvError):
@@ -329,6 +336,13 @@ class BufferServer:
             bounds the memory a request of many tiny samples takes.
         lease_s: seconds a batch stays with its consumer without a renewal (the client
             renews while it lives); then its groups go back to the ready queue.
+        max_connections: connections held at once (default: the HTTP server's, from the
+            descriptor limit).
+        max_put_requests: put requests handled at once (default: half of
+            ``max_connections``); beyond, a put is answered 503 ``PutsBusy`` at once and
+            :class:`BufferClient` retries it. Puts that wait for room hold their
+            connections, so this keeps connections free for consumers (``get_batch``,
+            ``ack``, ...) however many producers wait on a full Buffer.
     """
 
     def __init__(
@@ -341,6 +355,8 @@ class BufferServer:
         max_body_bytes: int = _MAX_BODY_BYTES,
         max_samples_per_request: int = _MAX_SAMPLES,
         lease_s: float = 60.0,
+        max_connections: int | None = None,
+        max_put_requests: int | None = None,
     ) -> None:
         _check_token(token)
         if type(max_samples_per_request) is not int or max_samples_per_request < _PUT_SAMPLES:
@@ -355,9 +371,11 @@ class BufferServer:
         self.max_samples_per_request = max_samples_per_request
         self._expected = token.encode()
         router = Router()
+        # Long polls: cancelled when their client disconnects. A put is withdrawn so while
+        # it waits for room; once admitted, the Buffer completes it (see put_group).
         for method, name, handler, long_poll in (
-            ("POST", "put_group", self._put_group, False),
-            ("POST", "put_groups", self._put_groups, False),
+            ("POST", "put_group", self._put_group, True),
+            ("POST", "put_groups", self._put_groups, True),
             ("POST", "get_batch", self._get_batch, True),
             ("POST", "renew", self._renew, False),
             ("POST", "ack", self._ack, False),
@@ -373,8 +391,22 @@ class BufferServer:
         ):
             router.add(method, f"{PREFIX}/{name}", self._errors(handler), long_poll=long_poll)
         self._http = HTTPServer(
-            router, host=host, port=port, max_body_bytes=max_body_bytes, guard=self._authorize
+            router,
+            host=host,
+            port=port,
+            max_body_bytes=max_body_bytes,
+            guard=self._authorize,
+            max_connections=max_connections,
         )
+        if max_put_requests is None:
+            max_put_requests = max(1, self._http.max_connections // 2)
+        if type(max_put_requests) is not int or max_put_requests < 1:
+            raise ConfigError(
+                f"max_put_requests must be an int >= 1 (or None: half the connections), "
+                f"got {max_put_requests!r}"
+            )
+        self.max_put_requests = max_put_requests
+        self._put_requests = 0  # put requests being handled now
 
     @property
     def port(self) -> int:
@@ -460,12 +492,34 @@ class BufferServer:
             out.append(([decode_sample(blob) for blob in blobs], blobs))
         return out
 
+    @contextlib.contextmanager
+    def _put_request(self) -> Iterator[None]:
+        if self._put_requests >= self.max_put_requests:
+            raise HTTPError(
+                503,
+                f"{self._put_requests} put requests are in progress (waiting for room in a "
+                f"full Buffer, most likely), the most this server handles at once "
+                f"(max_put_requests); retry shortly",
+                type=_PUTS_BUSY,
+                headers=[("retry-after", "1")],
+            )
+        self._put_requests += 1
+        try:
+            yield
+        finally:
+            self._put_requests -= 1
+
     async def _put_group(self, request: Request) -> Response:
-        ((samples, blobs),) = self._decode_groups(request.body, grouped=False)
-        await self.buffer._put_encoded(samples, blobs)
+        with self._put_request():
+            ((samples, blobs),) = self._decode_groups(request.body, grouped=False)
+            await self.buffer._put_encoded(samples, blobs)
         return Response.empty()
 
     async def _put_groups(self, request: Request) -> Response:
+        with self._put_request():
+            return await self._put_many(request)
+
+    async def _put_many(self, request: Request) -> Response:
         groups = self._decode_groups(request.body, grouped=True)
         errors: list[dict[str, str] | None] = [None] * len(groups)
         todo = iter(enumerate(groups))
@@ -779,16 +833,27 @@ class BufferClient:
             self._put_sent.set()
             self._put_sent = anyio.Event()
 
+    async def _put_call(self, name: str, content: bytes) -> httpx.Response:
+        # A server handling its most put requests (producers waiting on a full Buffer)
+        # answers 503 PutsBusy at once: wait and retry, as the put would have waited.
+        delay, longest = _BUSY_RETRY_S
+        while True:
+            try:
+                return await self._call("POST", name, content=content, wait=self._wait)
+            except BufferServiceError as e:
+                if e.status != 503 or e.type != _PUTS_BUSY:
+                    raise
+            await anyio.sleep(delay)
+            delay = min(longest, delay * 2)
+
     async def _put_groups(self, blobs: list[bytes]) -> list[BaseException | None]:
         if len(blobs) == 1:
             try:
-                await self._call("POST", "put_group", content=blobs[0], wait=self._wait)
+                await self._put_call("put_group", blobs[0])
             except Exception as e:
                 return [e]
             return [None]
-        response = await self._call(
-            "POST", "put_groups", content=join_frames(blobs), wait=self._wait
-        )
+        response = await self._put_call("put_groups", join_frames(blobs))
         errors = response.json()["errors"]
         if len(errors) != len(blobs):
             raise BufferServiceError(
