@@ -47,7 +47,9 @@ Every request is validated before the Buffer sees it: JSON bodies and query stri
 pydantic model per endpoint (types, ranges: a NaN timeout or a negative count is a 400 that
 names the field), sample bodies by the codec, in one linear pass that refuses empty groups
 and empty records and counts the samples before decoding any (``max_samples_per_request``,
-413 beyond; the body itself is capped by ``max_body_bytes``, 413 beyond). So a request costs
+413 beyond; their JSON headers by ``max_sample_header_bytes`` each and
+``max_header_bytes_per_request`` in all, 413 beyond; the body itself is capped by
+``max_body_bytes``, 413 beyond). So a request costs
 at most a small multiple of its size in memory, and a malformed one never reaches the Buffer.
 
 Puts are long polls: a put whose client disconnects while it waits for room in a full
@@ -111,7 +113,6 @@ from agentenv.buffer._codec import (
     decode_sample,
     decode_samples,
     encode_sample,
-    encode_samples,
     join_frames,
     split_frames,
 )
@@ -129,6 +130,10 @@ _PUT_BYTES = 64 * 1024 * 1024  # the most one put_groups request carries
 _PUT_SAMPLES = 8192  # ... and the most samples (well below the server's default limit)
 _MAX_BODY_BYTES = 128 * 1024 * 1024  # the server's default body limit: two full requests
 _MAX_SAMPLES = 65536  # the server's default limit on samples per request
+# JSON header bytes (a sample's scalar fields and metadata): parsed, they cost up to ~50x
+# their size ({} is 2 bytes, a dict 64), so they are bounded apart from the token arrays.
+_MAX_SAMPLE_HEADER = 1024 * 1024  # the server's default limit per sample
+_MAX_REQUEST_HEADERS = 8 * 1024 * 1024  # ... and per request (the client keeps below it)
 # Groups of one put_groups request put at once: enough for big group commits, few enough
 # that a request of many small groups does not start a task for each.
 _PUT_WORKERS = 256
@@ -343,6 +348,11 @@ class BufferServer:
             :class:`BufferClient` retries it. Puts that wait for room hold their
             connections, so this keeps connections free for consumers (``get_batch``,
             ``ack``, ...) however many producers wait on a full Buffer.
+        max_sample_header_bytes: the largest JSON header (scalar fields and metadata) of
+            one sample in a put (413 beyond); default 1 MiB.
+        max_header_bytes_per_request: the most JSON header bytes one put request carries
+            (413 beyond); default 8 MiB, which the client keeps below. Parsed JSON costs up
+            to ~50x its size, so these bound a request's memory where the body cap cannot.
     """
 
     def __init__(
@@ -357,8 +367,20 @@ class BufferServer:
         lease_s: float = 60.0,
         max_connections: int | None = None,
         max_put_requests: int | None = None,
+        max_sample_header_bytes: int = _MAX_SAMPLE_HEADER,
+        max_header_bytes_per_request: int = _MAX_REQUEST_HEADERS,
     ) -> None:
         _check_token(token)
+        for name, value, least in (
+            ("max_sample_header_bytes", max_sample_header_bytes, 1024),
+            ("max_header_bytes_per_request", max_header_bytes_per_request, _MAX_REQUEST_HEADERS),
+        ):
+            if type(value) is not int or value < least:
+                raise ConfigError(
+                    f"{name} must be an int >= {least} (what a client sends at most), got {value!r}"
+                )
+        self.max_sample_header_bytes = max_sample_header_bytes
+        self.max_header_bytes_per_request = max_header_bytes_per_request
         if type(max_samples_per_request) is not int or max_samples_per_request < _PUT_SAMPLES:
             raise ConfigError(
                 f"max_samples_per_request must be an int >= {_PUT_SAMPLES} (what a client "
@@ -486,11 +508,40 @@ class BufferServer:
             what = f"group {k} of the put_groups body" if grouped else "put_group body"
             records.append(self._frames(frame, what, "sample", limit))
             limit -= len(records[-1])
+        self._check_headers(records)
         out = []
         for frames_of_group in records:
             blobs = [bytes(frame) for frame in frames_of_group]
             out.append(([decode_sample(blob) for blob in blobs], blobs))
         return out
+
+    def _check_headers(self, groups: list[list[memoryview]]) -> None:
+        # Each sample's JSON header length is its first u32 (a frame too short for one is
+        # refused by the decoder): summed before any is parsed.
+        total = 0
+        for k, frames in enumerate(groups):
+            for i, frame in enumerate(frames):
+                if len(frame) < 4:
+                    continue
+                (n,) = _U32.unpack_from(frame, 0)
+                if n > self.max_sample_header_bytes:
+                    raise HTTPError(
+                        413,
+                        f"sample {i} of group {k} has a {n}-byte JSON header (its metadata, "
+                        f"mostly); this server takes at most {self.max_sample_header_bytes} "
+                        "bytes per sample (max_sample_header_bytes): keep metadata small",
+                        type="HeaderTooLarge",
+                    )
+                total += n
+                if total > self.max_header_bytes_per_request:
+                    raise HTTPError(
+                        413,
+                        f"the request's samples have over {self.max_header_bytes_per_request} "
+                        "bytes of JSON headers (their metadata, mostly), the most one "
+                        "request may carry here (max_header_bytes_per_request); send fewer "
+                        "samples at once or keep metadata small",
+                        type="HeaderTooLarge",
+                    )
 
     @contextlib.contextmanager
     def _put_request(self) -> Iterator[None]:
@@ -784,7 +835,9 @@ class BufferClient:
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
-        put = _QueuedPut(encode_samples(samples), len(samples))
+        blobs = [encode_sample(s) for s in samples]
+        headers = sum(_U32.unpack_from(blob, 0)[0] for blob in blobs)
+        put = _QueuedPut(join_frames(blobs), len(samples), headers)
         self._puts.append(put)
         try:
             while not put.done:
@@ -808,12 +861,13 @@ class BufferClient:
         try:
             with anyio.CancelScope(shield=True):
                 taken: list[_QueuedPut] = []
-                size = count = 0
+                size = count = headers = 0
                 while self._puts and (
                     not taken
                     or (
                         size + len(self._puts[0].blob) <= _PUT_BYTES
                         and count + self._puts[0].n <= _PUT_SAMPLES
+                        and headers + self._puts[0].headers <= _MAX_REQUEST_HEADERS
                     )
                 ):
                     put = self._puts.popleft()
@@ -821,6 +875,7 @@ class BufferClient:
                     taken.append(put)
                     size += len(put.blob) + 4
                     count += put.n
+                    headers += put.headers
                 results: list[BaseException | None]
                 try:
                     results = await self._put_groups([put.blob for put in taken])
@@ -965,6 +1020,7 @@ class _QueuedPut:
 
     blob: bytes
     n: int  # samples
+    headers: int  # JSON header bytes of its samples
     sent: bool = False
     done: bool = False
     error: BaseException | None = None
