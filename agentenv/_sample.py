@@ -135,18 +135,29 @@ def logprob_array(values: Any, n: int, *, check: bool = True) -> array.array[flo
     return out
 
 
-def check_metadata(metadata: Any) -> None:
-    """:class:`SampleError` unless ``metadata`` is a dict whose numbers are all finite.
+_JSON_HINT = (
+    "metadata must be plain JSON (a dict with str keys, list, str, bool, int, finite float or None)"
+)
 
-    JSON has no NaN or infinity: a sample holding one could not be stored, sent or
-    exported. The walk is iterative, so deeply nested metadata cannot exhaust the stack;
-    the error names the key path of the first bad value.
+
+def check_metadata(metadata: Any) -> None:
+    """:class:`SampleError` unless ``metadata`` is plain JSON: a dict with str keys whose
+    values are dicts (str keys), lists, str, bool, int, finite floats or None.
+
+    Anything else could not be stored, sent or exported as it is (a set, bytes, a numpy
+    array), would come back changed (a tuple as a list, ``{1: 2}`` as ``{"1": 2}``), or is
+    not JSON at all (NaN, infinity). Numpy numbers are refused too: convert them with
+    ``float(x)`` or ``int(x)`` (``np.float64`` is a float and passes). The walk is iterative,
+    so deeply nested metadata cannot exhaust the stack; the error names the key path and
+    the type of the first bad value.
     """
     if not isinstance(metadata, dict):
         raise SampleError(f"metadata must be a dict, got {type(metadata).__name__}")
     stack: list[tuple[str, Any]] = [("metadata", metadata)]
     while stack:
         where, value = stack.pop()
+        if value is None or isinstance(value, (str, int)):  # bool is an int
+            continue
         if isinstance(value, float):
             if not math.isfinite(value):
                 raise SampleError(
@@ -154,9 +165,35 @@ def check_metadata(metadata: Any) -> None:
                     "infinity: store a finite number, null or a string instead"
                 )
         elif isinstance(value, dict):
-            stack.extend((f"{where}[{k!r}]", v) for k, v in value.items())
-        elif isinstance(value, (list, tuple)):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise SampleError(
+                        f"{where} has the key {k!r} ({type(k).__name__}), but {_JSON_HINT}: "
+                        f"JSON object keys are strings, use str({k!r}) as the key"
+                    )
+                stack.append((f"{where}[{k!r}]", v))
+        elif isinstance(value, list):
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        else:
+            raise SampleError(
+                f"{where} is a {type(value).__module__}.{type(value).__qualname__} "
+                f"({_short(value)}), but {_JSON_HINT}: {_conversion(value)}"
+            )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _conversion(value: Any) -> str:
+    if isinstance(value, (tuple, set, frozenset)):
+        return "convert it with list(x)"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "decode it to a str (x.decode(), or base64 for binary data)"
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return "convert it with float(x) or int(x) (an array with x.tolist())"
+    return "convert it to one of those"
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=True)

@@ -156,10 +156,13 @@ class Producer:
         self.stats = RoundStats(peak_requests=self.requests)
         return out
 
-    async def play(self, tasks: Sequence[Task], seed: int) -> int:
+    async def play(
+        self, tasks: Sequence[Task], seed: int, round_sink: _RoundSink | None = None
+    ) -> int:
         """One round: every task ``n_samples_per_prompt`` times, groups into the Buffer.
-        Returns how many prompts' groups were put (all of them unless cancelled)."""
-        round_sink = _RoundSink(self)
+        Returns how many prompts' groups were put (all of them unless cancelled; a
+        cancelled round's count is ``round_sink.put``)."""
+        round_sink = round_sink or _RoundSink(self)
         if self._running == 0:
             self._busy_since = time.perf_counter()
         self._running += 1
@@ -225,12 +228,13 @@ class Producer:
 
     async def _admitted_round(self, tasks: Sequence[Task], seed: int) -> None:
         kept = (await self.buffer.statistics()).kept
-        round_put = 0
+        round_sink = _RoundSink(self)
         try:
-            round_put = await self.play(tasks, seed)
+            await self.play(tasks, seed, round_sink)
         finally:
-            # Reservations of prompts that never arrived go back (cancelled at the end).
-            await self.buffer.release(max(0, len(tasks) - round_put))
+            # Reservations of prompts that never arrived go back (cancelled at the end):
+            # counted as they are put, so a cancelled round gives back only its own.
+            await self.buffer.release(len(tasks) - round_sink.put)
         if (await self.buffer.statistics()).kept > kept:
             self._barren = 0
         else:

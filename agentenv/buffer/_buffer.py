@@ -229,7 +229,9 @@ class Buffer:
 
         Returns once the group is stored (on disk, for a durable Buffer). Waits while the
         Buffer holds ``capacity`` ready groups. A group whose sample ids are all stored
-        already is a no-op (counted in ``duplicate_groups``).
+        already is a no-op (counted in ``duplicate_groups``). Cancelled while it waits for
+        room (or in a filter), the put is withdrawn; once its samples are being stored it
+        completes first, so a put is applied wholly or not at all.
         """
         await self._put_encoded(samples, None)
 
@@ -265,22 +267,25 @@ class Buffer:
                 verdict = await self._filter(record.samples)
                 if not verdict.keep:
                     record.state, record.reason = "dropped", verdict.reason or "filtered"
-        new = await self._commit(records, [])
-        self._stats.in_flight = max(0, self._stats.in_flight - 1)
-        if not any(new):
-            self._stats.duplicate_groups += 1
-            return
-        self._stats.groups_put += 1
-        self._stats.samples_put += n_samples
-        for record, is_new in zip(records, new, strict=True):
-            if not is_new:
-                continue
-            if record.state == "ready":
-                self._stats.kept += 1
-                self._ready.append(self._group(record))
-            else:
-                self._stats.dropped[record.reason] += 1
-        self._stats.ready = len(self._ready)
+        # From here on the put completes (or fails) as a whole: once its samples are being
+        # written, cancelling the caller must not leave them stored but not ready.
+        with anyio.CancelScope(shield=True):
+            new = await self._commit(records, [])
+            self._stats.in_flight = max(0, self._stats.in_flight - 1)
+            if not any(new):
+                self._stats.duplicate_groups += 1
+                return
+            self._stats.groups_put += 1
+            self._stats.samples_put += n_samples
+            for record, is_new in zip(records, new, strict=True):
+                if not is_new:
+                    continue
+                if record.state == "ready":
+                    self._stats.kept += 1
+                    self._ready.append(self._group(record))
+                else:
+                    self._stats.dropped[record.reason] += 1
+            self._stats.ready = len(self._ready)
 
     def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
         if not samples:
@@ -532,11 +537,25 @@ class Buffer:
         would wait forever; what then goes stale is dropped on the way out), and dropped
         groups free their room at once. Without those settings it only counts
         the prompts in flight.
+
+        One reservation takes at most ``capacity`` prompts (or ``(max_staleness + 1) *
+        rollout_batch_size`` when larger); more is a :class:`ConfigError`.
         """
         self._check_open()
         _check_count("reserve", prompts)
         limit = self.config.max_staleness
         per_step = self.config.rollout_batch_size
+        bound = self.config.capacity
+        if limit is not None and per_step is not None:
+            bound = max(bound, (limit + 1) * per_step)
+        if prompts > bound:
+            # Admitted at once while little is alive, it would hold every later
+            # reservation back until that many groups were put and taken.
+            raise ConfigError(
+                f"reserve({prompts}) asks for more prompts than one reservation may take: at "
+                f"most {bound} (the Buffer's capacity, or (max_staleness + 1) * "
+                "rollout_batch_size when larger); reserve a round at a time"
+            )
         while limit is not None and per_step is not None:
             # In prompts: a multi-agent prompt leaves one ready group per role.
             alive = self._stats.in_flight + len({g.group_id for g in self._ready})
@@ -549,8 +568,15 @@ class Buffer:
         self._stats.in_flight += prompts
 
     async def release(self, prompts: int = 1) -> None:
-        """Give back reservations for rollouts that will not be put (cancelled)."""
+        """Give back reservations for rollouts that will not be put (cancelled); more than
+        are reserved and not yet put is a :class:`ConfigError`."""
         _check_count("release", prompts)
+        if prompts > self._stats.in_flight:
+            raise ConfigError(
+                f"release({prompts}) gives back more prompts than are reserved and not yet "
+                f"put ({self._stats.in_flight}): release only what reserve took and no "
+                "put_group followed"
+            )
         self._admitted = max(0, self._admitted - prompts)
         self._stats.in_flight = max(0, self._stats.in_flight - prompts)
         self._notify()

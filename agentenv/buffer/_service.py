@@ -47,8 +47,15 @@ Every request is validated before the Buffer sees it: JSON bodies and query stri
 pydantic model per endpoint (types, ranges: a NaN timeout or a negative count is a 400 that
 names the field), sample bodies by the codec, in one linear pass that refuses empty groups
 and empty records and counts the samples before decoding any (``max_samples_per_request``,
-413 beyond; the body itself is capped by ``max_body_bytes``, 413 beyond). So a request costs
+413 beyond; their JSON headers by ``max_sample_header_bytes`` each and
+``max_header_bytes_per_request`` in all, 413 beyond; the body itself is capped by
+``max_body_bytes``, 413 beyond). So a request costs
 at most a small multiple of its size in memory, and a malformed one never reaches the Buffer.
+
+Puts are long polls: a put whose client disconnects while it waits for room in a full
+Buffer is withdrawn (once admitted, the Buffer completes it). At most
+``max_put_requests`` are handled at once; beyond, 503 ``PutsBusy``, which the client
+retries, so producers waiting on a full Buffer leave connections to consumers.
 
 Leases: a batch handed out by the server is lent for ``lease_s`` seconds. The client renews
 the leases of the batches it holds in the background (every third of ``lease_s``, one
@@ -74,7 +81,7 @@ import json
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
@@ -106,7 +113,6 @@ from agentenv.buffer._codec import (
     decode_sample,
     decode_samples,
     encode_sample,
-    encode_samples,
     join_frames,
     split_frames,
 )
@@ -124,6 +130,10 @@ _PUT_BYTES = 64 * 1024 * 1024  # the most one put_groups request carries
 _PUT_SAMPLES = 8192  # ... and the most samples (well below the server's default limit)
 _MAX_BODY_BYTES = 128 * 1024 * 1024  # the server's default body limit: two full requests
 _MAX_SAMPLES = 65536  # the server's default limit on samples per request
+# JSON header bytes (a sample's scalar fields and metadata): parsed, they cost up to ~50x
+# their size ({} is 2 bytes, a dict 64), so they are bounded apart from the token arrays.
+_MAX_SAMPLE_HEADER = 1024 * 1024  # the server's default limit per sample
+_MAX_REQUEST_HEADERS = 8 * 1024 * 1024  # ... and per request (the client keeps below it)
 # Groups of one put_groups request put at once: enough for big group commits, few enough
 # that a request of many small groups does not start a task for each.
 _PUT_WORKERS = 256
@@ -132,6 +142,8 @@ _INT64 = 2**63
 # Requests in flight at once: one keeps the server busy while the next is sent and the
 # answer to the previous is read; more only split the queued groups into smaller requests.
 _PUTS_IN_FLIGHT = 2
+_PUTS_BUSY = "PutsBusy"  # the server's 503 when it handles max_put_requests already
+_BUSY_RETRY_S = (0.02, 1.0)  # the client's first and longest wait before retrying it
 
 
 class BufferServiceError(AgentEnvError):
@@ -329,6 +341,18 @@ class BufferServer:
             bounds the memory a request of many tiny samples takes.
         lease_s: seconds a batch stays with its consumer without a renewal (the client
             renews while it lives); then its groups go back to the ready queue.
+        max_connections: connections held at once (default: the HTTP server's, from the
+            descriptor limit).
+        max_put_requests: put requests handled at once (default: half of
+            ``max_connections``); beyond, a put is answered 503 ``PutsBusy`` at once and
+            :class:`BufferClient` retries it. Puts that wait for room hold their
+            connections, so this keeps connections free for consumers (``get_batch``,
+            ``ack``, ...) however many producers wait on a full Buffer.
+        max_sample_header_bytes: the largest JSON header (scalar fields and metadata) of
+            one sample in a put (413 beyond); default 1 MiB.
+        max_header_bytes_per_request: the most JSON header bytes one put request carries
+            (413 beyond); default 8 MiB, which the client keeps below. Parsed JSON costs up
+            to ~50x its size, so these bound a request's memory where the body cap cannot.
     """
 
     def __init__(
@@ -341,8 +365,22 @@ class BufferServer:
         max_body_bytes: int = _MAX_BODY_BYTES,
         max_samples_per_request: int = _MAX_SAMPLES,
         lease_s: float = 60.0,
+        max_connections: int | None = None,
+        max_put_requests: int | None = None,
+        max_sample_header_bytes: int = _MAX_SAMPLE_HEADER,
+        max_header_bytes_per_request: int = _MAX_REQUEST_HEADERS,
     ) -> None:
         _check_token(token)
+        for name, value, least in (
+            ("max_sample_header_bytes", max_sample_header_bytes, 1024),
+            ("max_header_bytes_per_request", max_header_bytes_per_request, _MAX_REQUEST_HEADERS),
+        ):
+            if type(value) is not int or value < least:
+                raise ConfigError(
+                    f"{name} must be an int >= {least} (what a client sends at most), got {value!r}"
+                )
+        self.max_sample_header_bytes = max_sample_header_bytes
+        self.max_header_bytes_per_request = max_header_bytes_per_request
         if type(max_samples_per_request) is not int or max_samples_per_request < _PUT_SAMPLES:
             raise ConfigError(
                 f"max_samples_per_request must be an int >= {_PUT_SAMPLES} (what a client "
@@ -355,9 +393,11 @@ class BufferServer:
         self.max_samples_per_request = max_samples_per_request
         self._expected = token.encode()
         router = Router()
+        # Long polls: cancelled when their client disconnects. A put is withdrawn so while
+        # it waits for room; once admitted, the Buffer completes it (see put_group).
         for method, name, handler, long_poll in (
-            ("POST", "put_group", self._put_group, False),
-            ("POST", "put_groups", self._put_groups, False),
+            ("POST", "put_group", self._put_group, True),
+            ("POST", "put_groups", self._put_groups, True),
             ("POST", "get_batch", self._get_batch, True),
             ("POST", "renew", self._renew, False),
             ("POST", "ack", self._ack, False),
@@ -373,8 +413,22 @@ class BufferServer:
         ):
             router.add(method, f"{PREFIX}/{name}", self._errors(handler), long_poll=long_poll)
         self._http = HTTPServer(
-            router, host=host, port=port, max_body_bytes=max_body_bytes, guard=self._authorize
+            router,
+            host=host,
+            port=port,
+            max_body_bytes=max_body_bytes,
+            guard=self._authorize,
+            max_connections=max_connections,
         )
+        if max_put_requests is None:
+            max_put_requests = max(1, self._http.max_connections // 2)
+        if type(max_put_requests) is not int or max_put_requests < 1:
+            raise ConfigError(
+                f"max_put_requests must be an int >= 1 (or None: half the connections), "
+                f"got {max_put_requests!r}"
+            )
+        self.max_put_requests = max_put_requests
+        self._put_requests = 0  # put requests being handled now
 
     @property
     def port(self) -> int:
@@ -454,18 +508,69 @@ class BufferServer:
             what = f"group {k} of the put_groups body" if grouped else "put_group body"
             records.append(self._frames(frame, what, "sample", limit))
             limit -= len(records[-1])
+        self._check_headers(records)
         out = []
         for frames_of_group in records:
             blobs = [bytes(frame) for frame in frames_of_group]
             out.append(([decode_sample(blob) for blob in blobs], blobs))
         return out
 
+    def _check_headers(self, groups: list[list[memoryview]]) -> None:
+        # Each sample's JSON header length is its first u32 (a frame too short for one is
+        # refused by the decoder): summed before any is parsed.
+        total = 0
+        for k, frames in enumerate(groups):
+            for i, frame in enumerate(frames):
+                if len(frame) < 4:
+                    continue
+                (n,) = _U32.unpack_from(frame, 0)
+                if n > self.max_sample_header_bytes:
+                    raise HTTPError(
+                        413,
+                        f"sample {i} of group {k} has a {n}-byte JSON header (its metadata, "
+                        f"mostly); this server takes at most {self.max_sample_header_bytes} "
+                        "bytes per sample (max_sample_header_bytes): keep metadata small",
+                        type="HeaderTooLarge",
+                    )
+                total += n
+                if total > self.max_header_bytes_per_request:
+                    raise HTTPError(
+                        413,
+                        f"the request's samples have over {self.max_header_bytes_per_request} "
+                        "bytes of JSON headers (their metadata, mostly), the most one "
+                        "request may carry here (max_header_bytes_per_request); send fewer "
+                        "samples at once or keep metadata small",
+                        type="HeaderTooLarge",
+                    )
+
+    @contextlib.contextmanager
+    def _put_request(self) -> Iterator[None]:
+        if self._put_requests >= self.max_put_requests:
+            raise HTTPError(
+                503,
+                f"{self._put_requests} put requests are in progress (waiting for room in a "
+                f"full Buffer, most likely), the most this server handles at once "
+                f"(max_put_requests); retry shortly",
+                type=_PUTS_BUSY,
+                headers=[("retry-after", "1")],
+            )
+        self._put_requests += 1
+        try:
+            yield
+        finally:
+            self._put_requests -= 1
+
     async def _put_group(self, request: Request) -> Response:
-        ((samples, blobs),) = self._decode_groups(request.body, grouped=False)
-        await self.buffer._put_encoded(samples, blobs)
+        with self._put_request():
+            ((samples, blobs),) = self._decode_groups(request.body, grouped=False)
+            await self.buffer._put_encoded(samples, blobs)
         return Response.empty()
 
     async def _put_groups(self, request: Request) -> Response:
+        with self._put_request():
+            return await self._put_many(request)
+
+    async def _put_many(self, request: Request) -> Response:
         groups = self._decode_groups(request.body, grouped=True)
         errors: list[dict[str, str] | None] = [None] * len(groups)
         todo = iter(enumerate(groups))
@@ -730,7 +835,9 @@ class BufferClient:
         for i, s in enumerate(samples):
             if not isinstance(s, Sample):
                 raise SampleError(f"put_group takes Sample objects, item {i} is {type(s).__name__}")
-        put = _QueuedPut(encode_samples(samples), len(samples))
+        blobs = [encode_sample(s) for s in samples]
+        headers = sum(_U32.unpack_from(blob, 0)[0] for blob in blobs)
+        put = _QueuedPut(join_frames(blobs), len(samples), headers)
         self._puts.append(put)
         try:
             while not put.done:
@@ -754,12 +861,13 @@ class BufferClient:
         try:
             with anyio.CancelScope(shield=True):
                 taken: list[_QueuedPut] = []
-                size = count = 0
+                size = count = headers = 0
                 while self._puts and (
                     not taken
                     or (
                         size + len(self._puts[0].blob) <= _PUT_BYTES
                         and count + self._puts[0].n <= _PUT_SAMPLES
+                        and headers + self._puts[0].headers <= _MAX_REQUEST_HEADERS
                     )
                 ):
                     put = self._puts.popleft()
@@ -767,6 +875,7 @@ class BufferClient:
                     taken.append(put)
                     size += len(put.blob) + 4
                     count += put.n
+                    headers += put.headers
                 results: list[BaseException | None]
                 try:
                     results = await self._put_groups([put.blob for put in taken])
@@ -779,16 +888,27 @@ class BufferClient:
             self._put_sent.set()
             self._put_sent = anyio.Event()
 
+    async def _put_call(self, name: str, content: bytes) -> httpx.Response:
+        # A server handling its most put requests (producers waiting on a full Buffer)
+        # answers 503 PutsBusy at once: wait and retry, as the put would have waited.
+        delay, longest = _BUSY_RETRY_S
+        while True:
+            try:
+                return await self._call("POST", name, content=content, wait=self._wait)
+            except BufferServiceError as e:
+                if e.status != 503 or e.type != _PUTS_BUSY:
+                    raise
+            await anyio.sleep(delay)
+            delay = min(longest, delay * 2)
+
     async def _put_groups(self, blobs: list[bytes]) -> list[BaseException | None]:
         if len(blobs) == 1:
             try:
-                await self._call("POST", "put_group", content=blobs[0], wait=self._wait)
+                await self._put_call("put_group", blobs[0])
             except Exception as e:
                 return [e]
             return [None]
-        response = await self._call(
-            "POST", "put_groups", content=join_frames(blobs), wait=self._wait
-        )
+        response = await self._put_call("put_groups", join_frames(blobs))
         errors = response.json()["errors"]
         if len(errors) != len(blobs):
             raise BufferServiceError(
@@ -900,6 +1020,7 @@ class _QueuedPut:
 
     blob: bytes
     n: int  # samples
+    headers: int  # JSON header bytes of its samples
     sent: bool = False
     done: bool = False
     error: BaseException | None = None

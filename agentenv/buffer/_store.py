@@ -14,9 +14,10 @@ the last indexed byte and are cut off at the next open. Keeping the ~10 KB sampl
 out of SQLite halves the bytes written per sample (SQLite writes each page twice: to its
 write-ahead log, then back into the database file).
 
-One process per directory: opening takes an exclusive lock on ``buffer.lock`` (``flock``,
-held until the store is closed; the kernel drops it when the process dies, even by ``kill
--9``), whose text is the holder's pid. A second opener -- which would cut off a put the
+One process per directory: opening takes an exclusive lock on the directory itself
+(``flock`` on its inode, held until the store is closed; the kernel drops it when the
+process dies, even by ``kill -9``); ``buffer.lock`` only names the holder's pid, and
+removing it unlocks nothing. A second opener -- which would cut off a put the
 first has written but not yet indexed -- is refused with :class:`BufferLockedError`.
 Readers (:func:`open_readonly`) take no lock: they change nothing.
 
@@ -71,28 +72,36 @@ class BufferLockedError(ConfigError):
 
 
 class DirectoryLock:
-    """An exclusive ``flock`` on ``DIR/buffer.lock`` holding the owner's pid, until
-    :meth:`release` (or the process's end: the kernel drops it then, whatever killed it)."""
+    """An exclusive ``flock`` on the directory itself, until :meth:`release` (or the
+    process's end: the kernel drops it then, whatever killed it).
+
+    The lock is on the directory's own inode, which cannot be replaced while the store's
+    files are in it: removing or rewriting ``DIR/buffer.lock`` changes nothing. That file
+    only names the holder's pid for the error message.
+    """
 
     def __init__(self, root: Path) -> None:
         self.path = root / LOCK_FILENAME
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(self._fd)
+            try:
+                holder = self.path.read_text(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             raise BufferLockedError(
                 f"the Buffer directory {str(root)!r} is open in process {holder} (it holds "
-                f"{str(self.path)!r}); one process per Buffer directory: to share a Buffer "
+                "the directory's lock); one process per Buffer directory: to share a Buffer "
                 "between processes, serve it (`agentenv buffer serve --path ...`) and "
                 "connect with BufferClient, or close the other Buffer first"
             ) from None
         except BaseException:
             os.close(self._fd)
             raise
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # only informative: the lock holds without it
+            self.path.write_text(f"{os.getpid()}\n")
 
     def release(self) -> None:
         if self._fd >= 0:

@@ -101,6 +101,18 @@ class ServeConfig(pydantic.BaseModel):
     max_samples_per_request: int = pydantic.Field(
         65536, ge=8192, description="most samples one put request may carry (413 beyond)"
     )
+    max_put_requests: int | None = pydantic.Field(
+        None,
+        ge=1,
+        description="put requests handled at once, 503 beyond (retried by the client); "
+        "keeps connections free for consumers (default: half the connection cap)",
+    )
+    max_sample_header_kb: int = pydantic.Field(
+        1024, ge=1, description="largest JSON header (metadata) of one sample in KiB (413 beyond)"
+    )
+    max_request_header_mb: int = pydantic.Field(
+        8, ge=8, description="most JSON header bytes of one put request in MiB (413 beyond)"
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -212,6 +224,9 @@ async def serve(cfg: ServeConfig) -> None:
                 max_body_bytes=cfg.max_body_mb * 1024 * 1024,
                 max_samples_per_request=cfg.max_samples_per_request,
                 lease_s=cfg.lease_s,
+                max_put_requests=cfg.max_put_requests,
+                max_sample_header_bytes=cfg.max_sample_header_kb * 1024,
+                max_header_bytes_per_request=cfg.max_request_header_mb * 1024 * 1024,
             ) as server,
         ):
             stats = await buffer.statistics()

@@ -472,7 +472,7 @@ def test_from_json_rejects_an_array() -> None:
     [
         ({"score": math.nan}, "metadata['score']"),
         ({"a": {"b": [1.0, math.inf]}}, "metadata['a']['b'][1]"),
-        ({"t": (0, -math.inf)}, "metadata['t'][1]"),
+        ({"t": [0, -math.inf]}, "metadata['t'][1]"),
         ({"n": np.float64("nan")}, "metadata['n']"),
     ],
 )
@@ -482,6 +482,35 @@ def test_metadata_numbers_must_be_finite_and_the_error_names_the_key(
     with pytest.raises(SampleError, match=r"JSON has no NaN or infinity") as info:
         make(metadata=metadata)
     assert where in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "where", "fix"),
+    [
+        ({"x": np.float32("nan")}, "metadata['x'] is a numpy.float32", "float(x)"),
+        ({"x": np.float32(1.5)}, "metadata['x'] is a numpy.float32", "float(x)"),
+        ({"x": np.int64(3)}, "metadata['x'] is a numpy.int64", "int(x)"),
+        ({"a": [np.array([math.nan])]}, "metadata['a'][0] is a numpy.ndarray", "x.tolist()"),
+        ({"s": {1, 2}}, "metadata['s'] is a builtins.set", "list(x)"),
+        ({"t": (1, 2)}, "metadata['t'] is a builtins.tuple", "list(x)"),
+        ({"b": b"raw"}, "metadata['b'] is a builtins.bytes", "decode"),
+        ({"o": object()}, "metadata['o'] is a builtins.object", "convert"),
+        ({"d": {1: 2}}, "metadata['d'] has the key 1 (int)", "str(1)"),
+        ({2: "x"}, "metadata has the key 2 (int)", "str(2)"),
+    ],
+)
+def test_metadata_must_be_plain_json_and_the_error_names_the_path_type_and_fix(
+    metadata: dict[Any, Any], where: str, fix: str
+) -> None:
+    with pytest.raises(SampleError, match="metadata must be plain JSON") as info:
+        make(metadata=metadata)
+    assert where in str(info.value) and fix in str(info.value), info.value
+
+
+def test_plain_json_metadata_round_trips() -> None:
+    metadata = {"a": [1, 2.5, True, None, "s", {"b": []}], "n": np.float64(0.5), "e": {}}
+    s = make(metadata=metadata)
+    assert Sample.from_json(s.to_json()) == s
 
 
 def test_deeply_nested_metadata_is_checked_without_recursion() -> None:

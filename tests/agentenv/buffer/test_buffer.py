@@ -541,6 +541,23 @@ async def test_reserve_and_release_refuse_bad_counts(bad: object) -> None:
         assert (await b.statistics()).in_flight == 2
 
 
+async def test_reserve_refuses_more_than_its_bound_and_release_more_than_reserved() -> None:
+    async with Buffer(BufferConfig(capacity=8)) as b:
+        for huge in (9, 10**9, 2**70):
+            with pytest.raises(ConfigError, match=rf"reserve\({huge}\).*at most 8"):
+                await b.reserve(huge)
+        await b.reserve(8)
+        with pytest.raises(ConfigError, match=r"release\(9\).*reserved and not yet put \(8\)"):
+            await b.release(9)
+        await b.release(8)
+        assert (await b.statistics()).in_flight == 0
+    cfg = BufferConfig(n_samples_per_prompt=1, capacity=4, max_staleness=2, rollout_batch_size=4)
+    async with Buffer(cfg) as b:
+        await b.reserve(12)  # (2 + 1) * 4: a bound above the capacity
+        with pytest.raises(ConfigError, match=r"at most 12"):
+            await b.reserve(13)
+
+
 async def test_get_batch_refuses_a_bad_timeout_or_lease() -> None:
     async with Buffer(BufferConfig(rollout_batch_size=1)) as b:
         for bad in (math.nan, -1.0, "5"):
@@ -604,6 +621,42 @@ async def test_a_second_process_cannot_open_the_directory(tmp_path: Path) -> Non
             Buffer(path=path)
     async with Buffer(path=path) as b:  # closing released it
         assert (await b.statistics()).ready == 1
+
+
+async def test_removing_the_lock_file_does_not_let_a_second_process_in(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    path = tmp_path / "buf"
+    async with await anyio.open_process(
+        [sys.executable, "-c", HOLDER, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT))
+    ) as holder:
+        assert holder.stdout is not None
+        with anyio.fail_after(60):
+            line = await BufferedByteReceiveStream(holder.stdout).receive_until(b"\n", 64)
+        assert line == b"open"
+        (path / "buffer.lock").unlink()  # a user tidying up: the lock must not depend on it
+        with anyio.fail_after(60):
+            second = await anyio.run_process(
+                [sys.executable, "-c", OPENER, str(path)],
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                check=False,
+            )
+        holder.kill()
+        await holder.wait()
+    assert second.stdout.decode().strip() == "BufferLockedError", second.stderr.decode()
+
+
+OPENER = """
+import sys
+from agentenv.buffer import Buffer, BufferLockedError
+
+try:
+    Buffer(path=sys.argv[1])
+    print("opened")
+except BufferLockedError:
+    print("BufferLockedError")
+"""
 
 
 async def test_a_second_opener_cannot_cut_off_an_unindexed_put(tmp_path: Path) -> None:

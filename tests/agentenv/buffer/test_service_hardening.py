@@ -10,12 +10,14 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
+from agentenv import Sample
 from agentenv.buffer import Buffer, BufferConfig
 from agentenv.buffer._codec import encode_samples, join_frames
-from agentenv.buffer._service import BufferServer
+from agentenv.buffer._service import BufferClient, BufferServer
 from tests.agentenv.buffer._groups import group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -202,3 +204,74 @@ def test_a_64_mb_body_costs_a_small_multiple_of_its_size(buffer_serve: tuple[str
         assert r.status_code == 200 and r.json()["errors"] == [None] * len(groups)
         grown = _memory_mb(pid)["VmHWM"] - before
         assert grown < 5 * size / MB, grown
+
+
+@pytest.mark.timeout(300)
+def test_a_json_heavy_body_is_refused_before_it_is_parsed(
+    buffer_serve: tuple[str, int],
+) -> None:
+    url, pid = buffer_serve
+    size = 8 * MB
+    # Two samples whose metadata is 4 MB of empty dicts each: parsed, ~50x the body.
+    meta = {"x": [{}] * (size // 2 // 3)}
+    body = encode_samples(
+        [
+            Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, group_id="m", id=f"m{i}",
+                   metadata=meta)
+            for i in range(2)
+        ]
+    )  # fmt: skip
+    with httpx.Client(base_url=url, headers=AUTH, trust_env=False, timeout=120) as client:
+        for path, content in (("/v1/put_group", body), ("/v1/put_groups", join_frames([body]))):
+            before = _memory_mb(pid)["VmRSS"]
+            r = client.post(path, content=content)
+            assert r.status_code == 413, r.text
+            error = r.json()["error"]
+            assert error["type"] == "HeaderTooLarge", error
+            assert "at most 1048576 bytes per sample" in error["message"], error
+            grown = _memory_mb(pid)["VmHWM"] - before
+            assert grown < 3 * size / MB, (path, grown)
+        # Many samples of small headers, over the per-request total: refused too.
+        groups = [
+            encode_samples(
+                [Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, group_id=f"s{k}",
+                        id=f"s{k}", metadata={"pad": "x" * 100_000})]
+            )
+            for k in range(100)
+        ]  # fmt: skip
+        r = client.post("/v1/put_groups", content=join_frames(groups))
+        assert r.status_code == 413 and "over 8388608 bytes of JSON headers" in r.text, r.text
+        assert client.get("/v1/statistics").json()["groups_put"] == 0
+
+
+async def test_reserve_beyond_its_bound_and_release_beyond_the_reserved_are_400(
+    raw: tuple[Buffer, httpx.AsyncClient],
+) -> None:
+    buffer, client = raw
+    for path, body, words in (
+        ("/v1/reserve", b'{"prompts": 1000000000}', "reserve(1000000000)"),
+        ("/v1/release", b'{"prompts": 5}', "release(5)"),
+    ):
+        r = await client.post(path, content=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "ConfigError" and words in error["message"], error
+    assert (await buffer.statistics()).in_flight == 0
+    with anyio.fail_after(5):
+        await buffer.reserve(1)  # nobody is held back
+
+
+async def test_the_client_splits_puts_below_the_header_limit() -> None:
+    cfg = BufferConfig(n_samples_per_prompt=1)
+    async with (
+        Buffer(cfg) as buffer,
+        BufferServer(buffer, token=TOKEN) as server,
+        BufferClient(server.url, token=TOKEN) as client,
+    ):
+        # 100 concurrent groups of 100 KB headers: 10 MB, more than one request may carry.
+        async with anyio.create_task_group() as tg:
+            for k in range(100):
+                sample = Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, group_id=f"h{k}",
+                                id=f"h{k}", metadata={"pad": "x" * 100_000})  # fmt: skip
+                tg.start_soon(client.put_group, [sample])
+        assert (await buffer.statistics()).groups_put == 100
