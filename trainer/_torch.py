@@ -50,6 +50,11 @@ class TorchBackend(MicroBatchBackend):
         master_weights: with ``bf16``, keep fp32 copies of the weights for the optimizer
             (default: yes). Without them, bf16 weights lose every update smaller than half
             their spacing -- most updates at RL learning rates.
+        background_checkpoints: snapshot a checkpoint's state to host memory and write it
+            while training goes on (default: on CUDA, where the snapshot is a copy off the
+            device; on CPU it would be a second copy of the model and optimizer in the
+            memory the step uses, with no device work to overlap, so checkpoints are
+            written in the step there).
         gradient_checkpointing: keep only each decoder layer's input in the forward and
             recompute the layer in the backward (Hugging Face's gradient checkpointing,
             non-reentrant): activation memory falls from every layer's intermediates to
@@ -69,6 +74,7 @@ class TorchBackend(MicroBatchBackend):
         entropy_metric: bool = True,
         master_weights: bool | None = None,
         gradient_checkpointing: bool = False,
+        background_checkpoints: bool | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -90,6 +96,9 @@ class TorchBackend(MicroBatchBackend):
         self.model: Any = loaded.to(self.device)
         self.model.train()
         self.gradient_checkpointing = gradient_checkpointing
+        self.background_checkpoints = (
+            self.device.type == "cuda" if background_checkpoints is None else background_checkpoints
+        )
         if gradient_checkpointing:
             self.model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": False}
@@ -197,20 +206,28 @@ class TorchBackend(MicroBatchBackend):
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         """Model (HF safetensors), optimizer, RNG states and ``extra`` (the loop's position)
         into ``directory``, replacing it atomically (a crash mid-save keeps the old one)."""
-        self.checkpoint_snapshot(extra)(directory)
+        self._checkpoint_writer(self.state_dict(), self._trainer_state(), extra)(directory)
 
     def checkpoint_snapshot(
         self, extra: dict[str, Any]
-    ) -> Callable[[str | os.PathLike[str]], None]:
+    ) -> Callable[[str | os.PathLike[str]], None] | None:
         """:meth:`save_checkpoint`'s state copied to CPU memory now; the function it
-        returns writes it (on any thread, while training goes on)."""
-        import json
-
+        returns writes it (on any thread, while training goes on). ``None`` without
+        ``background_checkpoints``: the loop then saves in the foreground."""
+        if not self.background_checkpoints:
+            return None
         from trainer._checkpoints import cpu_copy
-        from trainer._files import replace_dir
 
         weights = cpu_copy(self.state_dict())
-        state = cpu_copy(self._trainer_state())
+        return self._checkpoint_writer(weights, cpu_copy(self._trainer_state()), extra)
+
+    def _checkpoint_writer(
+        self, weights: dict[str, torch.Tensor], state: Any, extra: dict[str, Any]
+    ) -> Callable[[str | os.PathLike[str]], None]:
+        import json
+
+        from trainer._files import replace_dir
+
         meta = json.dumps({"model": self._identity(), "extra": extra}, indent=1)
 
         def write(directory: str | os.PathLike[str]) -> None:

@@ -50,7 +50,7 @@ def test_a_checkpoint_written_in_the_background_is_the_snapshots_and_resumes_exa
 ) -> None:
     model = tiny_llama(tmp_path / "tiny")
     first, second = batch(1), batch(2)
-    backend = TorchBackend(model, optim=OptimConfig(lr=1e-2))
+    backend = TorchBackend(model, optim=OptimConfig(lr=1e-2), background_checkpoints=True)
     backend.train_step(*first)
     extra = {"step": 0, "tasks": {"order": ["t1"]}}
     write = backend.checkpoint_snapshot(extra)  # the state after the first step
@@ -94,6 +94,7 @@ class FailingSecondWrite(TorchBackend):
 
     def checkpoint_snapshot(self, extra: dict[str, Any]) -> Any:
         write = super().checkpoint_snapshot(extra)
+        assert write is not None
 
         def failing(directory: str | os.PathLike[str]) -> None:
             self.writes += 1
@@ -112,7 +113,7 @@ def test_a_failed_background_write_fails_the_run_and_keeps_the_previous_checkpoi
     model = tiny_llama(tmp_path / "tiny")
     tokenizer = ChatTokenizer.load(model)
     env = GoodTokensEnv()
-    backend = FailingSecondWrite(model, optim=OptimConfig(lr=1e-3))
+    backend = FailingSecondWrite(model, optim=OptimConfig(lr=1e-3), background_checkpoints=True)
     config = GRPOConfig(
         num_rollout=4, rollout_batch_size=4, n_samples_per_prompt=2,
         sampling=SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True),
