@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated
+from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, short_repr
 from agentenv._generator import Generator, SamplingParams
 from agentenv._messages import Message
 from agentenv._sample import JSONValue, Sample, Status
@@ -53,14 +53,9 @@ class Task:
             if not isinstance(task, Task):
                 raise ConfigError(
                     f"{source} must be agentenv.Task objects, but item {i} is "
-                    f"{type(task).__name__} {_short(task)}; return "
+                    f"{type(task).__name__} {short_repr(task, 80)}; return "
                     "Task(id=..., prompt=..., answer=...) for each one"
                 )
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

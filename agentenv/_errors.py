@@ -44,7 +44,14 @@ __all__ = [
     "SampleError",
     "TemplateError",
     "ToolCallError",
+    "short_repr",
 ]
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for quoting a bad value in a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class AgentEnvError(Exception):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, short_repr
 
 __all__ = ["Completion", "CompletionBuilder", "FinishReason", "Generator", "SamplingParams"]
 
@@ -23,11 +23,6 @@ _SEED_LIMIT = 1 << 63  # seeds are non-negative int64
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_finite(value: object) -> bool:
@@ -71,18 +66,20 @@ class SamplingParams:
         for name in ("max_new_tokens", "top_k", "min_new_tokens"):
             value = getattr(self, name)
             if not _is_int(value):
-                raise ConfigError(f"{name} must be an integer, got {_shown(value)}")
+                raise ConfigError(f"{name} must be an integer, got {short_repr(value)}")
         for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
             if not _is_finite(value):
-                raise ConfigError(f"{name} must be a finite number, got {_shown(value)}")
+                raise ConfigError(f"{name} must be a finite number, got {short_repr(value)}")
         if not isinstance(self.ignore_eos, bool):
-            raise ConfigError(f"ignore_eos must be true or false, got {_shown(self.ignore_eos)}")
+            raise ConfigError(
+                f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}"
+            )
         if self.seed is not None and not _is_int(self.seed):
-            raise ConfigError(f"seed must be an integer or None, got {_shown(self.seed)}")
+            raise ConfigError(f"seed must be an integer or None, got {short_repr(self.seed)}")
         if self.seed is not None and not 0 <= self.seed < _SEED_LIMIT:
             raise ConfigError(
-                f"seed must be in [0, 2**63) (a 63-bit integer), got {_shown(self.seed)}"
+                f"seed must be in [0, 2**63) (a 63-bit integer), got {short_repr(self.seed)}"
             )
         if self.temperature < 0.0:
             raise ConfigError(f"temperature must be non-negative, got {self.temperature}")
@@ -147,7 +144,7 @@ class SamplingParams:
         """Parse SGLang's ``sampling_params``; ``null`` means default, unknown keys are ignored."""
         data = data or {}
         if not isinstance(data, Mapping):
-            raise ConfigError(f"sampling_params must be a JSON object, got {_shown(data)}")
+            raise ConfigError(f"sampling_params must be a JSON object, got {short_repr(data)}")
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names and v is not None}
         if "sampling_seed" in data and data["sampling_seed"] is not None:

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentenv._errors import SampleError
+from agentenv._errors import SampleError, short_repr
 
 __all__ = ["Sample", "Status"]
 
@@ -177,13 +177,8 @@ def check_metadata(metadata: Any) -> None:
         else:
             raise SampleError(
                 f"{where} is a {type(value).__module__}.{type(value).__qualname__} "
-                f"({_short(value)}), but {_JSON_HINT}: {_conversion(value)}"
+                f"({short_repr(value)}), but {_JSON_HINT}: {_conversion(value)}"
             )
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _conversion(value: Any) -> str:

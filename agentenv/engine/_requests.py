@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, short_repr
 from agentenv._generator import SamplingParams
 from agentenv._http import Request
 from agentenv.engine._group import DEFAULT_GROUP_NAME
@@ -74,11 +74,6 @@ class Body(pydantic.BaseModel):
     )
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _where(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -103,7 +98,7 @@ def _message(error: pydantic.ValidationError) -> str:
             if msg.startswith("Input ")
             else (f"valid ({msg[0].lower()}{msg[1:]})")
         )
-    return f"{where} must be {expected}, got {_short(first['input'])}"
+    return f"{where} must be {expected}, got {short_repr(first['input'], 80)}"
 
 
 def _invalid(message: str) -> PydanticCustomError:
@@ -118,13 +113,13 @@ def _vocab(info: pydantic.ValidationInfo) -> int | None:
 
 def _token_ids(value: Any, where: str, vocab: int | None, *, empty: bool = True) -> list[int]:
     if not isinstance(value, list):
-        raise _invalid(f"{where} must be a list of token ids, got {_short(value)}")
+        raise _invalid(f"{where} must be a list of token ids, got {short_repr(value, 80)}")
     if not empty and not value:
         raise _invalid(f"{where} cannot be empty.")
     for i, t in enumerate(value):
         if type(t) is not int or t < 0 or (vocab is not None and t >= vocab):
             span = f"[0, {vocab})" if vocab is not None else ">= 0"
-            raise _invalid(f"{where}[{i}] must be a token id {span}, got {_short(t)}")
+            raise _invalid(f"{where}[{i}] must be a token id {span}, got {short_repr(t, 80)}")
     return value
 
 
@@ -145,11 +140,11 @@ def _batch_size(n: int, where: str, limit: int) -> None:
 def _version(value: Any, where: str) -> str:
     """A weight version: a non-empty, printable string of at most MAX_VERSION_CHARS."""
     if not isinstance(value, str):
-        raise _invalid(f"{where} must be a string, got {_short(value)}")
+        raise _invalid(f"{where} must be a string, got {short_repr(value, 80)}")
     if not value or len(value) > MAX_VERSION_CHARS or not value.isprintable():
         raise _invalid(
             f"{where} must be 1 to {MAX_VERSION_CHARS} printable characters (no control "
-            f"characters or lone surrogates), got {_short(value)}"
+            f"characters or lone surrogates), got {short_repr(value, 80)}"
         )
     return value
 
@@ -159,7 +154,7 @@ def _strings(value: Any, where: str) -> list[str]:
     for i, s in enumerate(items):
         if not isinstance(s, str):
             at = f"{where}[{i}]" if isinstance(value, list) else where
-            raise _invalid(f"{at} must be a string, got {_short(s)}")
+            raise _invalid(f"{at} must be a string, got {short_repr(s, 80)}")
     return items
 
 
@@ -183,7 +178,7 @@ class SamplingBody(Body):
     def _seed(cls, value: int | None) -> int | None:
         if value is not None and not 0 <= value < SEED_LIMIT:
             raise _invalid(
-                f"sampling_params.sampling_seed must be in [0, 2**63), got {_short(value)}"
+                f"sampling_params.sampling_seed must be in [0, 2**63), got {short_repr(value, 80)}"
             )
         return value
 
@@ -254,7 +249,7 @@ class GenerateBody(Body):
         if not isinstance(value, list):
             raise _invalid(
                 f"input_ids must be a list of token ids or a list of such lists, got "
-                f"{_short(value)}"
+                f"{short_repr(value, 80)}"
             )
         return _token_ids(value, "input_ids", vocab, empty=False)
 
@@ -386,9 +381,9 @@ def parse(schema: type[B], request: Request, **context: Any) -> B:
         try:
             data = json.loads(request.body)
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-            raise ConfigError(f"the request body is not JSON: {_short(str(e))}") from None
+            raise ConfigError(f"the request body is not JSON: {short_repr(str(e), 80)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"the request body must be a JSON object, got {_short(data)}")
+        raise ConfigError(f"the request body must be a JSON object, got {short_repr(data, 80)}")
     try:
         return schema.model_validate(data, context=context)
     except pydantic.ValidationError as e:
