@@ -54,17 +54,13 @@ async def rollout_engine(
     """The policy that plays the episodes and how the trainer's weights reach it.
 
     ``dtypes``: the embedded or ``serve`` engine's ``(dtype, residual_dtype)``, those of the
-    trainer's numerics (:func:`engine_dtypes`); default bf16 on CUDA, fp32 on CPU."""
-    import torch
-
+    trainer's numerics (:func:`engine_dtypes`); default: the engine's own."""
     from agentenv.engine import Engine, resolve_model
     from agentenv.sglang import Launcher, SGLangClient, server_command
     from trainer._sync import InProcessSync
 
     device = config.rollout_device or config.device
-    if dtypes is None:
-        dtypes = (torch.bfloat16,) * 2 if device.startswith("cuda") else (torch.float32,) * 2
-    dtype, residual_dtype = dtypes
+    dtype, residual_dtype = dtypes or (None, None)
     api_key = config.rollout_api_key()
     if config.rollout_url is not None:
         async with SGLangClient(config.rollout_url, api_key=api_key) as client:
@@ -84,12 +80,13 @@ async def rollout_engine(
         if config.rollout_engine == "serve":
             program = [sys.executable, "-m", "agentenv", "serve"]
             extra = ["--device", device, "--max-running", str(config.rollout_max_running)]
-            extra += [
-                "--dtype",
-                _dtype_name(dtype),
-                "--residual-dtype",
-                _dtype_name(residual_dtype),
-            ]
+            if dtype is not None and residual_dtype is not None:
+                extra += [
+                    "--dtype",
+                    _dtype_name(dtype),
+                    "--residual-dtype",
+                    _dtype_name(residual_dtype),
+                ]
             command = server_command(model, port=port, program=program, extra=extra)
         else:
             extra = list(config.sglang_args)
