@@ -409,7 +409,7 @@ class MicroBatchBackend(Backend):
         # Without old log-probs the old policy is the current one: _micro_loss takes them
         # from the training forward, detached (no separate pass).
         plan.old_logprobs = old_logprobs
-        t0 = t1 = time.perf_counter()
+        t1 = time.perf_counter()
         tally = Tally()
         for group in plan.groups:
             lps, ents = self._forward(
@@ -445,7 +445,6 @@ class MicroBatchBackend(Backend):
             grad_norm=float(norm),
             lr=lr,
             micro_batches=float(len(plan.groups)),
-            time_old_logprobs_s=t1 - t0,
             time_forward_backward_s=t2 - t1,
             time_optimizer_s=t3 - t2,
         )

@@ -490,7 +490,7 @@ class MegatronBackend(Backend):
         # Without old log-probs the old policy is the current one: the loss on the last
         # stage takes them from the training forward, detached (ratio exactly 1).
         plan.old_logprobs = old_logprobs
-        t0 = t1 = time.perf_counter()
+        t1 = time.perf_counter()
         tally = Tally()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -533,7 +533,6 @@ class MegatronBackend(Backend):
             grad_norm=norm,
             lr=lr,
             micro_batches=float(len(plan.groups)),
-            time_old_logprobs_s=t1 - t0,
             time_forward_backward_s=t2 - t1,
             time_optimizer_s=t3 - t2,
         )
