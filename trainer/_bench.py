@@ -64,6 +64,11 @@ def add_parser(sub: Any) -> None:
         help="ours: the torch backend's precision (default: bf16-autocast on CUDA, fp32 on CPU)",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="ours: compile each decoder layer (TorchBackend(compile=True))",
+    )
+    parser.add_argument(
         "--megatron",
         action="store_true",
         help="also time the megatron backend's step on the same model (needs megatron-core)",
@@ -181,11 +186,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         backend = TorchBackend(
             root, device=device, precision=args.precision, optim=OptimConfig(lr=1e-6),
             max_tokens_per_micro_batch=tokens_per_step, logit_chunk=args.logit_chunk,
-            entropy_metric=args.entropy,
+            entropy_metric=args.entropy, compile=args.compile,
         )  # fmt: skip
         n_params = sum(p.numel() for p in backend.model.parameters())
         out["params"] = n_params
         out["precision"] = backend.precision.name
+        out["compile"] = args.compile
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         ours = _median_step(backend, samples, adv, args.steps, device)

@@ -58,7 +58,16 @@ class TorchBackend(MicroBatchBackend):
         gradient_checkpointing: keep only each decoder layer's input in the forward and
             recompute the layer in the backward (Hugging Face's gradient checkpointing,
             non-reentrant): activation memory falls from every layer's intermediates to
-            one layer's, for about a third more compute in the training step.
+            one layer's. Default: on CUDA (with ``compile`` it costs no measurable step
+            time there: the compiled layers recompute their cheap parts anyway), off on
+            CPU (where the recompute is about a third more training compute).
+        compile: compile each decoder layer with ``torch.compile`` (dynamic shapes;
+            micro-batches are padded to a multiple of 8 tokens, so new lengths do not
+            recompile): the norms, rotary embedding and SwiGLU fuse into a few kernels
+            instead of dozens, and fewer of their intermediates are kept for the
+            backward. The first steps pay the compilation (a minute for SmolLM2-135M on
+            an H200). Default: on CUDA, off on CPU (where it would need a C++ compiler
+            and gains little).
     """
 
     def __init__(
@@ -73,8 +82,9 @@ class TorchBackend(MicroBatchBackend):
         logit_chunk: int = 1024,
         entropy_metric: bool = True,
         master_weights: bool | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | None = None,
         background_checkpoints: bool | None = None,
+        compile: bool | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -95,7 +105,11 @@ class TorchBackend(MicroBatchBackend):
         )
         self.model: Any = loaded.to(self.device)
         self.model.train()
+        on_gpu = self.device.type == "cuda"
+        if gradient_checkpointing is None:
+            gradient_checkpointing = on_gpu
         self.gradient_checkpointing = gradient_checkpointing
+        self.compile = on_gpu if compile is None else compile
         self.background_checkpoints = (
             self.device.type == "cuda" if background_checkpoints is None else background_checkpoints
         )
@@ -103,6 +117,11 @@ class TorchBackend(MicroBatchBackend):
             self.model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": False}
             )
+        if self.compile:
+            if not on_gpu:
+                raise ConfigError(f"compile needs a CUDA device, not {device!r}")
+            for layer in self.model.get_decoder().layers:
+                layer.compile(dynamic=True)
         self.reference: Any = None
         if loss is not None and loss.kl_coef > 0:
             # A frozen copy of the starting weights for the KL penalty.
@@ -135,7 +154,7 @@ class TorchBackend(MicroBatchBackend):
         self, batch: Sequence[Item], *, with_entropy: bool, model: Any
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
-        ids, attention = pad(batch)
+        ids, attention = pad(batch, multiple=8 if self.compile else 1)
         hidden = model.get_decoder()(  # no KV cache: nothing is generated here
             input_ids=ids.to(self.device), attention_mask=attention.to(self.device), use_cache=False
         ).last_hidden_state

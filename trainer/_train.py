@@ -353,8 +353,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
             config.hf_checkpoint,
             precision=config.precision,
             gradient_checkpointing=config.gradient_checkpointing,
+            compile=config.compile,
             **common,
         )
+        if backend.compile:
+            print(
+                "compiling the decoder layers (torch.compile): the first steps take longer; "
+                "--no-compile skips it",
+                file=sys.stderr,
+                flush=True,
+            )
     dtypes = engine_dtypes(backend, config.rollout_device or config.device)
     report = Reporter(config, config.save, resuming)
 

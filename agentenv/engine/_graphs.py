@@ -3,7 +3,10 @@
 A decode step of a small model is bound by kernel launches, not by the GPU's arithmetic:
 each of its ~40 kernels per layer costs the CPU more to launch than the GPU to run.
 :class:`DecodeGraphs` captures :meth:`LlamaModel._decode <agentenv.engine._model.LlamaModel>`
-once per batch-size bucket and replays it. A graph reads its inputs from fixed buffers and
+once per batch-size bucket and replays it. A graph reads its inputs from fixed buffers,
+writes its logits into one buffer that every bucket shares (rows ``0 .. b-1``: a graph's own
+output would stay allocated in the graphs' memory pool, one ``[b, V]`` float32 tensor per
+bucket -- 1.7 GB for SmolLM2's vocabulary at 512 requests), and
 attends to the whole cache capacity (positions beyond a row's length are masked), so it
 stays valid while sequences grow; when the cache or the RoPE table is reallocated (the cache
 doubled), the graphs are captured again. Rows past the live batch write their keys to the
@@ -44,6 +47,10 @@ class DecodeGraphs:
         self._key: tuple[int, ...] = ()
         self._ids = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
         self._pos = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
+        # Outside the graphs' pool: it outlives a recapture.
+        self._logits = torch.empty(
+            (max_batch, model.config.vocab_size), dtype=torch.float32, device=model.device
+        )
         self.captures = 0
 
     def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor:
@@ -88,6 +95,9 @@ class DecodeGraphs:
             with torch.cuda.graph(
                 graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
             ):
-                out = model._decode(ids, pos, cache, cache.capacity)
+                logits = model._decode(ids, pos, cache, cache.capacity)
+                out = self._logits[:b]
+                out.copy_(logits)
+            del logits  # its pool memory goes back to the pool for the next capture
         self.captures += 1
         return graph, out
