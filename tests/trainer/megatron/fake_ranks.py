@@ -45,6 +45,28 @@ class Counter:
         dist.destroy_process_group()
 
 
+class Echo:
+    """A worker of one rank that touches no process group."""
+
+    def __init__(self, spec: object, rendezvous: Rendezvous) -> None:
+        self.spec, self.rendezvous, self.shut = spec, rendezvous, 0
+
+    def echo(self, x: int, *, times: int = 1) -> list[object]:
+        return [self.spec, x * times]
+
+    def shutdown(self) -> None:
+        self.shut += 1
+
+
+class BrokenRank0(Counter):
+    """Rank 0 fails while it builds; the others wait for it in the rendezvous."""
+
+    def __init__(self, spec: object, rendezvous: Rendezvous) -> None:
+        if rendezvous.rank == 0:
+            raise RuntimeError("rank 0 could not build")
+        super().__init__(spec, rendezvous)
+
+
 def main(mode: str) -> None:
     ranks: ProcessRanks[Counter] = ProcessRanks(
         "tests.trainer.megatron.fake_ranks:Counter", None, ["cpu"] * 3

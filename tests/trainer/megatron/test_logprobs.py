@@ -68,7 +68,7 @@ def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
     import trainer.megatron._provider as provider
     from trainer import LossConfig
     from trainer._backend import Item
-    from trainer.megatron._worker import MegatronWorker
+    from trainer.megatron import MegatronWorker
 
     monkeypatch.setattr(provider, "require_megatron", lambda module="": _StandInCore)
     torch.manual_seed(0)
