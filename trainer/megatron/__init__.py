@@ -15,6 +15,12 @@ this package): :func:`model_provider`, :func:`load_weights`, :func:`megatron_arg
     cfg = MegatronModelConfig.from_hf("path/to/hf", tensor_model_parallel_size=2)
     model = model_provider(cfg, bf16=True, params_dtype=torch.bfloat16)()
     load_weights(model, hf_to_megatron(load_hf_weights("path/to/hf"), cfg, tp_rank=rank))
+
+:class:`MegatronBackend` wires three parts: :func:`resolve_options` (checked
+:class:`MegatronOptions`) and the set-up of one rank, :class:`MegatronWorker` (one rank's
+step), and the ranks behind the :class:`Ranks` protocol (:class:`ProcessRanks`: rank 0 in
+this process, one child process per other GPU; another :data:`Launcher` may run them
+elsewhere).
 """
 
 from trainer.megatron._backend import Launcher, MegatronBackend, launch_processes

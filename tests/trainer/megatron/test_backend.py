@@ -7,6 +7,7 @@ runs on a GPU (test_backend_gpu.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,13 @@ from tests.trainer.megatron.tiny import TINY
 from trainer import OptimConfig
 from trainer.megatron import (
     MegatronBackend,
+    MegatronNotInstalledError,
     MegatronOptions,
     MegatronWorker,
     ParallelConfig,
     Ranks,
+    launch_processes,
+    resolve_options,
 )
 
 
@@ -210,3 +214,18 @@ def test_bad_options_are_refused_before_any_rank_starts(
 
     with pytest.raises(ConfigError, match=message):
         MegatronBackend(model_dir, launcher=launch, **kwargs)
+
+
+def test_the_default_launcher_needs_megatron_and_a_cuda_device(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainer.megatron._backend as backend_module
+
+    options = resolve_options(model_dir, device="cpu")
+    for name in ("megatron", "megatron.core"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import` raise ImportError
+    with pytest.raises(MegatronNotInstalledError):
+        launch_processes(options)
+    monkeypatch.setattr(backend_module, "require_megatron", lambda: None)
+    with pytest.raises(ConfigError, match=r"needs a CUDA device .* got device 'cpu'"):
+        launch_processes(options)
