@@ -80,7 +80,8 @@ V = TypeVar("V", bound=Worker)
 
 class Ranks(Protocol[W]):
     """Every rank's worker, driven from this process (the seam between a backend and
-    where its ranks run)."""
+    where its ranks run). A launcher starts them (:class:`ProcessRanks`' constructor
+    here); the caller then only calls, watches and closes."""
 
     @property
     def world_size(self) -> int:
