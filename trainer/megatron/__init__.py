@@ -15,9 +15,15 @@ this package): :func:`model_provider`, :func:`load_weights`, :func:`megatron_arg
     cfg = MegatronModelConfig.from_hf("path/to/hf", tensor_model_parallel_size=2)
     model = model_provider(cfg, bf16=True, params_dtype=torch.bfloat16)()
     load_weights(model, hf_to_megatron(load_hf_weights("path/to/hf"), cfg, tp_rank=rank))
+
+:class:`MegatronBackend` wires three parts: :func:`resolve_options` (checked
+:class:`MegatronOptions`) and the set-up of one rank, :class:`MegatronWorker` (one rank's
+step), and the ranks behind the :class:`Ranks` protocol (:class:`ProcessRanks`: rank 0 in
+this process, one child process per other GPU; another :data:`Launcher` may run them
+elsewhere).
 """
 
-from trainer.megatron._backend import MegatronBackend
+from trainer.megatron._backend import Launcher, MegatronBackend, launch_processes
 from trainer.megatron._config import SUPPORTED_ARCHITECTURES, MegatronModelConfig, padded_vocab_size
 from trainer.megatron._convert import (
     hf_to_megatron,
@@ -43,21 +49,31 @@ from trainer.megatron._provider import (
     require_megatron,
     transformer_config,
 )
+from trainer.megatron._ranks import ProcessRanks, Ranks, Rendezvous
+from trainer.megatron._setup import MegatronOptions, resolve_options
+from trainer.megatron._worker import MegatronWorker
 
 __all__ = [
     "EXTRA",
     "MEGATRON_FLAGS",
     "SUPPORTED_ARCHITECTURES",
+    "Launcher",
     "MegatronBackend",
     "MegatronModelConfig",
     "MegatronNotInstalledError",
+    "MegatronOptions",
+    "MegatronWorker",
     "ParallelConfig",
+    "ProcessRanks",
+    "Ranks",
+    "Rendezvous",
     "WeightShapeError",
     "default_transformer_impl",
     "export_hf",
     "hf_to_megatron",
     "hf_to_megatron_shards",
     "hf_weight_shapes",
+    "launch_processes",
     "layer_spec",
     "load_hf_weights",
     "load_weights",
@@ -69,6 +85,7 @@ __all__ = [
     "padded_vocab_size",
     "parse_megatron_flags",
     "require_megatron",
+    "resolve_options",
     "save_hf_weights",
     "transformer_config",
     "vocab_parallel_logprobs",

@@ -68,7 +68,7 @@ def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
     import trainer.megatron._provider as provider
     from trainer import LossConfig
     from trainer._backend import Item
-    from trainer.megatron._backend import MegatronBackend
+    from trainer.megatron import MegatronWorker
 
     monkeypatch.setattr(provider, "require_megatron", lambda module="": _StandInCore)
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
         cfg=SimpleNamespace(vocab_size=vocab), device=torch.device("cpu"), tp_rank=0,
         qkv_format="bshd",
     )  # fmt: skip
-    logps, ents = MegatronBackend._outputs(me, batch, logits, with_entropy=True)  # type: ignore[arg-type]
+    logps, ents = MegatronWorker._outputs(me, batch, logits, with_entropy=True)  # type: ignore[arg-type]
     assert ents is not None
     for row, (it, lp, ent) in enumerate(zip(batch, logps, ents, strict=True)):
         cols = torch.arange(it.start - 1, len(it.ids) - 1)
