@@ -258,7 +258,11 @@ class ParallelismConfig(Group):
                 raise ConfigError(
                     f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
                 )
-            self.megatron_parallel().data_parallel_size(self.actor_num_gpus_per_node)
+            gpus = self.actor_num_gpus_per_node
+            try:
+                self.megatron_parallel().data_parallel_size(gpus)
+            except ConfigError as e:
+                raise ConfigError(f"--actor-num-gpus-per-node {gpus}: {e}") from None
         if megatron and self.gradient_checkpointing:
             raise ConfigError(
                 "--gradient-checkpointing is the torch backend's; with --backend megatron "

@@ -60,7 +60,7 @@ def _argument(flag: Flag) -> dict[str, Any]:
     kind = _unwrap_optional(flag.annotation)
     kwargs: dict[str, Any] = {"help": _help(flag), "default": argparse.SUPPRESS}
     if flag.is_switch:
-        kwargs.update(action="store_const", const=flag.const)
+        kwargs.update(action="store_const", const=True)  # the flat form: a switch is on
     elif kind is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
     elif typing.get_origin(kind) is Literal:

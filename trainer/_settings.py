@@ -14,6 +14,7 @@ set from Python or the nested form of a config file only.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -135,7 +136,9 @@ def nest(values: Mapping[str, Any], table: Mapping[str, Flag], groups: set[str])
     out: dict[str, Any] = {}
     for raw, value in values.items():
         key = str(raw).replace("-", "_")
-        if key in groups:
+        # --optimizer's key is also its group's: a mapping is the group, else the flag.
+        is_group = isinstance(value, Mapping | pydantic.BaseModel) or key not in table
+        if key in groups and is_group:
             if isinstance(value, pydantic.BaseModel):  # a group: what it was given
                 value = {name: getattr(value, name) for name in value.model_fields_set}
             if not isinstance(value, Mapping):
@@ -220,6 +223,8 @@ def describe(error: pydantic.ValidationError, model: type[pydantic.BaseModel]) -
 def _nested(loc: tuple[str, ...], names: Mapping[tuple[str, ...], str], message: str) -> str:
     """A message that names its flags already stays as it is; another (a group's field
     without a flag, a record's own check) gets the flag or the path in front."""
-    if message.startswith("--"):
-        return message
-    return f"{names.get(loc) or '.'.join(loc)}: {message}"
+    flag = names.get(loc)
+    if flag is not None and not message.startswith("--"):
+        return f"{flag}: {message}"
+    field = re.match(r"[a-z_][a-z0-9_.]*: ", message)  # a group's field without a flag
+    return f"{'.'.join(loc)}.{message}" if field else message

@@ -163,10 +163,11 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     prompt data parses and has enough distinct tasks for a round, ``--load`` has a
     checkpoint -- without loading a model or writing anything (the tree itself, the batch
     identity and the pass-through flags included, was validated when it was built).
-    Returns the resolved settings and what was found."""
+    Returns the resolved settings, what was found and (``--backend megatron``) megatron's
+    parallel layout as the backend reads it."""
     tasks = load_tasks(config)
     source = _load_source(config)
-    return {
+    out: dict[str, Any] = {
         "config": config.model_dump(mode="json"),
         "found": {
             "train_tasks": len(tasks.train),
@@ -174,3 +175,6 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
             "resume_from": None if source is None else str(source),
         },
     }
+    if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
+        out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
+    return out

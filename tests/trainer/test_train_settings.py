@@ -168,7 +168,11 @@ def test_config_files_in_three_formats_and_flags_override(tmp_path: Path) -> Non
     ("text", "suffix", "message"),
     [
         ("env: x\nlearning_rate: 1\n", ".yaml", "unknown setting 'learning_rate'"),
-        ("env: x\nrollout: {lr: 1}\n", ".yaml", "rollout: lr: Extra inputs are not permitted, got 1"),
+        (
+            "env: x\nrollout: {lr: 1}\n",
+            ".yaml",
+            "rollout.lr: Extra inputs are not permitted, got 1",
+        ),
         ("env: x\nrm_type: deepscaler\n", ".yaml", "--rm-type: reward models by name are not"),
         ("env: [unclosed\n", ".yaml", "does not parse"),
         ("- a\n- b\n", ".yaml", "must hold a mapping"),
