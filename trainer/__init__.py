@@ -21,7 +21,16 @@ if TYPE_CHECKING:
     from trainer._advantages import ESTIMATORS, compute_advantages
     from trainer._backend import Backend, OptimConfig
     from trainer._batching import pack_by_tokens
-    from trainer._config import TrainConfig
+    from trainer._config import (
+        CheckpointConfig,
+        DataConfig,
+        EngineConfig,
+        EvalConfig,
+        LoggingConfig,
+        ModelConfig,
+        ParallelismConfig,
+        TrainConfig,
+    )
     from trainer._data import load_prompt_data
     from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
     from trainer._losses import (
@@ -46,12 +55,19 @@ __all__ = [
     "PRECISIONS",
     "SCHEDULES",
     "Backend",
+    "CheckpointConfig",
+    "DataConfig",
     "DiskSync",
     "DistributedSync",
+    "EngineConfig",
+    "EvalConfig",
     "GRPOConfig",
     "InProcessSync",
+    "LoggingConfig",
     "LossConfig",
+    "ModelConfig",
     "OptimConfig",
+    "ParallelismConfig",
     "Precision",
     "TorchBackend",
     "TrainConfig",
@@ -76,12 +92,19 @@ _MODULES = {
     "PRECISIONS": "trainer._precision",
     "SCHEDULES": "trainer._loop",
     "Backend": "trainer._backend",
+    "CheckpointConfig": "trainer._config",
+    "DataConfig": "trainer._config",
     "DiskSync": "trainer._sync",
     "DistributedSync": "trainer._sync",
+    "EngineConfig": "trainer._config",
+    "EvalConfig": "trainer._config",
     "GRPOConfig": "trainer._loop",
     "InProcessSync": "trainer._sync",
+    "LoggingConfig": "trainer._config",
     "LossConfig": "trainer._losses",
+    "ModelConfig": "trainer._config",
     "OptimConfig": "trainer._backend",
+    "ParallelismConfig": "trainer._config",
     "Precision": "trainer._precision",
     "TorchBackend": "trainer._torch",
     "TrainConfig": "trainer._config",

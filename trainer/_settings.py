@@ -185,9 +185,7 @@ class Group(pydantic.BaseModel):
     (``model_copy(update=...)`` for a changed copy); an invalid value raises
     :class:`~agentenv.ConfigError` naming its flag, the value and the rule."""
 
-    model_config = pydantic.ConfigDict(
-        extra="forbid", frozen=True, arbitrary_types_allowed=True, validate_default=False
-    )
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     def __init__(self, **data: Any) -> None:
         try:
