@@ -14,6 +14,7 @@ set from Python or the nested form of a config file only.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Any, Self
@@ -132,7 +133,7 @@ def _resolve(kind: Any) -> Any:
 def nest(values: Mapping[str, Any], table: Mapping[str, Flag], groups: set[str]) -> dict[str, Any]:
     """A settings mapping in the nested form (``{"algorithm": {"eps_clip": 0.2}}``), the
     flat form (``{"eps_clip": 0.2}``, keys with ``-`` or ``_``) or a mix, as the nested
-    form. Keys that are neither are refused, naming the closest fix."""
+    form. A key that is neither is refused, naming the closest one."""
     out: dict[str, Any] = {}
     for raw, value in values.items():
         key = str(raw).replace("-", "_")
@@ -147,9 +148,11 @@ def nest(values: Mapping[str, Any], table: Mapping[str, Flag], groups: set[str])
             continue
         flag = table.get(key)
         if flag is None:
+            close = difflib.get_close_matches(key, [*table, *groups], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
                 f"unknown setting {raw!r}: neither a flag's name (e.g. rollout_batch_size) "
-                f"nor a group ({', '.join(sorted(groups))})"
+                f"nor a group ({', '.join(sorted(groups))}){hint}"
             )
         if flag.is_switch:
             if value is not True and value is not False:

@@ -168,6 +168,7 @@ def test_config_files_in_three_formats_and_flags_override(tmp_path: Path) -> Non
     ("text", "suffix", "message"),
     [
         ("env: x\nlearning_rate: 1\n", ".yaml", "unknown setting 'learning_rate'"),
+        ("env: x\nrollout_batch: 1\n", ".yaml", "did you mean 'rollout_batch_size'?"),
         (
             "env: x\nrollout: {lr: 1}\n",
             ".yaml",
