@@ -227,5 +227,8 @@ def _nested(loc: tuple[str, ...], names: Mapping[tuple[str, ...], str], message:
     flag = names.get(loc)
     if flag is not None and not message.startswith("--"):
         return f"{flag}: {message}"
+    for path, name in names.items():  # a record's check names its field: the flag's
+        if path[:-1] == loc and message.startswith(f"{path[-1]} "):
+            return f"{name} ({path[-1]}){message.removeprefix(path[-1])}"
     field = re.match(r"[a-z_][a-z0-9_.]*: ", message)  # a group's field without a flag
     return f"{'.'.join(loc)}.{message}" if field else message

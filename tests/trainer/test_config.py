@@ -98,6 +98,8 @@ def test_errors_name_the_flag_and_the_value() -> None:
         TrainConfig(env="x", rollout_batch_size=0)
     with pytest.raises(ConfigError, match=r"--eps-clip-high \(0.1\) must be >= --eps-clip \(0.2\)"):
         TrainConfig(env="x", eps_clip_high=0.1)
+    with pytest.raises(ConfigError, match=r"--rollout-temperature \(temperature\) must be non-neg"):
+        TrainConfig(env="x", rollout_temperature=-1.0)
     with pytest.raises(ConfigError, match="--load needs --save"):
         TrainConfig(env="x", load="runs/a")
     with pytest.raises(ConfigError, match=r"--min-lr \(0.1\) must be <= --lr \(0.01\)"):
