@@ -124,3 +124,12 @@ def test_the_engines_gpus_become_sglangs_tensor_parallelism() -> None:
             rollout_device="cuda:1", weight_sync="distributed", backend="megatron",
             actor_num_gpus_per_node=2,
         )  # fmt: skip
+
+
+def test_the_groups_pickle_for_megatrons_followers() -> None:
+    import pickle
+
+    from trainer import OptimConfig
+
+    for group in (LossConfig(use_kl_loss=True, kl_loss_coef=0.1), OptimConfig(adam_beta2=0.95)):
+        assert pickle.loads(pickle.dumps(group)) == group
