@@ -4,6 +4,10 @@ checkpoints build on these).
 It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
 here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
 
+``train(TrainConfig(...))`` runs what ``agentenv train`` runs; the config tree's groups are
+the objects the components take (``TrainConfig.rollout`` is a :class:`GRPOConfig`,
+``.algorithm`` a :class:`LossConfig`, ``.optimizer`` an :class:`OptimConfig`).
+
 The names load on first use (most of them need torch), so importing ``trainer`` -- or
 ``trainer._cli``, which defines ``agentenv train``'s flags -- stays light.
 """
@@ -17,6 +21,16 @@ if TYPE_CHECKING:
     from trainer._advantages import ESTIMATORS, compute_advantages
     from trainer._backend import Backend, OptimConfig
     from trainer._batching import pack_by_tokens
+    from trainer._config import (
+        CheckpointConfig,
+        DataConfig,
+        EngineConfig,
+        EvalConfig,
+        LoggingConfig,
+        ModelConfig,
+        ParallelismConfig,
+        TrainConfig,
+    )
     from trainer._data import load_prompt_data
     from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
     from trainer._losses import (
@@ -32,6 +46,7 @@ if TYPE_CHECKING:
     from trainer._precision import PRECISIONS, Precision
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
     from trainer._torch import TorchBackend
+    from trainer._train import train
 
 __all__ = [
     "AGGREGATIONS",
@@ -40,14 +55,22 @@ __all__ = [
     "PRECISIONS",
     "SCHEDULES",
     "Backend",
+    "CheckpointConfig",
+    "DataConfig",
     "DiskSync",
     "DistributedSync",
+    "EngineConfig",
+    "EvalConfig",
     "GRPOConfig",
     "InProcessSync",
+    "LoggingConfig",
     "LossConfig",
+    "ModelConfig",
     "OptimConfig",
+    "ParallelismConfig",
     "Precision",
     "TorchBackend",
+    "TrainConfig",
     "WeightSync",
     "compute_advantages",
     "kl_estimate",
@@ -58,6 +81,7 @@ __all__ = [
     "run_grpo",
     "tempered_logits",
     "token_weights",
+    "train",
 ]
 
 # Where each public name lives (the imports above, for the type checker).
@@ -68,14 +92,22 @@ _MODULES = {
     "PRECISIONS": "trainer._precision",
     "SCHEDULES": "trainer._loop",
     "Backend": "trainer._backend",
+    "CheckpointConfig": "trainer._config",
+    "DataConfig": "trainer._config",
     "DiskSync": "trainer._sync",
     "DistributedSync": "trainer._sync",
+    "EngineConfig": "trainer._config",
+    "EvalConfig": "trainer._config",
     "GRPOConfig": "trainer._loop",
     "InProcessSync": "trainer._sync",
+    "LoggingConfig": "trainer._config",
     "LossConfig": "trainer._losses",
+    "ModelConfig": "trainer._config",
     "OptimConfig": "trainer._backend",
+    "ParallelismConfig": "trainer._config",
     "Precision": "trainer._precision",
     "TorchBackend": "trainer._torch",
+    "TrainConfig": "trainer._config",
     "WeightSync": "trainer._sync",
     "compute_advantages": "trainer._advantages",
     "kl_estimate": "trainer._losses",
@@ -86,6 +118,7 @@ _MODULES = {
     "run_grpo": "trainer._loop",
     "tempered_logits": "trainer._losses",
     "token_weights": "trainer._losses",
+    "train": "trainer._train",
 }
 
 

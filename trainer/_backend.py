@@ -1,4 +1,5 @@
-"""What every trainer backend shares: the optimizer settings and the GRPO step.
+"""What every trainer backend shares: the GRPO step (the optimizer settings,
+:class:`OptimConfig`, live in :mod:`trainer._optimizer`).
 
 A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
 :class:`~trainer.megatron.MegatronBackend` for megatron-core) is a :class:`Backend`: the
@@ -29,6 +30,7 @@ import torch
 from agentenv import ConfigError, Sample
 from trainer._batching import pack_by_tokens
 from trainer._losses import LossConfig, policy_loss, token_weights
+from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
 __all__ = [
     "LR_DECAY_STYLES",
@@ -43,76 +45,6 @@ __all__ = [
     "response_positions",
     "to_items",
 ]
-
-
-OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
-LR_DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine")
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class OptimConfig:
-    """Optimizer and learning-rate schedule (slime's names in brackets).
-
-    Args:
-        optimizer: ``adam`` (AdamW: decoupled weight decay) or ``sgd`` [--optimizer].
-        lr: peak learning rate [--lr].
-        betas: Adam's betas [--adam-beta1, --adam-beta2].
-        weight_decay: decoupled weight decay [--weight-decay].
-        grad_clip: clip the global gradient norm to this (0: off) [--clip-grad].
-        eps: Adam's epsilon [--adam-eps].
-        lr_decay_style: ``constant``, ``linear`` or ``cosine`` decay from ``lr`` to
-            ``min_lr`` over ``lr_decay_iters`` optimizer steps [--lr-decay-style].
-        lr_warmup_iters: linear warm-up from 0 over this many steps [--lr-warmup-iters].
-        lr_decay_iters: steps of the decay (default: constant lr) [--lr-decay-iters].
-        min_lr: the floor of the decay [--min-lr].
-    """
-
-    optimizer: str = "adam"
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    eps: float = 1e-8
-    lr_decay_style: str = "constant"
-    lr_warmup_iters: int = 0
-    lr_decay_iters: int | None = None
-    min_lr: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(
-                f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"
-            )
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            raise ConfigError(
-                f"unknown lr_decay_style {self.lr_decay_style!r}; "
-                f"valid: {', '.join(LR_DECAY_STYLES)}"
-            )
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr must be a positive number, got {self.lr}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ConfigError(f"min_lr must be in [0, lr ({self.lr})], got {self.min_lr}")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"adam betas must be in [0, 1), got {self.betas}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ConfigError("weight_decay and grad_clip must be >= 0")
-        decay = self.lr_decay_iters
-        if self.lr_warmup_iters < 0 or (decay is not None and decay < 1):
-            raise ConfigError("lr_warmup_iters must be >= 0 and lr_decay_iters >= 1")
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of optimizer step ``step`` (0-based)."""
-        if step < self.lr_warmup_iters:
-            return self.lr * (step + 1) / self.lr_warmup_iters
-        if self.lr_decay_style == "constant" or self.lr_decay_iters is None:
-            return self.lr
-        span = max(self.lr_decay_iters - self.lr_warmup_iters, 1)
-        done = min(max(step - self.lr_warmup_iters, 0) / span, 1.0)
-        if self.lr_decay_style == "linear":
-            factor = 1.0 - done
-        else:
-            factor = 0.5 * (1.0 + math.cos(math.pi * done))
-        return self.min_lr + (self.lr - self.min_lr) * factor
 
 
 @dataclasses.dataclass(slots=True)

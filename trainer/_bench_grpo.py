@@ -204,17 +204,12 @@ def _agentenv_argv(w: Workload, save: str) -> list[str]:
 def agentenv_config(w: Workload, save: str) -> Any:
     """The :class:`~trainer._config.TrainConfig` that ``agentenv train`` builds from
     :func:`_agentenv_argv` (its own parser, so every flag it has is accepted)."""
-    from agentenv.cli import build_config
     from trainer._cli import add_parser as add_train_parser
-    from trainer._config import TrainConfig
+    from trainer._flags import config_from_args
 
     parser = argparse.ArgumentParser(prog="agentenv")
     add_train_parser(parser.add_subparsers())
-    args = parser.parse_args(["train", *_agentenv_argv(w, save)])
-    for name in ("sglang_args", "megatron_args"):
-        if not getattr(args, name, None):
-            vars(args).pop(name, None)
-    return build_config(TrainConfig, args)
+    return config_from_args(parser.parse_args(["train", *_agentenv_argv(w, save)]))
 
 
 def _run_agentenv(w: Workload) -> dict[str, Any]:
@@ -228,8 +223,9 @@ def _run_agentenv(w: Workload) -> dict[str, Any]:
         started = time.perf_counter()
         train(config)
         wall = time.perf_counter() - started
-        assert config.save is not None
-        lines = (config.save / "metrics.jsonl").read_text().splitlines()
+        save = config.checkpoint.save
+        assert save is not None
+        lines = (save / "metrics.jsonl").read_text().splitlines()
         history: list[dict[str, float]] = [json.loads(line) for line in lines if line.strip()]
     n = w.completions_per_step
     if len(history) != w.steps or len(_PLAYED) != w.steps * n:

@@ -6,11 +6,15 @@ the megatron backend (``--backend``).
     agentenv train --config run.yaml --schedule async --rollout-engine sglang \\
         --sglang-mem-fraction-static 0.5      # SGLang's own flags, passed through
 
-Flags use slime's names; ``--config FILE`` (YAML, JSON or TOML) holds any of them and
-flags override it. The configuration (the batch identity included) is validated before
-anything heavy loads. The run evaluates held-out tasks before and after training (greedy
-by default), shows a progress bar (step, reward, time split), writes every step's metrics
-to ``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
+Flags use slime's names; ``--config FILE`` (YAML, JSON or TOML) holds any of them, flat
+by those names or nested by group (``rollout: {rollout_batch_size: 8}``), and flags
+override it. The configuration (the batch identity included) is validated before
+anything heavy loads; ``--dry-run`` stops there, after checking that the environment
+loads and the prompt data parses, and prints the resolved settings as JSON.
+
+The run evaluates held-out tasks before and after training (greedy by default), shows a
+progress bar (step, reward, time split), writes every step's metrics to
+``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
 optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps (10)
 and after the last, written in the background, the trained model to ``SAVE/model`` and a
 plot to ``SAVE/metrics.png``. Run the same command again (or pass ``--load RUN``) and it
@@ -34,13 +38,12 @@ import sys
 from typing import Any
 
 from agentenv import ConfigError
-from trainer._config import TrainConfig
 
-__all__ = ["TrainConfig", "add_parser"]
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:
-    from agentenv.cli import add_model_arguments
+    from trainer._flags import add_train_arguments
 
     parser: argparse.ArgumentParser = sub.add_parser(
         "train",
@@ -48,51 +51,44 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(
-        parser,
-        TrainConfig,
-        config_file=True,
-        exclude=("sglang_args", "megatron_args"),
-        metavars={
-            "env": "NAME",
-            "hf_checkpoint": "MODEL",
-            "prompt_data": "FILE",
-            "input_key": "KEY",
-            "label_key": "KEY",
-            "save": "DIR",
-            "load": "DIR",
-            "dynamic_sampling_filter_path": "FUNCTION",
-            "rollout_url": "URL",
-            "rollout_device": "DEVICE",
-            "weight_sync_master_address": "HOST",
-            "device": "DEVICE",
-        },
+    add_train_arguments(parser)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the settings, the environment and the prompt data without loading a "
+        "model; print the resolved settings as JSON",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main, sglang_passthrough=True, megatron_passthrough=True)
 
 
 def _main(args: argparse.Namespace) -> int:
-    from agentenv.cli import build_config
+    from trainer._flags import config_from_args
 
     if args.router_args:
-        print(
-            "agentenv train: error: --router-* flags: agentenv train launches no router "
-            "(point --rollout-url at a running one)",
-            file=sys.stderr,
+        return _error(
+            "--router-* flags: agentenv train launches no router (point --rollout-url at a "
+            "running one)"
         )
-        return 2
-    for name in ("sglang_args", "megatron_args"):
-        if not getattr(args, name, None):
-            vars(args).pop(name, None)  # the config file's (if any) apply
-    config = build_config(TrainConfig, args)
-    from trainer._train import train
-
     try:
+        config = config_from_args(
+            args, sglang_args=args.sglang_args, megatron_args=args.megatron_args
+        )
+        if args.dry_run:
+            from trainer._setup import dry_run
+
+            print(json.dumps(dry_run(config), indent=2))
+            return 0
+        from trainer._train import train
+
         result = train(config)
     except ConfigError as e:
-        print(f"agentenv train: error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"agentenv train: error: {message}", file=sys.stderr)
+    return 2

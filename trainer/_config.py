@@ -1,305 +1,180 @@
-"""The settings of a training run (:class:`TrainConfig`, slime's flag names), validated
-before anything heavy loads; ``agentenv train``'s flags are generated from it."""
+"""The settings of a training run: one validated tree, :class:`TrainConfig`, whose groups
+are the objects the components take (``config.rollout`` is the loop's
+:class:`~trainer.GRPOConfig`, ``config.algorithm`` the loss's :class:`~trainer.LossConfig`,
+``config.optimizer`` the backends' :class:`~trainer.OptimConfig`, ...). Each field
+declares its slime flag once (:func:`~trainer._settings.setting`); ``agentenv train``'s
+flags and the flat form of ``--config`` files are generated from those declarations.
+
+Each rule is checked once, in the group that owns the settings it reads; the rules across
+groups (the log-probs' temperature is the rollouts', the learning-rate decay spans the
+run, a NCCL server needs a GPU of its own, ...) in :class:`TrainConfig`'s validator.
+Everything here is light: the tree validates before anything heavy loads.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import pydantic
 
-__all__ = ["TrainConfig"]
+from agentenv import ConfigError
+from trainer._algorithm import LossConfig, logprob_temperature
+from trainer._optimizer import OptimConfig
+from trainer._rollout import GRPOConfig
+from trainer._settings import Flag, Group, flags, nest, setting
+
+__all__ = [
+    "NOT_YET",
+    "CheckpointConfig",
+    "DataConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "ParallelismConfig",
+    "TrainConfig",
+    "flag_table",
+]
+
+# slime's flags for what is not supported yet, and what to do instead.
+NOT_YET: dict[str, str] = {
+    "--rm-type": "reward models by name are not supported yet: the environment's rubric "
+    "scores the episodes (--env)",
+    "--actor-num-nodes": "training across machines (Ray placement) is not supported yet: "
+    "one machine trains, on --actor-num-gpus-per-node GPUs",
+    "--rollout-num-gpus": "Ray placement of the engines is not supported yet: "
+    "--rollout-engine sglang launches one server of --rollout-num-gpus-per-engine GPUs "
+    "(--rollout-device sets the first), or point --rollout-url at a router",
+    "--colocate": "Ray placement is not supported yet: the engine runs beside the trainer, "
+    "on --rollout-device",
+}
 
 
-class TrainConfig(pydantic.BaseModel):
-    """Settings of ``agentenv train`` (slime's flag names)."""
+class ModelConfig(Group):
+    """The model that trains, its reference and the trainer's device (``config.model``)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    hf_checkpoint: str = setting(
+        "--hf-checkpoint", "smollm2-135m", "model name or HF directory", metavar="MODEL"
+    )
+    ref_load: str | None = setting(
+        "--ref-load", None, "the KL reference (default: the starting model; only it is "
+        "supported yet, so leave it out or pass --hf-checkpoint's)", metavar="MODEL",
+    )  # fmt: skip
+    device: str = setting("--device", "cpu", "cpu, cuda or cuda:N", metavar="DEVICE")
 
-    env: str = pydantic.Field(
-        description="registered environment name, package.module:Class or path/file.py:Class"
+
+class DataConfig(Group):
+    """The environment and its training prompts (``config.data``)."""
+
+    env: str = setting(
+        "--env", doc="registered environment name, package.module:Class or path/file.py:Class",
+        metavar="NAME",
+    )  # fmt: skip
+    env_args: dict[str, Any] = setting(
+        "--env-args", default_factory=dict,
+        doc="JSON object of keyword arguments for the environment",
+    )  # fmt: skip
+    prompt_data: Path | None = setting(
+        "--prompt-data", None, "JSONL of training prompts (default: the environment's train "
+        "split)", metavar="FILE",
+    )  # fmt: skip
+    input_key: str = setting(
+        "--input-key", "prompt", "the prompt's key in --prompt-data", metavar="KEY"
     )
-    env_args: dict[str, Any] = pydantic.Field(
-        default_factory=dict, description="JSON object of keyword arguments for the environment"
-    )
-    hf_checkpoint: str = pydantic.Field("smollm2-135m", description="model name or HF directory")
-    prompt_data: Path | None = pydantic.Field(
-        None, description="JSONL of training prompts (default: the environment's train split)"
-    )
-    input_key: str = pydantic.Field("prompt", description="the prompt's key in --prompt-data")
-    label_key: str | None = pydantic.Field(
-        "label", description="the answer's key in --prompt-data (the reward compares with it)"
-    )
-    save: Path | None = pydantic.Field(
-        None, description="directory for metrics, checkpoints (SAVE/checkpoint) and the model"
-    )
-    save_interval: int = pydantic.Field(
-        10,
+    label_key: str | None = setting(
+        "--label-key", "label", "the answer's key in --prompt-data (the reward compares "
+        "with it)", metavar="KEY",
+    )  # fmt: skip
+    apply_chat_template: bool = setting(
+        "--apply-chat-template", True,
+        "render prompts with the model's chat template (else raw text)",
+    )  # fmt: skip
+
+
+class EngineConfig(Group):
+    """Where the episodes are generated and how the new weights reach it
+    (``config.engine``)."""
+
+    rollout_engine: Literal["embedded", "serve", "sglang"] = setting(
+        "--rollout-engine", "embedded", "embedded (in this process), serve (an agentenv "
+        "serve process) or sglang (python -m sglang.launch_server with the --sglang-* flags)",
+    )  # fmt: skip
+    rollout_url: str | None = setting(
+        "--rollout-url", None, "use this running server (SGLang or agentenv serve) for "
+        "rollouts", metavar="URL",
+    )  # fmt: skip
+    rollout_max_running: int = setting(
+        "--rollout-max-running", 128,
+        "embedded/serve engine: requests decoded in one batch (and episodes in flight)", ge=1,
+    )  # fmt: skip
+    sglang_server_concurrency: int = setting(
+        "--sglang-server-concurrency", 512, "SGLang servers (--rollout-engine sglang, "
+        "--rollout-url): episodes in flight per server (behind a router, times its workers)",
         ge=1,
-        description="rollout steps between checkpoints (and one after the last; written "
-        "in the background)",
-    )
-    load: Path | None = pydantic.Field(
-        None, description="start from this run directory's checkpoint (until --save has one)"
-    )
-    num_rollout: int = pydantic.Field(10, ge=1, description="rollout steps")
-    rollout_batch_size: int = pydantic.Field(8, ge=1, description="prompts per rollout step")
-    n_samples_per_prompt: int = pydantic.Field(4, ge=1, description="episodes per prompt")
-    global_batch_size: int | None = pydantic.Field(
-        None, ge=1, description="samples per optimizer step (default: a whole rollout)"
-    )
-    num_steps_per_rollout: int = pydantic.Field(1, ge=1, description="optimizer steps per rollout")
-    rollout_max_response_len: int = pydantic.Field(128, ge=1, description="tokens per turn")
-    rollout_temperature: float = pydantic.Field(1.0, ge=0.0, description="sampling temperature")
-    rollout_seed: int = pydantic.Field(0, description="seed of task order and sampling")
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"] = (
-        pydantic.Field("grpo", description="advantage estimator")
-    )
-    eps_clip: float = pydantic.Field(0.2, ge=0.0, description="lower clip of the ratio")
-    eps_clip_high: float | None = pydantic.Field(
-        None, ge=0.0, description="upper clip of the ratio (default: --eps-clip)"
-    )
-    entropy_coef: float = pydantic.Field(0.0, ge=0.0, description="entropy bonus weight")
-    use_kl_loss: bool = pydantic.Field(
-        False, description="penalise KL to the starting model (loads a frozen copy)"
-    )
-    kl_loss_coef: float = pydantic.Field(0.0, ge=0.0, description="weight of the KL penalty")
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = pydantic.Field(
-        "low_var_kl", description="KL estimator"
-    )
-    calculate_per_token_loss: bool = pydantic.Field(
-        False, description="average the loss over tokens instead of samples"
-    )
-    use_tis: bool = pydantic.Field(False, description="truncated importance sampling")
-    lr: float = pydantic.Field(1e-6, gt=0.0, description="learning rate")
-    weight_decay: float = pydantic.Field(0.0, ge=0.0, description="AdamW weight decay")
-    adam_beta1: float = pydantic.Field(0.9, ge=0.0, lt=1.0, description="Adam beta1")
-    adam_beta2: float = pydantic.Field(0.98, ge=0.0, lt=1.0, description="Adam beta2")
-    clip_grad: float = pydantic.Field(1.0, ge=0.0, description="gradient norm clip (0: off)")
-    optimizer: Literal["adam", "sgd"] = pydantic.Field("adam", description="optimizer")
-    lr_decay_style: Literal["constant", "linear", "cosine"] = pydantic.Field(
-        "constant", description="learning-rate decay from --lr to --min-lr"
-    )
-    lr_warmup_iters: int = pydantic.Field(0, ge=0, description="optimizer steps of warm-up")
-    lr_decay_iters: int | None = pydantic.Field(
-        None, ge=1, description="optimizer steps of the decay (default: the whole run)"
-    )
-    min_lr: float = pydantic.Field(0.0, ge=0.0, description="the decay's final learning rate")
-    adam_eps: float = pydantic.Field(1e-8, gt=0.0, description="Adam epsilon")
-    use_dynamic_batch_size: bool = pydantic.Field(
-        True, description="pack micro-batches by --max-tokens-per-gpu (always on)"
-    )
-    max_tokens_per_gpu: int = pydantic.Field(4096, ge=1, description="micro-batch token budget")
-    backend: Literal["torch", "megatron"] = pydantic.Field("torch", description="trainer backend")
-    precision: Literal["fp32", "bf16-autocast", "bf16"] | None = pydantic.Field(
-        None,
-        description="--backend torch: fp32, bf16-autocast (fp32 weights, bf16 matmuls; the "
-        "CUDA default) or bf16 (bf16 weights, fp32 master copies; less activation memory, "
-        "learns less per step); default fp32 on CPU. megatron: its --bf16 (always)",
-    )
-    gradient_checkpointing: bool | None = pydantic.Field(
-        None,
-        description="--backend torch: recompute each decoder layer in the backward (a "
-        "fraction of the activation memory; about a third more training compute, none "
-        "measurable with --compile); default on CUDA, off on CPU. megatron: its "
-        "--recompute-granularity",
-    )
-    compile: bool | None = pydantic.Field(
-        None,
-        description="--backend torch on CUDA: compile each decoder layer with torch.compile "
-        "(fused norms, rotary embedding and SwiGLU; the first steps compile, about a minute "
-        "for a 135M model); default on CUDA, off on CPU",
-    )
-    qkv_format: Literal["bshd", "thd"] | None = pydantic.Field(
-        None,
-        description="--backend megatron: micro-batches as padded rows (bshd) or packed "
-        "into one row without padding (thd; bf16; the default where it runs)",
-    )
-    actor_num_gpus_per_node: int = pydantic.Field(
-        1,
-        ge=1,
-        description="--backend megatron: GPUs to train on (device, device+1, ...); "
-        "replicas = GPUs / (TP x PP)",
-    )
-    schedule: Literal["sync", "one_step_off", "async"] = pydantic.Field(
-        "sync", description="sync, one_step_off (rollout overlaps training) or async"
-    )
-    max_staleness: int = pydantic.Field(
-        1, ge=0, description="async: oldest policy version a batch may hold, behind the trainer"
-    )
-    over_sampling_batch_size: int | None = pydantic.Field(
-        None, ge=1, description="prompts started per round (>= --rollout-batch-size)"
-    )
-    dynamic_sampling_filter_path: str | None = pydantic.Field(
-        None,
-        description="group filter, module:function or module.function (samples -> keep?); "
-        "'agentenv.buffer.RewardStdFilter' drops groups with equal rewards",
-    )
-    rollout_shuffle: bool = pydantic.Field(True, description="reshuffle tasks at each pass")
-    apply_chat_template: bool = pydantic.Field(
-        True, description="render prompts with the model's chat template (else raw text)"
-    )
-    apply_chat_template_kwargs: dict[str, Any] = pydantic.Field(
-        default_factory=dict,
-        description='JSON object of chat-template arguments, e.g. {"enable_thinking": false}',
-    )
-    rollout_engine: Literal["embedded", "serve", "sglang"] = pydantic.Field(
-        "embedded",
-        description="embedded (in this process), serve (an agentenv serve process) or "
-        "sglang (python -m sglang.launch_server with the --sglang-* flags)",
-    )
-    rollout_url: str | None = pydantic.Field(
-        None, description="use this running server (SGLang or agentenv serve) for rollouts"
-    )
-    rollout_max_running: int = pydantic.Field(
-        128,
-        ge=1,
-        description="embedded/serve engine: requests decoded in one batch (and episodes in flight)",
-    )
-    sglang_server_concurrency: int = pydantic.Field(
-        512,
-        ge=1,
-        description="SGLang servers (--rollout-engine sglang, --rollout-url): episodes in "
-        "flight per server (slime's flag; behind a router, times its workers)",
-    )
-    rollout_device: str | None = pydantic.Field(
-        None,
-        description="the launched/embedded engine's device (default: --device; SGLang: "
-        "cuda:N sets --base-gpu-id N)",
-    )
-    weight_sync: Literal["disk", "distributed"] = pydantic.Field(
-        "disk",
-        description="how servers get the weights: disk (/update_weights_from_disk, a shared "
-        "filesystem) or distributed (broadcast over NCCL on CUDA, gloo on CPU)",
-    )
-    update_weight_buffer_size: int = pydantic.Field(
-        512 << 20, ge=1, description="--weight-sync distributed: bytes per broadcast bucket"
-    )
-    weight_sync_master_address: str = pydantic.Field(
-        "127.0.0.1",
-        description="--weight-sync distributed: this machine's address as the servers reach it",
-    )
-    use_tensorboard: bool = pydantic.Field(
-        True, description="write TensorBoard event files to SAVE/tensorboard"
-    )
-    sglang_args: list[str] = pydantic.Field(
-        default_factory=list, description="flags for SGLang (from --sglang-* on the command line)"
-    )
-    megatron_args: list[str] = pydantic.Field(
-        default_factory=list,
-        description="megatron's own flags (--tensor-model-parallel-size ...), --backend megatron",
-    )
-    n_eval: int = pydantic.Field(64, ge=0, description="held-out tasks evaluated before/after")
-    eval_interval: int = pydantic.Field(
-        0, ge=0, description="also evaluate every N rollout steps (0: only before and after)"
-    )
-    eval_temperature: float = pydantic.Field(0.0, ge=0.0, description="evaluation sampling")
-    device: str = pydantic.Field("cpu", description="cpu, cuda or cuda:N")
+    )  # fmt: skip
+    rollout_device: str | None = setting(
+        "--rollout-device", None, "the launched/embedded engine's device (default: --device; "
+        "SGLang: cuda:N sets --base-gpu-id N)", metavar="DEVICE",
+    )  # fmt: skip
+    rollout_num_gpus_per_engine: int = setting(
+        "--rollout-num-gpus-per-engine", 1, "--rollout-engine sglang: GPUs of the launched "
+        "server (its --tp-size)", ge=1,
+    )  # fmt: skip
+    weight_sync: Literal["disk", "distributed"] = setting(
+        "--weight-sync", "disk", "how servers get the weights: disk "
+        "(/update_weights_from_disk, a shared filesystem) or distributed (broadcast over "
+        "NCCL on CUDA, gloo on CPU)",
+    )  # fmt: skip
+    update_weight_buffer_size: int = setting(
+        "--update-weight-buffer-size", 512 << 20,
+        "--weight-sync distributed: bytes per broadcast bucket", ge=1,
+    )  # fmt: skip
+    weight_sync_master_address: str = setting(
+        "--weight-sync-master-address", "127.0.0.1",
+        "--weight-sync distributed: this machine's address as the servers reach it",
+        metavar="HOST",
+    )  # fmt: skip
+    sglang_args: list[str] = setting(
+        None, default_factory=list, doc="SGLang's flags (--sglang-X on the command line)",
+        flat=True,
+    )  # fmt: skip
 
     @pydantic.model_validator(mode="after")
-    def _clips(self) -> TrainConfig:
-        if self.use_kl_loss and self.kl_loss_coef <= 0:
-            raise ValueError("--use-kl-loss needs --kl-loss-coef > 0")
-        if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
-            raise ValueError(
-                f"--eps-clip-high ({self.eps_clip_high}) must be >= --eps-clip ({self.eps_clip})"
-            )
-        if not self.use_dynamic_batch_size:
-            raise ValueError(
-                "--no-use-dynamic-batch-size: micro-batches are always packed by "
-                "--max-tokens-per-gpu (set it to the batch you want)"
-            )
-        if self.min_lr > self.lr:
-            raise ValueError(f"--min-lr ({self.min_lr}) must be <= --lr ({self.lr})")
+    def _rules(self) -> Self:
         # --sglang-api-key (SGLang's --api-key) is the key of whichever server rolls out.
         others = _without_flag(self.sglang_args, "--api-key")
         if others and self.rollout_engine != "sglang":
-            raise ValueError(f"--sglang-* flags ({' '.join(others)}) need --rollout-engine sglang")
-        if (
-            self.sglang_flag("--api-key") is not None
-            and self.rollout_url is None
-            and self.rollout_engine == "embedded"
-        ):
-            raise ValueError(
+            raise ConfigError(f"--sglang-* flags ({' '.join(others)}) need --rollout-engine sglang")
+        embedded = self.rollout_url is None and self.rollout_engine == "embedded"
+        if self.sglang_flag("--api-key") is not None and embedded:
+            raise ConfigError(
                 "--sglang-api-key is the rollout servers' key: it needs --rollout-engine "
                 "serve or sglang, or --rollout-url; the embedded engine takes none"
             )
-        if self.megatron_args:
-            if self.backend != "megatron":
-                raise ValueError(
-                    f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
-                )
-            from trainer.megatron import parse_megatron_flags
-
-            parallel = parse_megatron_flags(self.megatron_args)  # before anything loads
-            parallel.data_parallel_size(self.actor_num_gpus_per_node)
-        if self.backend == "megatron" and self.gradient_checkpointing:
-            raise ValueError(
-                "--gradient-checkpointing is the torch backend's; with --backend megatron "
-                "pass megatron's --recompute-granularity full --recompute-method uniform"
-            )
-        if self.backend == "megatron" and self.compile:
-            raise ValueError("--compile is the torch backend's; megatron has its own kernels")
-        if self.compile and not self.device.startswith("cuda"):
-            raise ValueError(
-                f"--compile needs --device cuda (torch.compile's GPU kernels), not {self.device!r}"
-            )
-        if self.backend == "megatron" and self.precision not in (None, "bf16"):
-            raise ValueError(
-                f"--precision {self.precision}: --backend megatron trains bf16 weights with "
-                "fp32 main weights (--precision bf16, or leave it out)"
-            )
-        if self.qkv_format == "thd" and self.backend != "megatron":
-            raise ValueError("--qkv-format thd needs --backend megatron")
-        if self.actor_num_gpus_per_node > 1 and self.backend != "megatron":
-            raise ValueError(
-                "--actor-num-gpus-per-node > 1 needs --backend megatron (the torch backend "
-                "trains on one device)"
-            )
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"--rollout-url must start with http:// or https://, got {url!r}")
-        if self.weight_sync == "distributed":
-            self._check_distributed()
-        return self
-
-    def _check_distributed(self) -> None:
-        if self.rollout_url is None and self.rollout_engine == "embedded":
-            raise ValueError(
+            raise ConfigError(f"--rollout-url must start with http:// or https://, got {url!r}")
+        if self.weight_sync == "distributed" and embedded:
+            raise ConfigError(
                 "--weight-sync distributed needs servers (--rollout-engine serve or sglang, "
                 "or --rollout-url); the embedded engine gets the weights in this process"
             )
-        if self.weight_sync_backend() != "nccl" or self.rollout_url is not None:
-            return
-        # NCCL cannot put two ranks of a group on one GPU: the server needs its own.
-        server = self.server_device()
-        first = int(_gpu(self.device).removeprefix("cuda:"))
-        gpus = self.actor_num_gpus_per_node if self.backend == "megatron" else 1
-        trainer = {f"cuda:{first + i}" for i in range(gpus)}
-        if server is not None and _gpu(server) in trainer:
-            raise ValueError(
-                f"--weight-sync distributed over NCCL needs the server on a GPU of its own, "
-                f"but the server is on {_gpu(server)}, one of the trainer's "
-                f"({', '.join(sorted(trainer))}); set --rollout-device, e.g. "
-                f"cuda:{first + gpus}"
+        gpus = self.rollout_num_gpus_per_engine
+        if gpus > 1 and (self.rollout_engine != "sglang" or url is not None):
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {gpus} needs --rollout-engine sglang without "
+                "--rollout-url (the embedded engine and agentenv serve run on one device; a "
+                "running server has its own)"
             )
-
-    def server_device(self) -> str | None:
-        """The launched server's device (``None``: a running server, not known here)."""
-        if self.rollout_url is not None:
-            return None
-        if self.rollout_engine == "sglang":
-            # --sglang-base-gpu-id, else --rollout-device's GPU, else SGLang's default 0.
-            chosen = self.sglang_base_gpu()
-            if chosen is not None:
-                return f"cuda:{chosen}"
-            return self.rollout_device or "cuda:0"
-        return self.rollout_device or self.device
-
-    def sglang_base_gpu(self) -> str | None:
-        """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
-        return self.sglang_flag("--base-gpu-id")
+        if gpus > 1 and self.sglang_flag("--tp-size") not in (None, str(gpus)):
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {gpus} is the server's --tp-size, but "
+                f"--sglang-tp-size {self.sglang_flag('--tp-size')} says otherwise: pass one"
+            )
+        return self
 
     def sglang_flag(self, flag: str) -> str | None:
         """The value of SGLang's ``flag`` (``--sglang-X`` on the command line), if given."""
@@ -311,17 +186,302 @@ class TrainConfig(pydantic.BaseModel):
                 return args[i + 1]
         return None
 
-    def rollout_api_key(self) -> str | None:
+    def sglang_base_gpu(self) -> str | None:
+        """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
+        return self.sglang_flag("--base-gpu-id")
+
+    def sglang_command_args(self) -> list[str]:
+        """The flags of a launched SGLang server: the ``--sglang-*`` ones, the GPU that
+        ``--rollout-device`` names and the GPUs of ``--rollout-num-gpus-per-engine``."""
+        extra = list(self.sglang_args)
+        gpu = self.rollout_device
+        if gpu is not None and gpu.startswith("cuda:") and self.sglang_base_gpu() is None:
+            extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
+        if self.rollout_num_gpus_per_engine > 1 and self.sglang_flag("--tp-size") is None:
+            extra += ["--tp-size", str(self.rollout_num_gpus_per_engine)]
+        return extra
+
+    def api_key(self) -> str | None:
         """The rollout servers' API key: ``--sglang-api-key`` (SGLang's ``--api-key``,
         handed to a launched SGLang as usual, to a launched ``agentenv serve`` too, and
         sent to ``--rollout-url``), else ``$AGENTENV_API_KEY``."""
         return self.sglang_flag("--api-key") or os.environ.get("AGENTENV_API_KEY") or None
 
+
+class ParallelismConfig(Group):
+    """The trainer backend and its layout (``config.parallel``): megatron's own flags
+    (``--tensor-model-parallel-size`` ...) pass through under their names."""
+
+    backend: Literal["torch", "megatron"] = setting("--backend", "torch", "trainer backend")
+    actor_num_gpus_per_node: int = setting(
+        "--actor-num-gpus-per-node", 1, "--backend megatron: GPUs to train on (device, "
+        "device+1, ...); replicas = GPUs / (TP x PP x CP)", ge=1,
+    )  # fmt: skip
+    use_dynamic_batch_size: bool = setting(
+        "--use-dynamic-batch-size", True, "pack micro-batches by --max-tokens-per-gpu "
+        "(always on)",
+    )  # fmt: skip
+    max_tokens_per_gpu: int = setting(
+        "--max-tokens-per-gpu", 4096, "micro-batch token budget", ge=1
+    )
+    precision: Literal["fp32", "bf16-autocast", "bf16"] | None = setting(
+        "--precision", None,
+        "--backend torch: fp32, bf16-autocast (fp32 weights, bf16 matmuls; the CUDA "
+        "default) or bf16 (bf16 weights, fp32 master copies; less activation memory, "
+        "learns less per step); default fp32 on CPU. megatron: its --bf16 (always)",
+    )  # fmt: skip
+    gradient_checkpointing: bool | None = setting(
+        "--gradient-checkpointing", None,
+        "--backend torch: recompute each decoder layer in the backward (a fraction of the "
+        "activation memory; about a third more training compute, none measurable with "
+        "--compile); default on CUDA, off on CPU. megatron: its --recompute-granularity",
+    )  # fmt: skip
+    compile: bool | None = setting(
+        "--compile", None,
+        "--backend torch on CUDA: compile each decoder layer with torch.compile (fused "
+        "norms, rotary embedding and SwiGLU; the first steps compile, about a minute for "
+        "a 135M model); default on CUDA, off on CPU",
+    )  # fmt: skip
+    qkv_format: Literal["bshd", "thd"] | None = setting(
+        "--qkv-format", None, "--backend megatron: micro-batches as padded rows (bshd) or "
+        "packed into one row without padding (thd; bf16; the default where it runs)",
+    )  # fmt: skip
+    megatron_args: list[str] = setting(
+        None, default_factory=list,
+        doc="megatron's own flags (--tensor-model-parallel-size ...), --backend megatron",
+        flat=True,
+    )  # fmt: skip
+
+    @pydantic.model_validator(mode="after")
+    def _rules(self) -> Self:
+        if not self.use_dynamic_batch_size:
+            raise ConfigError(
+                "--no-use-dynamic-batch-size: micro-batches are always packed by "
+                "--max-tokens-per-gpu (set it to the batch you want)"
+            )
+        megatron = self.backend == "megatron"
+        if self.megatron_args:
+            if not megatron:
+                raise ConfigError(
+                    f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
+                )
+            gpus = self.actor_num_gpus_per_node
+            try:
+                self.megatron_parallel().data_parallel_size(gpus)
+            except ConfigError as e:
+                raise ConfigError(f"--actor-num-gpus-per-node {gpus}: {e}") from None
+        if megatron and self.gradient_checkpointing:
+            raise ConfigError(
+                "--gradient-checkpointing is the torch backend's; with --backend megatron "
+                "pass megatron's --recompute-granularity full --recompute-method uniform"
+            )
+        if megatron and self.compile:
+            raise ConfigError("--compile is the torch backend's; megatron has its own kernels")
+        if megatron and self.precision not in (None, "bf16"):
+            raise ConfigError(
+                f"--precision {self.precision}: --backend megatron trains bf16 weights with "
+                "fp32 main weights (--precision bf16, or leave it out)"
+            )
+        if self.qkv_format == "thd" and not megatron:
+            raise ConfigError("--qkv-format thd needs --backend megatron")
+        if self.actor_num_gpus_per_node > 1 and not megatron:
+            raise ConfigError(
+                "--actor-num-gpus-per-node > 1 needs --backend megatron (the torch backend "
+                "trains on one device)"
+            )
+        return self
+
+    def megatron_parallel(self) -> Any:
+        """megatron's flags as a :class:`trainer.megatron.ParallelConfig`."""
+        from trainer.megatron import parse_megatron_flags
+
+        return parse_megatron_flags(self.megatron_args)
+
+    @property
+    def trainer_gpus(self) -> int:
+        """The GPUs the trainer takes, from its device on."""
+        return self.actor_num_gpus_per_node if self.backend == "megatron" else 1
+
+
+class CheckpointConfig(Group):
+    """Where the run writes and what it resumes from (``config.checkpoint``)."""
+
+    save: Path | None = setting(
+        "--save", None, "directory for metrics, checkpoints (SAVE/checkpoint) and the model",
+        metavar="DIR",
+    )  # fmt: skip
+    load: Path | None = setting(
+        "--load", None, "start from this run directory's checkpoint (until --save has one; "
+        "--load equal to --save starts fresh while it has none)", metavar="DIR",
+    )  # fmt: skip
+    save_interval: int = setting(
+        "--save-interval", 10, "rollout steps between checkpoints (and one after the last; "
+        "written in the background)", ge=1,
+    )  # fmt: skip
+
+    @pydantic.model_validator(mode="after")
+    def _rules(self) -> Self:
+        if self.load is not None and self.save is None:
+            raise ConfigError("--load needs --save (where the resumed run writes)")
+        return self
+
+
+class EvalConfig(Group):
+    """The held-out evaluation (``config.eval``)."""
+
+    n_eval: int = setting("--n-eval", 64, "held-out tasks evaluated before/after", ge=0)
+    eval_interval: int = setting(
+        "--eval-interval", 0, "also evaluate every N rollout steps (0: only before and after)",
+        ge=0,
+    )  # fmt: skip
+    eval_temperature: float = setting("--eval-temperature", 0.0, "evaluation sampling", ge=0.0)
+
+
+class LoggingConfig(Group):
+    """What the run writes besides ``SAVE/metrics.jsonl`` (``config.logging``)."""
+
+    use_tensorboard: bool = setting(
+        "--use-tensorboard", True, "write TensorBoard event files to SAVE/tensorboard"
+    )
+
+
+class TrainConfig(Group):
+    """The settings of a training run (``agentenv train``; see the module docstring).
+
+    Built from the nested form (``TrainConfig(data=DataConfig(env="arithmetic"),
+    rollout=GRPOConfig(...))``, or mappings), the flat form with slime's names
+    (``TrainConfig(env="arithmetic", rollout_batch_size=8)``) or a mix.
+    """
+
+    model_config = pydantic.ConfigDict(frozen=False)
+
+    model: ModelConfig = pydantic.Field(default_factory=ModelConfig)
+    data: DataConfig
+    rollout: GRPOConfig = pydantic.Field(default_factory=GRPOConfig)
+    engine: EngineConfig = pydantic.Field(default_factory=EngineConfig)
+    algorithm: LossConfig = pydantic.Field(default_factory=LossConfig)
+    optimizer: OptimConfig = pydantic.Field(default_factory=OptimConfig)
+    parallel: ParallelismConfig = pydantic.Field(default_factory=ParallelismConfig)
+    checkpoint: CheckpointConfig = pydantic.Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = pydantic.Field(default_factory=EvalConfig)
+    logging: LoggingConfig = pydantic.Field(default_factory=LoggingConfig)
+
+    @classmethod
+    def nest(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Settings in the nested, the flat or a mixed form, as the nested form; slime's
+        flags for what is not supported yet are refused (:data:`NOT_YET`)."""
+        for key in values:
+            flag = "--" + str(key).replace("_", "-")
+            if flag in NOT_YET:
+                raise ConfigError(f"{flag}: {NOT_YET[flag]}")
+        nested = nest(values, flag_table(), set(cls.model_fields))
+        nested.setdefault("data", {})  # its --env is required: say so by the flag's name
+        return nested
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _nest(cls, data: Any) -> Any:
+        return cls.nest(data) if isinstance(data, Mapping) else data
+
+    @pydantic.model_validator(mode="after")
+    def _across_groups(self) -> Self:
+        # The loss's log-probs are of the distribution the rollouts sample from.
+        if "temperature" in self.algorithm.model_fields_set:
+            self.algorithm.check_sampling(self.rollout.sampling)
+        else:
+            temperature = logprob_temperature(self.rollout.sampling)
+            self.algorithm = self.algorithm.model_copy(update={"temperature": temperature})
+        # The learning rate decays over the whole run unless told otherwise.
+        if self.optimizer.lr_decay_iters is None:
+            steps = self.rollout.num_rollout * self.rollout.num_steps_per_rollout
+            self.optimizer = self.optimizer.model_copy(update={"lr_decay_iters": steps})
+        ref = self.model.ref_load
+        if ref is not None and ref != self.model.hf_checkpoint and self.algorithm.kl_coef > 0:
+            raise ConfigError(
+                f"--ref-load {ref!r}: a reference other than the starting model "
+                f"(--hf-checkpoint {self.model.hf_checkpoint!r}) is not supported yet"
+            )
+        if self.parallel.compile and not self.model.device.startswith("cuda"):
+            raise ConfigError(
+                f"--compile needs --device cuda (torch.compile's GPU kernels), "
+                f"not {self.model.device!r}"
+            )
+        self._check_gpus()
+        return self
+
+    def _check_gpus(self) -> None:
+        """NCCL cannot put two ranks of a group on one GPU: a server that gets the weights
+        by broadcast needs GPUs of its own."""
+        engine = self.engine
+        if engine.weight_sync != "distributed" or engine.rollout_url is not None:
+            return
+        if self.weight_sync_backend() != "nccl":
+            return
+        first = int(_gpu(self.model.device).removeprefix("cuda:"))
+        gpus = self.parallel.trainer_gpus
+        trainer = {f"cuda:{first + i}" for i in range(gpus)}
+        server = self.server_device()
+        assert server is not None  # launched: known
+        base = int(_gpu(server).removeprefix("cuda:"))
+        shared = sorted(
+            {f"cuda:{base + i}" for i in range(engine.rollout_num_gpus_per_engine)} & trainer
+        )
+        if shared:
+            raise ConfigError(
+                f"--weight-sync distributed over NCCL needs the server on a GPU of its own, "
+                f"but the server is on {_gpu(server)}, one of the trainer's "
+                f"({', '.join(sorted(trainer))}); set --rollout-device, e.g. "
+                f"cuda:{first + gpus}"
+            )
+
+    def server_device(self) -> str | None:
+        """The launched server's (first) device (``None``: a running server, not known
+        here)."""
+        engine = self.engine
+        if engine.rollout_url is not None:
+            return None
+        if engine.rollout_engine == "sglang":
+            # --sglang-base-gpu-id, else --rollout-device's GPU, else SGLang's default 0.
+            chosen = engine.sglang_base_gpu()
+            if chosen is not None:
+                return f"cuda:{chosen}"
+            return engine.rollout_device or "cuda:0"
+        return engine.rollout_device or self.model.device
+
     def weight_sync_backend(self) -> Literal["nccl", "gloo"]:
         """NCCL when the trainer and the server are both on CUDA, else gloo."""
         server = self.server_device()
-        on_cuda = self.device.startswith("cuda") and (server is None or server.startswith("cuda"))
+        on_cuda = self.model.device.startswith("cuda") and (
+            server is None or server.startswith("cuda")
+        )
         return "nccl" if on_cuda else "gloo"
+
+    def flat(self) -> dict[str, Any]:
+        """The settings as flat ``{flag key: value}`` (JSON values), slime's names."""
+        nested = self.model_dump(mode="json")
+        out: dict[str, Any] = {}
+        for flag in flag_table().values():
+            value: Any = nested
+            for part in flag.path:
+                value = value[part]
+            out[flag.key] = (value == flag.const) if flag.is_switch else value
+        return out
+
+
+_TABLE: dict[str, Flag] = {}
+
+
+def flag_table() -> dict[str, Flag]:
+    """Every flag of :class:`TrainConfig` by its flat key (``eps_clip``)."""
+    if not _TABLE:
+        table: dict[str, Flag] = {}
+        for flag in flags(TrainConfig):
+            if flag.key in table:
+                raise TypeError(f"two settings declare {flag.name}: {flag.path} and "
+                                f"{table[flag.key].path}")  # fmt: skip
+            table[flag.key] = flag
+        _TABLE.update(table)
+    return _TABLE
 
 
 def _without_flag(args: list[str], flag: str) -> list[str]:

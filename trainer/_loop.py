@@ -24,156 +24,24 @@ with its own baseline), computes advantages, runs ``num_steps_per_rollout`` opti
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import anyio
 import torch
 
-from agentenv import (
-    ConfigError,
-    Environment,
-    RolloutConfig,
-    Sample,
-    SamplingParams,
-    Task,
-    Tokenizer,
-)
-from agentenv.buffer import Batch, Buffer, BufferConfig, GroupFilter
-from trainer._advantages import ESTIMATORS, compute_advantages
+from agentenv import ConfigError, Environment, Sample, Task, Tokenizer
+from agentenv.buffer import Batch, Buffer
+from trainer._advantages import compute_advantages
 from trainer._backend import Backend
 from trainer._checkpoints import CheckpointWriter
-from trainer._producer import Producer, RoundStats, TaskStream, policy_capacity
+from trainer._producer import Producer, RoundStats, TaskStream
+from trainer._rollout import SCHEDULES, GRPOConfig
 from trainer._sync import InProcessSync, WeightSync
 
 __all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
-
-Schedule = Literal["sync", "one_step_off", "async"]
-SCHEDULES: tuple[str, ...] = ("sync", "one_step_off", "async")
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GRPOConfig:
-    """The loop's schedule (slime's flag names).
-
-    ``rollout_batch_size × n_samples_per_prompt`` must equal
-    ``global_batch_size × num_steps_per_rollout``: every sample of a rollout is trained
-    on exactly once.
-
-    Args:
-        schedule: ``sync``, ``one_step_off`` or ``async`` (see the module docstring).
-        max_staleness: a batch trained at version ``v`` holds no group begun by a version
-            older than ``v - max_staleness`` (older ones are dropped); at least 1 for
-            ``one_step_off``, whose samples are one version old by design.
-        over_sampling_batch_size: prompts started per round (default
-            ``rollout_batch_size``); more make up for groups the filters drop.
-        filters: dynamic-sampling group filters (e.g. ``RewardStdFilter()``).
-        max_rounds: rounds per step at most while filters drop groups: ``sync`` and
-            ``one_step_off`` then train on the groups they have; ``async`` stops with an
-            error after that many rounds in a row keep nothing.
-        shuffle: reshuffle the tasks (seeded) at each pass over them.
-        concurrency: episodes in flight per round, and generate calls in flight over
-            all rounds (default: what the engine decodes together,
-            :func:`~trainer._producer.policy_capacity` -- the embedded engine's
-            ``max_running`` -- else every episode of a round at once). ``agentenv train``
-            sets it from the engines it launches or is pointed at.
-        chat_template_kwargs: template arguments for every render (e.g.
-            ``{"enable_thinking": False}``; see :class:`~agentenv.RolloutConfig`).
-    """
-
-    num_rollout: int = 10
-    rollout_batch_size: int = 8
-    n_samples_per_prompt: int = 4
-    global_batch_size: int | None = None  # default: a whole rollout per optimizer step
-    num_steps_per_rollout: int = 1
-    advantage_estimator: str = "grpo"
-    sampling: SamplingParams = dataclasses.field(
-        default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0)
-    )
-    concurrency: int | None = None
-    seed: int = 0
-    schedule: Schedule = "sync"
-    max_staleness: int = 1
-    over_sampling_batch_size: int | None = None
-    filters: Sequence[GroupFilter] = ()
-    max_rounds: int = 8
-    shuffle: bool = True
-    chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "max_rounds"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ConfigError(
-                f"concurrency must be at least 1 (or None: the engine's capacity), "
-                f"got {self.concurrency}"
-            )
-        if self.advantage_estimator not in ESTIMATORS:
-            raise ConfigError(
-                f"unknown advantage estimator {self.advantage_estimator!r}; "
-                f"valid: {', '.join(ESTIMATORS)}"
-            )
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
-        if self.max_staleness < 0:
-            raise ConfigError(f"max_staleness must be at least 0, got {self.max_staleness}")
-        if self.schedule == "one_step_off" and self.max_staleness < 1:
-            raise ConfigError(
-                "one_step_off trains on samples one version old: max_staleness must be at "
-                f"least 1, got {self.max_staleness}"
-            )
-        over = self.over_sampling_batch_size
-        if over is not None and over < self.rollout_batch_size:
-            raise ConfigError(
-                f"over_sampling_batch_size ({over}) must be at least rollout_batch_size "
-                f"({self.rollout_batch_size})"
-            )
-        self.buffer_config()  # checks the batch identity, naming the four numbers
-        RolloutConfig(chat_template_kwargs=self.chat_template_kwargs)  # checks the arguments
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
-
-    @property
-    def round_size(self) -> int:
-        return self.over_sampling_batch_size or self.rollout_batch_size
-
-    def concurrency_for(self, policy: Any) -> int:
-        """Episodes in flight per round with ``policy``: :attr:`concurrency`, else the
-        policy's capacity, else a whole round."""
-        return (
-            self.concurrency
-            or policy_capacity(policy)
-            or self.round_size * self.n_samples_per_prompt
-        )
-
-    def check_tasks(self, tasks: Sequence[Task]) -> None:
-        """Refuse task lists with fewer distinct tasks than a round plays."""
-        Task.check_all(tasks, "the training tasks")
-        distinct = len({t.id for t in tasks})
-        if distinct < self.round_size:
-            raise ConfigError(
-                f"{self.round_size} prompts per round (rollout_batch_size or "
-                f"over_sampling_batch_size) but there are only {distinct} distinct tasks"
-            )
-
-    def buffer_config(self) -> BufferConfig:
-        return BufferConfig(
-            n_samples_per_prompt=self.n_samples_per_prompt,
-            rollout_batch_size=self.rollout_batch_size,
-            global_batch_size=self.samples_per_step,
-            num_steps_per_rollout=self.num_steps_per_rollout,
-            filters=self.filters,
-            max_staleness=self.max_staleness,
-            # Memory is bounded by the rounds (and, async, by admission control), not by
-            # backpressure: a full Buffer would stall the round that must fill a batch.
-            capacity=1 << 30,
-        )
 
 
 async def run_grpo(

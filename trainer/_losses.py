@@ -14,13 +14,12 @@ same loss -- and the same gradients -- however the samples were packed.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
 
 import torch
 
-from agentenv import ConfigError, SamplingParams
+from agentenv import ConfigError
+from trainer._algorithm import AGGREGATIONS, KL_TYPES, LossConfig, logprob_temperature
 
 __all__ = [
     "AGGREGATIONS",
@@ -32,102 +31,6 @@ __all__ = [
     "tempered_logits",
     "token_weights",
 ]
-
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
-AGGREGATIONS = ("per_sample", "per_token", "constant")
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class LossConfig:
-    """Loss settings (slime's flag names in brackets).
-
-    Args:
-        eps_clip: lower clip, ``ratio >= 1 - eps_clip`` [--eps-clip].
-        eps_clip_high: upper clip, ``ratio <= 1 + eps_clip_high`` (default: ``eps_clip``)
-            [--eps-clip-high]; DAPO's clip-higher uses e.g. 0.28 against 0.2.
-        dual_clip: for negative advantages, cap the loss at ``-A * dual_clip`` (> 1;
-            None: off) [--eps-clip-c].
-        aggregation: ``per_sample`` (mean over each sample's tokens, then over samples),
-            ``per_token`` (mean over all tokens of the step) [--calculate-per-token-loss],
-            or ``constant`` (sum over tokens / (samples * ``max_response_len``): Dr. GRPO's
-            length-unbiased form).
-        max_response_len: the constant of ``constant`` aggregation.
-        kl_coef: weight of the KL penalty (0: no reference model) [--kl-loss-coef].
-        kl_type: ``k1``, ``k2``, ``k3`` or ``low_var_kl`` (k3 clamped to [-10, 10])
-            [--kl-loss-type].
-        entropy_coef: weight of the entropy bonus [--entropy-coef].
-        use_tis: weight each token by ``clamp(exp(train_logp_old - rollout_logp))``,
-            correcting for the rollout engine's numerics [--use-tis].
-        tis_clip_low, tis_clip_high: the clamp's bounds [--tis-clip-low, --tis-clip].
-        temperature: the rollout's sampling temperature (> 0): every log-prob and entropy
-            the backend computes is of ``softmax(logits / temperature)``, as the engine's
-            are; :func:`logprob_temperature` gives it for some sampling parameters (1 for
-            greedy) [--rollout-temperature].
-    """
-
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    dual_clip: float | None = None
-    aggregation: str = "per_sample"
-    max_response_len: int | None = None
-    kl_coef: float = 0.0
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    use_tis: bool = False
-    tis_clip_low: float = 0.0
-    tis_clip_high: float = 2.0
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("eps_clip", "kl_coef", "entropy_coef", "tis_clip_low", "tis_clip_high"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-        t = self.temperature
-        if not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
-            raise ConfigError(
-                f"temperature must be a finite number > 0, got {t!r} (greedy rollouts: "
-                "logprob_temperature(sampling) gives 1)"
-            )
-        if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
-            raise ConfigError(
-                f"eps_clip_high ({self.eps_clip_high}) must be >= eps_clip ({self.eps_clip})"
-            )
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ConfigError(f"dual_clip must be > 1, got {self.dual_clip}")
-        if self.kl_type not in KL_TYPES:
-            raise ConfigError(f"unknown KL type {self.kl_type!r}; valid: {', '.join(KL_TYPES)}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"unknown loss aggregation {self.aggregation!r}; valid: {', '.join(AGGREGATIONS)}"
-            )
-        if self.aggregation == "constant" and not self.max_response_len:
-            raise ConfigError("aggregation='constant' needs max_response_len")
-        if self.tis_clip_high < self.tis_clip_low:
-            raise ConfigError("tis_clip_high must be >= tis_clip_low")
-
-    @property
-    def clip_high(self) -> float:
-        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
-
-    def check_sampling(self, sampling: SamplingParams) -> None:
-        """Refuse rollouts sampled at another temperature than this loss's log-probs are
-        computed at: their ratio to the rollouts' log-probs, TIS weights and mismatch
-        metrics would compare two different distributions."""
-        want = logprob_temperature(sampling)
-        if self.temperature != want:
-            raise ConfigError(
-                f"the rollouts sample at temperature {sampling.temperature} but the loss "
-                f"computes log-probs at temperature {self.temperature}: build the backend "
-                f"with LossConfig(temperature={want}) (logprob_temperature(sampling))"
-            )
-
-
-def logprob_temperature(sampling: SamplingParams) -> float:
-    """The temperature of the distribution whose log-probs the engine reports for rollouts
-    sampled with ``sampling``: its temperature, or 1 when it is greedy (the engine then
-    takes the argmax of the plain logits)."""
-    return 1.0 if sampling.greedy else sampling.temperature
 
 
 def tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 
 from agentenv._errors import AgentEnvError
-from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.cli._config import add_model_arguments, build_config, read_config_file
 from agentenv.cli._plugins import add_plugins
 
-__all__ = ["add_model_arguments", "add_plugins", "build_config", "main"]
+__all__ = ["add_model_arguments", "add_plugins", "build_config", "main", "read_config_file"]
 
 
 def build_parser() -> argparse.ArgumentParser:

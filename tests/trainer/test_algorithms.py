@@ -137,7 +137,8 @@ configs = st.builds(
     eps_clip=st.sampled_from([0.1, 0.2]),
     eps_clip_high=st.sampled_from([None, 0.28]),
     dual_clip=st.sampled_from([None, 3.0]),
-    kl_coef=st.sampled_from([0.0, 0.05]),
+    use_kl_loss=st.just(True),
+    kl_loss_coef=st.sampled_from([0.0, 0.05]),
     kl_type=st.sampled_from(["k1", "k2", "k3", "low_var_kl"]),
     use_tis=st.booleans(),
 )
@@ -192,12 +193,20 @@ def test_kl_estimators_are_zero_on_equal_policies_and_k3_is_non_negative() -> No
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"eps_clip": 0.2, "eps_clip_high": 0.1}, r"eps_clip_high \(0.1\) must be >= eps_clip"),
-        ({"kl_type": "k4"}, "unknown KL type 'k4'; valid: k1, k2, k3, low_var_kl"),
-        ({"aggregation": "mean"}, "unknown loss aggregation 'mean'"),
+        ({"eps_clip": 0.2, "eps_clip_high": 0.1}, r"--eps-clip-high \(0.1\) must be >= --eps-clip"),
+        (
+            {"kl_type": "k4"},
+            "--kl-loss-type: Input should be 'k1', 'k2', 'k3' or 'low_var_kl', got 'k4'",
+        ),
+        ({"aggregation": "mean"}, "aggregation: Input should be 'per_sample', .* got 'mean'"),
         ({"aggregation": "constant"}, "needs max_response_len"),
-        ({"dual_clip": 0.5}, "dual_clip must be > 1"),
-        ({"eps_clip": -0.1}, "eps_clip must be a finite number >= 0"),
+        ({"dual_clip": 0.5}, "--eps-clip-c: Input should be greater than 1, got 0.5"),
+        (
+            {"tis_clip_low": 1.0, "tis_clip_high": 0.5},
+            r"--tis-clip \(0.5\) must be >= --tis-clip-low",
+        ),
+        ({"eps_clip": -0.1}, "--eps-clip: Input should be greater than or equal to 0, got -0.1"),
+        ({"eps_clip": math.inf}, "--eps-clip: Input should be a finite number"),
         ({"temperature": 0.0}, r"temperature must be a finite number > 0, got 0.0 \(greedy"),
         ({"temperature": math.nan}, "temperature must be a finite number > 0, got nan"),
     ],
@@ -260,7 +269,9 @@ def test_loss_and_gradients_do_not_depend_on_packing(aggregation: str) -> None:
     vocab, dim = 11, 6
     emb = torch.nn.Embedding(vocab, dim).double()
     head = torch.nn.Linear(dim, vocab).double()
-    cfg = LossConfig(aggregation=aggregation, max_response_len=12, kl_coef=0.1)
+    cfg = LossConfig(
+        aggregation=aggregation, max_response_len=12, use_kl_loss=True, kl_loss_coef=0.1
+    )
     gen = torch.Generator().manual_seed(1)
     samples = []
     for _ in range(9):

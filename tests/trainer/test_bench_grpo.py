@@ -53,15 +53,17 @@ def test_a_micro_batch_that_does_not_divide_the_step_is_refused(tmp_path: Path) 
 
 def test_the_agentenv_side_is_agentenv_train_without_shuffling(tmp_path: Path) -> None:
     w = _workload(agentenv_args=("--rollout-max-running", "256"))
-    config = bench.agentenv_config(w, str(tmp_path / "run"))
-    assert config.env == "trainer._bench_grpo:RecordedArithmeticEnv"
-    assert config.env_args == {"max_operand": 9}
-    assert config.rollout_shuffle is False
-    assert (config.rollout_batch_size, config.n_samples_per_prompt) == (64, 8)
-    assert (config.rollout_max_response_len, config.lr, config.adam_beta2) == (48, 5e-6, 0.98)
-    assert config.max_tokens_per_gpu == 16384
-    assert config.rollout_max_running == 256  # --agentenv-args win over the defaults
-    assert config.save_interval == 8  # one checkpoint, after the last step's timings
+    config = bench.agentenv_config(w, str(tmp_path / "run")).flat()  # by slime's names
+    assert config["env"] == "trainer._bench_grpo:RecordedArithmeticEnv"
+    assert config["env_args"] == {"max_operand": 9}
+    assert config["rollout_shuffle"] is False
+    assert (config["rollout_batch_size"], config["n_samples_per_prompt"]) == (64, 8)
+    assert (config["rollout_max_response_len"], config["lr"], config["adam_beta2"]) == (
+        48, 5e-6, 0.98,
+    )  # fmt: skip
+    assert config["max_tokens_per_gpu"] == 16384
+    assert config["rollout_max_running"] == 256  # --agentenv-args win over the defaults
+    assert config["save_interval"] == 8  # one checkpoint, after the last step's timings
 
 
 def test_the_prompt_hash_ignores_order_not_content_or_counts() -> None:

@@ -23,9 +23,10 @@ from trainer import (
     LossConfig,
     OptimConfig,
     TorchBackend,
+    TrainConfig,
     compute_advantages,
 )
-from trainer._cli import TrainConfig
+from trainer._config import ParallelismConfig
 from trainer._precision import resolve_precision
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -60,11 +61,11 @@ def test_defaults_and_bad_settings() -> None:
     assert resolve_precision("bf16", cpu).master
     with pytest.raises(ConfigError, match="precision must be one of fp32, bf16-autocast, bf16"):
         resolve_precision("fp16", cpu)
-    field = TrainConfig.model_fields["precision"].annotation
+    field = ParallelismConfig.model_fields["precision"].annotation
     assert typing.get_args(typing.get_args(field)[0]) == PRECISIONS  # the flag's choices
     base = {"env": "arithmetic"}
-    assert TrainConfig(**base).precision is None
-    assert TrainConfig(**base, precision="bf16").precision == "bf16"
+    assert TrainConfig(**base).parallel.precision is None
+    assert TrainConfig(**base, precision="bf16").parallel.precision == "bf16"
     with pytest.raises(ValueError, match="--backend megatron trains bf16 weights"):
         TrainConfig(**base, backend="megatron", precision="bf16-autocast")
 

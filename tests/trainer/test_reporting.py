@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from agentenv import Sample
-from trainer._cli import TrainConfig
+from trainer import TrainConfig
 from trainer._loop import _rollout_metrics
 from trainer._producer import RoundStats
-from trainer._train import Reporter
+from trainer._reporting import Reporter
 
 
 def _sample(group: str, reward: float, role: str | None = None) -> Sample:

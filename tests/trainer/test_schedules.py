@@ -230,13 +230,13 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     )  # fmt: skip
     assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
     out = _train(*base, "--rollout-batch-size", "8", "--over-sampling-batch-size", "4")
-    assert out.returncode == 2 and "over_sampling_batch_size (4) must be at least" in out.stderr
+    assert out.returncode == 2 and "--over-sampling-batch-size (4) must be at least" in out.stderr
     out = _train(*base, "--dynamic-sampling-filter-path", "nowhere.filter")
     assert out.returncode == 2 and "No module named 'nowhere'" in out.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text('env = "arithmetic"\nlearning_rate = 1.0\n')
     out = _train("--config", str(bad))
-    assert out.returncode != 0 and "--learning-rate" in out.stderr
+    assert out.returncode != 0 and "unknown setting 'learning_rate'" in out.stderr
     out = subprocess.run(
         [sys.executable, "-m", "agentenv", "eval", "--env", "arithmetic", "--model", "x",
          "--sglang-tp", "2"], capture_output=True, text=True, timeout=60,

@@ -290,8 +290,10 @@ def test_gradient_checkpointing_recomputes_the_layers_and_changes_no_number(
 
 
 def test_gradient_checkpointing_is_the_torch_backends_flag() -> None:
-    from trainer._cli import TrainConfig
+    from trainer import TrainConfig
 
-    assert TrainConfig(env="arithmetic", gradient_checkpointing=True).gradient_checkpointing
+    assert TrainConfig(
+        env="arithmetic", gradient_checkpointing=True
+    ).parallel.gradient_checkpointing
     with pytest.raises(ValueError, match="--recompute-granularity"):
         TrainConfig(env="arithmetic", backend="megatron", gradient_checkpointing=True)

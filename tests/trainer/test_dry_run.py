@@ -1,0 +1,161 @@
+"""``agentenv train --dry-run``: a slime launch script's flags map over line by line, are
+validated with the environment and the prompt data, and nothing loads or is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentenv.cli import main
+
+# slime's GLM-Z1-9B GRPO launch script (scripts/run-glm4-9B.sh), its five groups of flags.
+SLIME_GLM_Z1_9B: dict[str, list[str]] = {
+    "checkpoint": [
+        "--hf-checkpoint", "/root/GLM-Z1-9B-0414",
+        "--ref-load", "/root/GLM-Z1-9B-0414_torch_dist",
+        "--load", "{run}",
+        "--save", "{run}",
+        "--save-interval", "20",
+    ],
+    "rollout": [
+        "--prompt-data", "{prompts}",
+        "--input-key", "prompt",
+        "--label-key", "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type", "deepscaler",
+        "--num-rollout", "3000",
+        "--rollout-batch-size", "32",
+        "--n-samples-per-prompt", "8",
+        "--rollout-max-response-len", "8192",
+        "--rollout-temperature", "0.8",
+        "--global-batch-size", "256",
+    ],
+    "algorithm": [
+        "--advantage-estimator", "grpo",
+        "--use-kl-loss",
+        "--kl-loss-coef", "0.00",
+        "--kl-loss-type", "low_var_kl",
+        "--entropy-coef", "0.00",
+        "--eps-clip", "0.2",
+        "--eps-clip-high", "0.28",
+        "--calculate-per-token-loss",
+    ],
+    "parallelism": [
+        "--tensor-model-parallel-size", "2",
+        "--sequence-parallel",
+        "--pipeline-model-parallel-size", "1",
+        "--context-parallel-size", "2",
+        "--use-dynamic-batch-size",
+        "--max-tokens-per-gpu", "4608",
+        "--rollout-num-gpus-per-engine", "2",
+    ],
+    "optimizer": [
+        "--optimizer", "adam",
+        "--lr", "1e-6",
+        "--lr-decay-style", "constant",
+        "--weight-decay", "0.1",
+        "--adam-beta1", "0.9",
+        "--adam-beta2", "0.98",
+    ],
+}  # fmt: skip
+
+# What the script does not say because slime has no other choice (megatron, SGLang, the
+# GPUs of its Ray job), and the environment that scores the episodes.
+OURS = [
+    "--env", "arithmetic", "--backend", "megatron", "--actor-num-gpus-per-node", "4",
+    "--rollout-engine", "sglang", "--device", "cuda", "--sglang-mem-fraction-static", "0.5",
+]  # fmt: skip
+
+
+def test_the_script_keeps_the_flags_of_slimes_glm_script() -> None:
+    flags = [a for group in SLIME_GLM_Z1_9B.values() for a in group if a.startswith("--")]
+    assert len(flags) == len(set(flags)) == 38
+
+
+def _argv(tmp_path: Path, *, without: tuple[str, ...] = ()) -> list[str]:
+    prompts = tmp_path / "dapo-math-17k.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"{i} + {i} = ?", "label": str(2 * i)}) + "\n" for i in range(40)
+        )
+    )
+    out: list[str] = []
+    for group in SLIME_GLM_Z1_9B.values():
+        skip = False
+        for arg in group:
+            if arg.startswith("--"):
+                skip = arg in without
+            if not skip:
+                out.append(arg.format(run=tmp_path / "run", prompts=prompts))
+    return out + OURS
+
+
+def _train(argv: list[str]) -> int:
+    try:
+        return main(["train", "--dry-run", *argv])
+    except SystemExit as e:  # argparse refuses a flag
+        return int(str(e.code))
+
+
+def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _train(_argv(tmp_path, without=("--rm-type",))) == 0
+    out = json.loads(capsys.readouterr().out)
+    config = out["config"]
+    assert config["rollout"]["sampling"]["max_new_tokens"] == 8192
+    assert config["rollout"]["global_batch_size"] == 256
+    assert config["algorithm"] == config["algorithm"] | {
+        "eps_clip_high": 0.28, "aggregation": "per_token", "use_kl_loss": True,
+        "kl_loss_coef": 0.0, "temperature": 0.8,  # the rollouts' distribution
+    }  # fmt: skip
+    assert config["optimizer"]["lr_decay_iters"] == 3000  # the whole run
+    assert config["parallel"]["megatron_args"] == [
+        "--tensor-model-parallel-size", "2", "--sequence-parallel",
+        "--pipeline-model-parallel-size", "1", "--context-parallel-size", "2",
+    ]  # fmt: skip
+    assert out["found"] == {"train_tasks": 40, "held_out_tasks": 64, "resume_from": None}
+    assert out["megatron"]["tensor_model_parallel_size"] == 2
+    assert not (tmp_path / "run").exists()  # --load == --save: a fresh start; nothing written
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rm-type", "deepscaler"], "--rm-type: reward models by name are not supported yet"),
+        (["--actor-num-nodes", "2"], "--actor-num-nodes: training across machines"),
+        (["--colocate"], "--colocate: Ray placement is not supported yet"),
+    ],
+)
+def test_what_is_not_supported_yet_is_refused_naming_the_alternative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert _train([*_argv(tmp_path, without=("--rm-type",)), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--global-batch-size", "200"], r"rollout_batch_size (32) x n_samples_per_prompt (8)"),
+        (["--label-key", "answer"], "has no key 'answer'"),
+        (["--env", "nowhere.module:Env"], "cannot import 'nowhere.module'"),
+        (["--backend", "torch"], "megatron flags (--tensor-model-parallel-size 2"),
+        (["--actor-num-gpus-per-node", "2"], "--actor-num-gpus-per-node 2: world size 2 is not"),
+        (["--rollout-engine", "serve"], "--sglang-* flags (--mem-fraction-static 0.5)"),
+        (
+            ["--use-kl-loss", "--kl-loss-coef", "0.1"],
+            "--ref-load '/root/GLM-Z1-9B-0414_torch_dist'",
+        ),
+        (["--rollout-batch-size", "64", "--global-batch-size", "512"], "only 40 distinct tasks"),
+    ],
+)
+def test_a_dry_run_finds_what_a_run_would_stop_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: list[str], message: str
+) -> None:
+    assert _train([*_argv(tmp_path, without=("--rm-type",)), *change]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agentenv train: error: ") and message in err

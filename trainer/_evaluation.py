@@ -1,0 +1,50 @@
+"""The held-out evaluation of a training run (``config.eval``): the mean reward of one
+episode per held-out task, greedy by default."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentenv import Environment, Task, Tokenizer
+    from trainer._config import TrainConfig
+
+__all__ = ["Evaluator"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evaluator:
+    """``await evaluator(policy, concurrency)``: the mean reward on ``tasks`` (``None``
+    when there are none)."""
+
+    env: Environment
+    tasks: Sequence[Task]
+    tokenizer: Tokenizer
+    config: TrainConfig
+    seed: int = 12345  # the same episodes before, during and after training
+
+    async def __call__(self, policy: Any, concurrency: int) -> float | None:
+        from agentenv import RolloutConfig, SamplingParams, run_rollouts
+
+        if not self.tasks:
+            return None
+        stats = await run_rollouts(
+            self.env,
+            self.tasks,
+            policy,
+            tokenizer=self.tokenizer,
+            config=RolloutConfig(
+                n_samples_per_prompt=1,
+                sampling=SamplingParams(
+                    max_new_tokens=self.config.rollout.sampling.max_new_tokens,
+                    temperature=self.config.eval.eval_temperature,
+                ),
+                seed=self.seed,
+                concurrency=concurrency,
+                chat_template_kwargs=self.config.rollout.chat_template_kwargs,
+                progress=False,
+            ),
+        )
+        return stats.reward_mean

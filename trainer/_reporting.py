@@ -1,0 +1,146 @@
+"""What a training run tells its user: a progress line per step, ``SAVE/metrics.jsonl``,
+TensorBoard, the held-out rewards, the plot and the summary it returns."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer._config import TrainConfig
+
+__all__ = ["Reporter", "plot", "summary"]
+
+
+class Reporter:
+    """Per step: a progress bar (a line per step when stderr is no terminal), a JSONL line
+    and TensorBoard scalars."""
+
+    def __init__(self, config: TrainConfig, save: Path | None, resuming: bool) -> None:
+        self.total = config.rollout.num_rollout
+        self.metrics_file = None
+        self.writer: Any = None
+        self.bar: Any = None
+        if save is not None:
+            self.metrics_file = (save / "metrics.jsonl").open("a" if resuming else "w")
+            if config.logging.use_tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError:
+                    print(
+                        "no TensorBoard: the tensorboard package is not installed "
+                        "(agentenv[train])",
+                        file=sys.stderr,
+                    )
+                else:
+                    self.writer = SummaryWriter(str(save / "tensorboard"))
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc="train", unit="step", file=sys.stderr)
+
+    def __call__(self, m: dict[str, float]) -> None:
+        step = int(m["step"])
+        split = (
+            f"rollout {m['time_rollout_s']:.1f}s  train {m['time_train_s']:.1f}s  "
+            f"sync {m['time_sync_s']:.2f}s"
+        )
+        # All groups with equal rewards: every advantage is 0 and the step learns nothing.
+        flat = "  no signal: every group's rewards are equal" if _no_signal(m) else ""
+        if self.bar is not None:
+            self.bar.n = step + 1
+            self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}{flat}")
+        else:
+            line = f"step {step + 1}/{self.total}  reward {m['reward_mean']:.3f}  {split}{flat}"
+            print(line, file=sys.stderr, flush=True)
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps(m) + "\n")
+            self.metrics_file.flush()
+        if self.writer is not None:
+            for name, value in m.items():
+                if name != "step":
+                    self.writer.add_scalar(name, value, step)
+            self.writer.flush()
+
+    def backend(self, backend: Any) -> None:
+        """Say what makes the first steps slow (the compilation of the decoder layers)."""
+        if getattr(backend, "compile", False):
+            print(
+                "compiling the decoder layers (torch.compile): the first steps take longer "
+                "(about a minute for a 135M model); --no-compile skips it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def held_out(self, when: str, reward: float | None, n_eval: int) -> None:
+        """The held-out reward before or after training (once, when there is none)."""
+        if reward is not None:
+            print(f"held-out reward {when}: {reward}", file=sys.stderr, flush=True)
+        elif when == "before":
+            why = "--n-eval 0" if n_eval == 0 else "the environment has no test tasks"
+            print(f"held-out reward: skipped ({why})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        for thing in (self.bar, self.metrics_file, self.writer):
+            if thing is not None:
+                thing.close()
+
+
+def _no_signal(m: dict[str, float]) -> bool:
+    return m.get("samples", 0.0) > 0 and m.get("rollout/zero_std_groups", 0.0) == 1.0
+
+
+def plot(
+    config: TrainConfig, history: list[dict[str, float]], before: float | None, after: float | None
+) -> str | None:
+    """``SAVE/metrics.png`` (``None`` without ``--save``, steps or matplotlib)."""
+    save = config.checkpoint.save
+    if save is None or not history:
+        return None
+    from trainer._plot import plot_run
+
+    try:
+        path = str(
+            plot_run(
+                history, save / "metrics.png", title=f"GRPO on {config.data.env}",
+                eval_before=before, eval_after=after,
+            )
+        )  # fmt: skip
+    except ImportError:
+        print("no plot: matplotlib is not installed (agentenv[train])", file=sys.stderr)
+        return None
+    print(f"plot: {path}", file=sys.stderr)
+    return path
+
+
+def summary(
+    config: TrainConfig,
+    history: list[dict[str, float]],
+    *,
+    precision: str,
+    eval_tasks: int,
+    before: float | None,
+    after: float | None,
+    wall_s: float,
+    plot: str | None,
+) -> dict[str, Any]:
+    """The run in one JSON object: rewards before and after, first and last, timings."""
+    return {
+        "env": config.data.env,
+        "steps": config.rollout.num_rollout,
+        "schedule": config.rollout.schedule,
+        "precision": precision,
+        "eval_tasks": eval_tasks,
+        "eval_reward_before": before,
+        "eval_reward_after": after,
+        "eval_gain": None if before is None or after is None else after - before,
+        "train_reward_first": history[0]["reward_mean"] if history else None,
+        "train_reward_last": history[-1]["reward_mean"] if history else None,
+        "time_rollout_s": round(sum(h["time_rollout_s"] for h in history), 1),
+        "time_train_s": round(sum(h["time_train_s"] for h in history), 1),
+        "time_sync_s": round(sum(h["time_sync_s"] for h in history), 2),
+        "wall_s": round(wall_s, 1),
+        "plot": plot,
+    }

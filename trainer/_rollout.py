@@ -1,0 +1,180 @@
+"""The rollout group of the training config (:class:`GRPOConfig`): what each step plays
+and how the loop schedules it, slime's flags. Light (no torch): ``agentenv train``
+validates it (the batch identity included) before anything loads; :func:`trainer.run_grpo`
+runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import pydantic
+
+from agentenv import ConfigError, RolloutConfig, SamplingParams, Task, resolve_name
+from trainer._settings import Group, setting
+
+if TYPE_CHECKING:
+    from agentenv.buffer import BufferConfig, GroupFilter
+
+__all__ = ["SCHEDULES", "GRPOConfig", "filter_name", "load_filter"]
+
+Schedule = Literal["sync", "one_step_off", "async"]
+SCHEDULES: tuple[str, ...] = ("sync", "one_step_off", "async")
+
+
+def load_filter(path: str) -> GroupFilter:
+    """``module:name`` or ``module.name``: a group filter, or a class built without
+    arguments (``agentenv.buffer.RewardStdFilter``)."""
+    found = resolve_name(path, what="--dynamic-sampling-filter-path", kind="function")
+    if isinstance(found, type):
+        found = found()
+    if not callable(found):
+        raise ConfigError(f"--dynamic-sampling-filter-path {path!r} is not callable")
+    filt: GroupFilter = found
+    return filt
+
+
+def filter_name(filt: object) -> str:
+    """A filter as ``module:name`` (an instance: its class's)."""
+    owner = filt if callable(filt) and hasattr(filt, "__qualname__") else type(filt)
+    return f"{owner.__module__}:{getattr(owner, '__qualname__', repr(owner))}"
+
+
+class GRPOConfig(Group):
+    """The loop's schedule (``config.rollout``; slime's flags).
+
+    ``rollout_batch_size × n_samples_per_prompt`` must equal
+    ``global_batch_size × num_steps_per_rollout``: every sample of a rollout is trained
+    on exactly once.
+
+    Settings without a flag: ``concurrency``, episodes in flight per round and generate
+    calls in flight over all rounds (default: what the engine decodes together,
+    :func:`~trainer._producer.policy_capacity` -- the embedded engine's ``max_running``
+    -- else every episode of a round at once; ``agentenv train`` sets it from the engines
+    it launches or is pointed at); ``max_rounds``, rounds per step at most while filters
+    drop groups (``sync`` and ``one_step_off`` then train on the groups they have;
+    ``async`` stops with an error after that many rounds in a row keep nothing).
+    ``filters`` takes group filters (``RewardStdFilter()``) or their ``module:name``.
+    """
+
+    num_rollout: int = setting("--num-rollout", 10, "rollout steps", ge=1)
+    rollout_batch_size: int = setting("--rollout-batch-size", 8, "prompts per rollout step", ge=1)
+    n_samples_per_prompt: int = setting("--n-samples-per-prompt", 4, "episodes per prompt", ge=1)
+    global_batch_size: int | None = setting(
+        "--global-batch-size", None, "samples per optimizer step (default: a whole rollout)", ge=1
+    )
+    num_steps_per_rollout: int = setting(
+        "--num-steps-per-rollout", 1, "optimizer steps per rollout", ge=1
+    )
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"] = (
+        setting("--advantage-estimator", "grpo", "advantage estimator")
+    )
+    sampling: SamplingParams = setting(
+        None,
+        default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0),
+        sub={
+            "max_new_tokens": ("--rollout-max-response-len", "tokens per turn"),
+            "temperature": ("--rollout-temperature", "sampling temperature (0: greedy)"),
+            "top_p": ("--rollout-top-p", "nucleus sampling: the top tokens of this mass"),
+            "top_k": ("--rollout-top-k", "sample among the k likeliest tokens (-1: all)"),
+        },
+    )
+    concurrency: int | None = setting(None, None, "episodes in flight", ge=1)
+    seed: int = setting("--rollout-seed", 0, "seed of task order and sampling")
+    schedule: Schedule = setting(
+        "--schedule", "sync", "sync, one_step_off (rollout overlaps training) or async"
+    )
+    max_staleness: int = setting(
+        "--max-staleness", 1, "oldest policy version a batch may hold, behind the trainer "
+        "(older groups are dropped; one_step_off needs >= 1)", ge=0,
+    )  # fmt: skip
+    over_sampling_batch_size: int | None = setting(
+        "--over-sampling-batch-size", None,
+        "prompts started per round (>= --rollout-batch-size; default: it)", ge=1,
+    )  # fmt: skip
+    filters: tuple[Any, ...] = setting(
+        "--dynamic-sampling-filter-path", (),
+        "group filter, module:function or module.function (samples -> keep?); "
+        "'agentenv.buffer.RewardStdFilter' drops groups with equal rewards",
+        metavar="FUNCTION",
+    )  # fmt: skip
+    max_rounds: int = setting(None, 8, "rounds per step at most while filters drop groups", ge=1)
+    shuffle: bool = setting("--rollout-shuffle", True, "reshuffle the tasks at each pass")
+    chat_template_kwargs: dict[str, Any] = setting(
+        "--apply-chat-template-kwargs", default_factory=dict,
+        doc='JSON object of chat-template arguments, e.g. {"enable_thinking": false}',
+    )  # fmt: skip
+
+    @pydantic.field_validator("filters", mode="before")
+    @classmethod
+    def _load_filters(cls, value: Any) -> tuple[Any, ...]:
+        items = [value] if isinstance(value, str) or callable(value) else list(value)
+        return tuple(load_filter(f) if isinstance(f, str) else f for f in items)
+
+    @pydantic.field_serializer("filters")
+    def _filter_names(self, filters: tuple[Any, ...]) -> list[str]:
+        return [filter_name(f) for f in filters]
+
+    @pydantic.model_validator(mode="after")
+    def _rules(self) -> Self:
+        for i, f in enumerate(self.filters):
+            if not callable(f):
+                raise ConfigError(f"filters[{i}] ({f!r}) is not a group filter (not callable)")
+        if self.schedule == "one_step_off" and self.max_staleness < 1:
+            raise ConfigError(
+                "--schedule one_step_off trains on samples one version old: --max-staleness "
+                f"must be at least 1, got {self.max_staleness}"
+            )
+        over = self.over_sampling_batch_size
+        if over is not None and over < self.rollout_batch_size:
+            raise ConfigError(
+                f"--over-sampling-batch-size ({over}) must be at least --rollout-batch-size "
+                f"({self.rollout_batch_size})"
+            )
+        self.buffer_config()  # checks the batch identity, naming the four numbers
+        RolloutConfig(chat_template_kwargs=self.chat_template_kwargs)  # checks the arguments
+        return self
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def round_size(self) -> int:
+        return self.over_sampling_batch_size or self.rollout_batch_size
+
+    def concurrency_for(self, policy: Any) -> int:
+        """Episodes in flight per round with ``policy``: :attr:`concurrency`, else the
+        policy's capacity, else a whole round."""
+        from trainer._producer import policy_capacity
+
+        return (
+            self.concurrency
+            or policy_capacity(policy)
+            or self.round_size * self.n_samples_per_prompt
+        )
+
+    def check_tasks(self, tasks: Sequence[Task]) -> None:
+        """Refuse task lists with fewer distinct tasks than a round plays."""
+        Task.check_all(tasks, "the training tasks")
+        distinct = len({t.id for t in tasks})
+        if distinct < self.round_size:
+            raise ConfigError(
+                f"{self.round_size} prompts per round (--rollout-batch-size or "
+                f"--over-sampling-batch-size) but there are only {distinct} distinct tasks"
+            )
+
+    def buffer_config(self) -> BufferConfig:
+        from agentenv.buffer import BufferConfig  # numpy: only when it is checked
+
+        return BufferConfig(
+            n_samples_per_prompt=self.n_samples_per_prompt,
+            rollout_batch_size=self.rollout_batch_size,
+            global_batch_size=self.samples_per_step,
+            num_steps_per_rollout=self.num_steps_per_rollout,
+            filters=self.filters,
+            max_staleness=self.max_staleness,
+            # Memory is bounded by the rounds (and, async, by admission control), not by
+            # backpressure: a full Buffer would stall the round that must fill a batch.
+            capacity=1 << 30,
+        )

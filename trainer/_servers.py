@@ -1,0 +1,149 @@
+"""The rollout engines of a training run (``config.engine``): the embedded engine, or
+``agentenv serve`` / SGLang servers launched for the run or already running, and how the
+trainer's weights reach them."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer._files import free_port
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentenv import Tokenizer
+    from trainer._backend import Backend
+    from trainer._config import TrainConfig
+    from trainer._sync import WeightSync
+
+__all__ = ["engine_dtypes", "rollout_concurrency", "rollout_engine", "server_sync"]
+
+
+@contextlib.asynccontextmanager
+async def rollout_engine(
+    config: TrainConfig,
+    tokenizer: Tokenizer,
+    weights_dir: Path,
+    dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+) -> AsyncIterator[tuple[Any, WeightSync]]:
+    """The policy that plays the episodes and how the trainer's weights reach it.
+
+    ``dtypes``: the embedded or ``serve`` engine's ``(dtype, residual_dtype)``, those of the
+    trainer's numerics (:func:`engine_dtypes`); default: the engine's own."""
+    from agentenv.engine import Engine, resolve_model
+    from agentenv.sglang import Launcher, SGLangClient, server_command
+    from trainer._sync import InProcessSync
+
+    engine = config.engine
+    device = engine.rollout_device or config.model.device
+    dtype, residual_dtype = dtypes or (None, None)
+    api_key = engine.api_key()
+    if engine.rollout_url is not None:
+        async with SGLangClient(engine.rollout_url, api_key=api_key) as client:
+            await client.wait_healthy(timeout=60.0)
+            async with server_sync(config, client, weights_dir) as sync:
+                yield client, sync
+    elif engine.rollout_engine == "embedded":
+        async with Engine(
+            config.model.hf_checkpoint, device=device, dtype=dtype,
+            residual_dtype=residual_dtype, tokenizer=tokenizer,
+            max_running=engine.rollout_max_running,
+        ) as embedded:  # fmt: skip
+            yield embedded, InProcessSync(embedded)
+    else:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        model = str(resolve_model(config.model.hf_checkpoint))
+        if engine.rollout_engine == "serve":
+            program = [sys.executable, "-m", "agentenv", "serve"]
+            extra = ["--device", device, "--max-running", str(engine.rollout_max_running)]
+            if dtype is not None and residual_dtype is not None:
+                extra += [
+                    "--dtype",
+                    _dtype_name(dtype),
+                    "--residual-dtype",
+                    _dtype_name(residual_dtype),
+                ]
+            command = server_command(model, port=port, program=program, extra=extra)
+        else:
+            command = server_command(model, port=port, extra=engine.sglang_command_args())
+        print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
+        # agentenv serve reads the key from its environment (kept out of the process list);
+        # SGLang has it among its flags already (--sglang-api-key).
+        env = {"AGENTENV_API_KEY": api_key} if api_key and engine.rollout_engine == "serve" else {}
+        async with (
+            Launcher(command, url, env=env),
+            SGLangClient(url, api_key=api_key) as client,
+            server_sync(config, client, weights_dir) as sync,
+        ):
+            yield client, sync
+
+
+async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
+    """Episodes in flight: what the engines decode together. The embedded engine says
+    itself (``None``: its ``max_running``); an ``agentenv serve`` worker was launched with
+    ``--rollout-max-running``; an SGLang server takes ``--sglang-server-concurrency``
+    (slime's), times a router's workers."""
+    engine = config.engine
+    if engine.rollout_url is not None:
+        from agentenv.sglang import SGLangError
+
+        try:
+            servers = len(await policy.list_workers())
+        except SGLangError:  # a server, not a router
+            servers = 1
+        return engine.sglang_server_concurrency * max(servers, 1)
+    if engine.rollout_engine == "serve":
+        return engine.rollout_max_running
+    if engine.rollout_engine == "sglang":
+        return engine.sglang_server_concurrency
+    return None
+
+
+def engine_dtypes(backend: Backend, device: str) -> tuple[torch.dtype, torch.dtype]:
+    """The rollout engine's ``(dtype, residual_dtype)`` for ``backend``: the torch backend's
+    precision (fp32 weights under bf16 autocast: bf16 matrices, fp32 embeddings, norms and
+    residual stream); megatron's bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    from trainer._torch import TorchBackend
+
+    if isinstance(backend, TorchBackend):
+        return backend.precision.engine_dtypes()
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return dtype, dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@contextlib.asynccontextmanager
+async def server_sync(
+    config: TrainConfig, client: Any, weights_dir: Path
+) -> AsyncIterator[WeightSync]:
+    """How a server gets the trainer's weights (``--weight-sync``)."""
+    from trainer._sync import DiskSync, DistributedSync
+
+    engine = config.engine
+    if engine.weight_sync == "disk":
+        yield DiskSync([client], weights_dir)
+        return
+    backend = config.weight_sync_backend()
+    print(
+        f"weight sync: {backend} broadcast to the server in buckets of "
+        f"{engine.update_weight_buffer_size / 2**20:g} MiB",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with DistributedSync(
+        [client],
+        backend=backend,
+        master_address=engine.weight_sync_master_address,
+        bucket_bytes=engine.update_weight_buffer_size,
+    ) as sync:
+        yield sync

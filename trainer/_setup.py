@@ -1,0 +1,181 @@
+"""The pieces a training run is set up from, each from its group of the config: the
+environment and its tasks (``config.data``, checked before any model loads), the
+tokenizer, the backend (``config.parallel``), the run directory (``config.checkpoint``);
+and :func:`dry_run`, which checks them all without loading a model."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentenv import ConfigError, Environment, Task
+
+if TYPE_CHECKING:
+    from agentenv import ChatTokenizer
+    from trainer._backend import Backend
+    from trainer._config import TrainConfig
+
+__all__ = [
+    "RAW_TEMPLATE",
+    "RunTasks",
+    "build_backend",
+    "checkpoint_dir",
+    "dry_run",
+    "load_tasks",
+    "load_tokenizer",
+    "precision_name",
+    "weights_dir",
+]
+
+# Prompts as they are, no chat markers (--no-apply-chat-template).
+RAW_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunTasks:
+    """The environment, the tasks it trains on and the held-out tasks it is scored on."""
+
+    env: Environment
+    train: Sequence[Task]
+    held_out: Sequence[Task]
+
+
+def load_tasks(config: TrainConfig) -> RunTasks:
+    """The environment (``--env``), its training tasks (``--prompt-data``, else its train
+    split; refused when a round would need more distinct tasks) and the first
+    ``--n-eval`` of its test split."""
+    from agentenv import load_environment
+
+    data = config.data
+    env = load_environment(data.env, data.env_args)
+    train: Sequence[Task]
+    if data.prompt_data is not None:
+        from trainer._data import load_prompt_data
+
+        train = load_prompt_data(
+            data.prompt_data, input_key=data.input_key, label_key=data.label_key
+        )
+    else:
+        train = env.tasks("train")
+    config.rollout.check_tasks(train)
+    return RunTasks(env, train, env.tasks("test")[: config.eval.n_eval])
+
+
+def load_tokenizer(config: TrainConfig) -> ChatTokenizer:
+    """The model's tokenizer, with its chat template unless ``--no-apply-chat-template``."""
+    from agentenv import ChatTokenizer
+
+    tokenizer = ChatTokenizer.load(config.model.hf_checkpoint)
+    return tokenizer if config.data.apply_chat_template else tokenizer.with_template(RAW_TEMPLATE)
+
+
+def build_backend(config: TrainConfig) -> Backend:
+    """The trainer backend ``--backend`` names, with the loss (``config.algorithm``) and the
+    optimizer (``config.optimizer``)."""
+    parallel = config.parallel
+    common: dict[str, Any] = dict(
+        device=config.model.device, optim=config.optimizer, loss=config.algorithm,
+        max_tokens_per_micro_batch=parallel.max_tokens_per_gpu,
+    )  # fmt: skip
+    if parallel.backend == "megatron":
+        from trainer.megatron import MegatronBackend
+
+        return MegatronBackend(
+            config.model.hf_checkpoint,
+            parallel=parallel.megatron_parallel(),
+            num_gpus=parallel.actor_num_gpus_per_node,
+            qkv_format=parallel.qkv_format,
+            **common,
+        )
+    from trainer._torch import TorchBackend
+
+    return TorchBackend(
+        config.model.hf_checkpoint,
+        precision=parallel.precision,
+        gradient_checkpointing=parallel.gradient_checkpointing,
+        compile=parallel.compile,
+        **common,
+    )
+
+
+def precision_name(backend: Backend) -> str:
+    """The numerics ``backend`` trains in (megatron: bf16 weights, fp32 main weights)."""
+    from trainer._torch import TorchBackend
+
+    return backend.precision.name if isinstance(backend, TorchBackend) else "bf16"
+
+
+def _load_source(config: TrainConfig) -> Path | None:
+    """``--load``'s checkpoint directory, checked; ``None``: none to start from (no
+    ``--load``, or ``--load`` equal to ``--save`` before its first checkpoint, as slime's
+    scripts pass them)."""
+    ckpt = config.checkpoint
+    if ckpt.load is None or ckpt.save is None:
+        return None
+    source = ckpt.load / "checkpoint"
+    if (source / "checkpoint.json").is_file():
+        return source
+    if ckpt.load.resolve() == ckpt.save.resolve():
+        return None
+    raise ConfigError(f"--load {str(ckpt.load)!r} has no checkpoint")
+
+
+def checkpoint_dir(config: TrainConfig) -> tuple[Path | None, bool]:
+    """``SAVE/checkpoint`` (seeded from ``--load``'s) and whether it resumes."""
+    save = config.checkpoint.save
+    if save is None:
+        return None, False
+    from trainer._files import replace_dir
+
+    source = _load_source(config)
+    save.mkdir(parents=True, exist_ok=True)
+    checkpoint = save / "checkpoint"
+    # This run's own checkpoint, once it has one, is newer than the one it began from.
+    if (
+        source is not None
+        and not (checkpoint / "checkpoint.json").is_file()
+        and source.resolve() != checkpoint.resolve()
+    ):
+        with replace_dir(checkpoint) as tmp:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
+    return checkpoint, (checkpoint / "checkpoint.json").is_file()
+
+
+@contextlib.contextmanager
+def weights_dir(config: TrainConfig) -> Iterator[Path]:
+    """Where servers read the new weights from (``SAVE/weights``, else a temporary
+    directory), removed once the run is done."""
+    save = config.checkpoint.save
+    if save is None:
+        with tempfile.TemporaryDirectory(prefix="agentenv-weights-") as tmp:
+            yield Path(tmp)
+        return
+    yield save / "weights"
+    shutil.rmtree(save / "weights", ignore_errors=True)
+
+
+def dry_run(config: TrainConfig) -> dict[str, Any]:
+    """Check what a run of ``config`` would start from -- the environment loads, the
+    prompt data parses and has enough distinct tasks for a round, ``--load`` has a
+    checkpoint -- without loading a model or writing anything (the tree itself, the batch
+    identity and the pass-through flags included, was validated when it was built).
+    Returns the resolved settings, what was found and (``--backend megatron``) megatron's
+    parallel layout as the backend reads it."""
+    tasks = load_tasks(config)
+    source = _load_source(config)
+    out: dict[str, Any] = {
+        "config": config.model_dump(mode="json"),
+        "found": {
+            "train_tasks": len(tasks.train),
+            "held_out_tasks": len(tasks.held_out),
+            "resume_from": None if source is None else str(source),
+        },
+    }
+    if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
+        out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
+    return out
