@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentenv import ChatTokenizer, Sample
+from agentenv import ChatTokenizer, ConfigError, Sample
 from agentenv._generator import SamplingParams
 from agentenv.engine import Engine
 from trainer import LossConfig, OptimConfig, TorchBackend, compute_advantages
@@ -297,3 +297,22 @@ def test_gradient_checkpointing_is_the_torch_backends_flag() -> None:
     ).parallel.gradient_checkpointing
     with pytest.raises(ValueError, match="--recompute-granularity"):
         TrainConfig(env="arithmetic", backend="megatron", gradient_checkpointing=True)
+
+
+def test_compile_and_gradient_checkpointing_default_on_cuda_only(tmp_path: Path) -> None:
+    """On CPU neither is on by default, and compiling is refused there with the reason;
+    the config refuses ``--compile`` off CUDA and with megatron before anything loads."""
+    from tests.trainer.test_loop import tiny_llama
+    from trainer import TrainConfig
+
+    model = tiny_llama(tmp_path / "tiny")
+    backend = TorchBackend(model)
+    assert (backend.compile, backend.gradient_checkpointing) == (False, False)
+    with pytest.raises(ConfigError, match="compile needs a CUDA device, not 'cpu'"):
+        TorchBackend(model, compile=True)
+    with pytest.raises(ConfigError, match="--compile needs --device cuda"):
+        TrainConfig(env="arithmetic", compile=True)
+    with pytest.raises(ConfigError, match="--compile is the torch backend's"):
+        TrainConfig(env="arithmetic", device="cuda", backend="megatron", compile=True)
+    config = TrainConfig(env="arithmetic", device="cuda")
+    assert (config.parallel.compile, config.parallel.gradient_checkpointing) == (None, None)

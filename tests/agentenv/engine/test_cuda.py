@@ -105,6 +105,12 @@ async def test_graphs_match_eager_steps_and_a_plain_forward(tiny: tuple[Path, Pa
             plain = graphed.model.logprobs_of(prompt + c.output_ids)[len(prompt) - 1 :]
             worst = max(worst, max(abs(a - b) for a, b in zip(plain, c.logprobs, strict=True)))
         assert worst < 1e-3, worst
+        # Every bucket's graph writes its logits into the one shared buffer (a graph's
+        # own output would stay allocated in the pool, one [b, V] tensor per bucket).
+        graphs = graphed.model.graphs
+        assert len(graphs._graphs) > 1
+        for _, out in graphs._graphs.values():
+            assert out.data_ptr() == graphs._logits.data_ptr()
     async with _engine(tiny[0], False) as eager:
         without = await _run(eager, params)
     for a, b in zip(with_graphs, without, strict=True):
