@@ -66,7 +66,14 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="ours: compile each decoder layer (TorchBackend(compile=True))",
+        help="ours: compile each decoder layer (TorchBackend(compile=True); agentenv train's "
+        "default on CUDA)",
+    )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="ours: recompute each decoder layer in the backward (agentenv train's default on "
+        "CUDA; off here, so that MFU counts no recomputation)",
     )
     parser.add_argument(
         "--megatron",
@@ -187,11 +194,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             root, device=device, precision=args.precision, optim=OptimConfig(lr=1e-6),
             max_tokens_per_micro_batch=tokens_per_step, logit_chunk=args.logit_chunk,
             entropy_metric=args.entropy, compile=args.compile,
+            gradient_checkpointing=args.gradient_checkpointing,
         )  # fmt: skip
         n_params = sum(p.numel() for p in backend.model.parameters())
         out["params"] = n_params
         out["precision"] = backend.precision.name
         out["compile"] = args.compile
+        out["gradient_checkpointing"] = args.gradient_checkpointing
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         ours = _median_step(backend, samples, adv, args.steps, device)
