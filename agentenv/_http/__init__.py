@@ -30,7 +30,8 @@ server (:class:`HTTPServer`) has:
 - graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 
-It binds to 127.0.0.1 unless told otherwise. Clients use
+It binds to 127.0.0.1 unless told otherwise; it imports aiohttp on first use, so a
+process that only runs clients never loads it. Clients use
 ``httpx.AsyncClient(transport=HTTPTransport())``: httpx's API over a lean keep-alive
 connection pool (a fraction of httpx's default per-request cost). ::
 
@@ -45,6 +46,8 @@ connection pool (a fraction of httpx's default per-request cost). ::
         await anyio.sleep_forever()
 """
 
+from typing import TYPE_CHECKING, Any
+
 from agentenv._http._api import (
     Guard,
     Handler,
@@ -58,7 +61,9 @@ from agentenv._http._api import (
 from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
 from agentenv._http._client import HTTPTransport, RawResponse, async_client
 from agentenv._http._limits import raise_open_file_limit
-from agentenv._http._server import HTTPServer
+
+if TYPE_CHECKING:
+    from agentenv._http._server import HTTPServer
 
 __all__ = [
     "Guard",
@@ -78,3 +83,12 @@ __all__ = [
     "sse",
     "warn_if_open",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The server loads aiohttp (~0.1 s) on first use: clients never pay for it.
+    if name == "HTTPServer":
+        from agentenv._http._server import HTTPServer
+
+        return HTTPServer
+    raise AttributeError(f"module 'agentenv._http' has no attribute {name!r}")

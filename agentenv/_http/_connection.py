@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from aiohttp import web
@@ -28,18 +28,53 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from agentenv._http._api import HTTPError
-from agentenv._http._limits import raw_error
+from agentenv._http._limits import Slots, raw_error
 
-if TYPE_CHECKING:
-    from agentenv._http._server import HTTPServer
-
-__all__ = ["Connection"]
+__all__ = ["Connection", "Connections"]
 
 log = logging.getLogger("agentenv.http")
 
 
+class Connections:
+    """A server's open connections and the requests in them: what shutdown waits for."""
+
+    def __init__(self, slots: Slots, *, head_timeout: float, max_header_bytes: int) -> None:
+        self.slots = slots
+        self.head_timeout = head_timeout
+        self.max_header_bytes = max_header_bytes
+        self.open: set[Connection] = set()
+        self.busy = 0  # requests being handled (head read, not yet answered)
+        self.closing = False
+        self.quiet = anyio.Event()  # set when closing with no request left
+        self.all_closed = anyio.Event()  # set when closing with no connection left
+
+    def close(self) -> None:
+        """The server is closing: the events now fire when their condition holds."""
+        self.closing = True
+        if not self.busy:
+            self.quiet.set()
+        if not self.open:
+            self.all_closed.set()
+
+    def opened(self, conn: Connection) -> None:
+        self.open.add(conn)
+
+    def lost(self, conn: Connection) -> None:
+        self.open.discard(conn)
+        if self.closing and not self.open:
+            self.all_closed.set()
+
+    def begin(self) -> None:
+        self.busy += 1
+
+    def end(self) -> None:
+        self.busy -= 1
+        if self.closing and not self.busy:
+            self.quiet.set()
+
+
 class Connection(RequestHandler):
-    """aiohttp's protocol for one connection of ``server``."""
+    """aiohttp's protocol for one connection, counted in ``server``."""
 
     __slots__ = (
         "_body",
@@ -52,7 +87,7 @@ class Connection(RequestHandler):
         "server",
     )
 
-    def __init__(self, server: HTTPServer, manager: web.Server, **kwargs: Any) -> None:
+    def __init__(self, server: Connections, manager: web.Server, **kwargs: Any) -> None:
         super().__init__(manager, loop=asyncio.get_running_loop(), **kwargs)
         self.server = server
         self.busy = False  # from a request's head to its answer
@@ -66,8 +101,8 @@ class Connection(RequestHandler):
     # -- the connection's life --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.server._connections.add(self)
-        self.server._slots.idle(self, self.close_now)
+        self.server.opened(self)
+        self.server.slots.idle(self, self.close_now)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.gone = True
@@ -75,8 +110,8 @@ class Connection(RequestHandler):
             scope.cancel()
         self._stop_head_timer()
         self._end_body()
-        self.server._slots.leave(self)
-        self.server._lost(self)
+        self.server.slots.leave(self)
+        self.server.lost(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -88,7 +123,7 @@ class Connection(RequestHandler):
                 self._head_timer = self._loop.call_later(
                     self.server.head_timeout, self._head_too_slow
                 )
-                self.server._slots.idle(self, self.close_now)  # idle since its head began
+                self.server.slots.idle(self, self.close_now)  # idle since its head began
             self._head_bytes += len(data)
         super().data_received(data)
         if waiting and self._head_bytes > self.server.max_header_bytes and not self._messages:
@@ -103,8 +138,8 @@ class Connection(RequestHandler):
         self.busy = True
         self._body = body
         self._stop_head_timer()
-        self.server._slots.busy(self)
-        self.server._begin()
+        self.server.slots.busy(self)
+        self.server.begin()
 
     def end(self) -> None:
         """The request is answered: the connection waits for the next one."""
@@ -112,9 +147,9 @@ class Connection(RequestHandler):
             return
         self.busy = False
         self._head_bytes = 0
-        self.server._end()
+        self.server.end()
         if not self.gone:
-            self.server._slots.idle(self, self.close_now)
+            self.server.slots.idle(self, self.close_now)
 
     def close_now(self) -> None:
         """Close the connection (idle, or sending a head): to make room, or at shutdown."""

@@ -33,7 +33,7 @@ from agentenv._http._api import (
     StreamingResponse,
     check_header,
 )
-from agentenv._http._connection import Connection
+from agentenv._http._connection import Connection, Connections
 from agentenv._http._limits import DEFAULT_RESERVE, Slots, default_max_connections
 
 __all__ = ["HTTPServer"]
@@ -138,12 +138,11 @@ class HTTPServer:
         self._accepting = anyio.CancelScope()
         self._closing = False
         self._closed = False
-        self._connections: set[Connection] = set()
-        self._all_closed = anyio.Event()
+        self._conns = Connections(
+            self._slots, head_timeout=head_timeout, max_header_bytes=max_header_bytes
+        )
         self._polls: set[anyio.CancelScope] = set()  # long-poll handlers running
         self._tasks: set[asyncio.Task[Any]] = set()  # request handlers running
-        self._busy = 0  # requests being handled (head read, not yet answered)
-        self._quiet = anyio.Event()
 
     @property
     def port(self) -> int:
@@ -163,6 +162,10 @@ class HTTPServer:
     def connections(self) -> int:
         """Connections open now (counted against ``max_connections``)."""
         return self._slots.open
+
+    @property
+    def _busy(self) -> int:
+        return self._conns.busy
 
     async def __aenter__(self) -> HTTPServer:
         if self._closed or self._listener is not None:
@@ -217,6 +220,7 @@ class HTTPServer:
                 await self._done.wait()
             return
         self._closed = self._closing = True
+        self._conns.close()
         self._accepting.cancel()
         self._slots.close_idle()
         for scope in self._polls:
@@ -224,23 +228,22 @@ class HTTPServer:
         if self._manager is None:  # never started
             return
         try:
-            if graceful and self._busy:
+            if graceful:
                 with anyio.move_on_after(self.shutdown_grace):
-                    await self._quiet.wait()
+                    await self._conns.quiet.wait()
             for task in self._tasks:
                 task.cancel()
-            if self._connections:
-                with anyio.move_on_after(_CLOSE_S):
-                    await self._all_closed.wait()
-            for conn in list(self._connections):  # answers nobody reads: drop them
+            with anyio.move_on_after(_CLOSE_S):
+                await self._conns.all_closed.wait()
+            for conn in list(self._conns.open):  # answers nobody reads: drop them
                 if conn.transport is not None:
                     conn.transport.abort()
                 else:
-                    self._lost(conn)
+                    self._conns.lost(conn)
             with anyio.CancelScope(shield=True):
                 await self._done.wait()
         finally:
-            self._all_closed.set()
+            self._conns.all_closed.set()
 
     # -- accepting ----------------------------------------------------------------------
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -277,7 +280,7 @@ class HTTPServer:
                     log.warning("accepting a connection failed: %s", e)
                     await anyio.sleep(0.1)  # back off
                 continue
-            conn = Connection(self, self._manager, **self._manager._kwargs)
+            conn = Connection(self._conns, self._manager, **self._manager._kwargs)
             admission = self._slots.admit(conn)
             if admission == "refuse":
                 self._slots.refuse(client)
@@ -290,19 +293,6 @@ class HTTPServer:
             except (OSError, ValueError):  # reset before we got to it: not our problem
                 self._slots.leave(conn)
                 client.close()
-
-    def _lost(self, conn: Connection) -> None:
-        self._connections.discard(conn)
-        if self._closing and not self._connections:
-            self._all_closed.set()
-
-    def _begin(self) -> None:
-        self._busy += 1
-
-    def _end(self) -> None:
-        self._busy -= 1
-        if self._closing and not self._busy:
-            self._quiet.set()
 
     # -- one request ----------------------------------------------------------------------
     def _request(
