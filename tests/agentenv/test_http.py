@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import httpx
@@ -376,3 +377,76 @@ async def test_out_of_descriptors_a_client_gets_503_and_the_server_goes_on() -> 
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
             assert (await client.get("/hello")).json() == {"hello": "world"}
+
+
+# -- timeouts and shutdown ------------------------------------------------------------------
+async def test_idle_connections_close_after_keepalive_timeout() -> None:
+    async with HTTPServer(_router(), keepalive_timeout=0.3, head_timeout=5) as server:
+        for request in (b"", b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"):  # silent, kept alive
+            start = anyio.current_time()
+            out = await _raw(server.port, request, wait=5)
+            assert anyio.current_time() - start < 3, request  # closed by the server
+            assert out == b"" if not request else out.startswith(b"HTTP/1.1 200 OK\r\n")
+        with anyio.fail_after(5):
+            while server.connections:  # noqa: ASYNC110 - the server closes them meanwhile
+                await anyio.sleep(0.01)
+
+
+async def test_a_head_under_way_is_timed_by_head_timeout_not_keepalive_timeout() -> None:
+    async with HTTPServer(_router(), keepalive_timeout=0.3, head_timeout=1.0) as server:
+        async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+            await stream.send(b"GET /hello HTTP/1.1\r\n")  # then nothing more
+            start = anyio.current_time()
+            out = b""
+            with anyio.fail_after(5):
+                while True:
+                    try:
+                        out += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+        assert out.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), out
+        assert anyio.current_time() - start >= 0.9  # not cut at the keep-alive timeout
+
+
+async def test_shutdown_lets_requests_finish_within_the_grace_then_cancels_them() -> None:
+    release = anyio.Event()
+    started = anyio.Event()
+    cancelled: list[bool] = []
+
+    async def slow(request: Request) -> Response:
+        started.set()
+        try:
+            await (release.wait() if request.query.get("finish") else anyio.sleep_forever())
+        except BaseException:
+            cancelled.append(True)
+            raise
+        return Response.json({"finished": True})
+
+    router = Router()
+    router.add("GET", "/slow", slow)
+    for finish, grace in ((True, 10.0), (False, 0.2)):
+        started = anyio.Event()
+        server = HTTPServer(router, shutdown_grace=grace)
+        async with server, httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+            answers: list[httpx.Response | Exception] = []
+
+            async def call(client: httpx.AsyncClient, answers: list[Any], finish: bool) -> None:
+                try:
+                    answers.append(await client.get("/slow", params={"finish": finish or ""}))
+                except httpx.TransportError as e:
+                    answers.append(e)
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call, client, answers, finish)
+                    await started.wait()
+                    tg.start_soon(server.aclose)
+                    if finish:
+                        await anyio.wait_all_tasks_blocked()
+                        release.set()
+        (answer,) = answers
+        if finish:  # finished within the grace, answered, and told the connection closes
+            assert isinstance(answer, httpx.Response) and answer.json() == {"finished": True}
+            assert answer.headers["connection"] == "close" and not cancelled
+        else:  # cancelled once the grace ran out; the connection is closed unanswered
+            assert isinstance(answer, httpx.TransportError) and cancelled == [True]
