@@ -10,6 +10,7 @@ gracefully.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from typing import Any, cast
@@ -141,6 +142,16 @@ class HTTPServer:
         self._conns = Connections(
             self._slots, head_timeout=head_timeout, max_header_bytes=max_header_bytes
         )
+        # aiohttp's settings for each connection's protocol (RequestHandler).
+        self._protocol_settings: dict[str, Any] = {
+            "keepalive_timeout": keepalive_timeout,
+            "max_line_size": max_header_bytes,
+            "max_field_size": max_header_bytes,
+            "max_headers": max(1, max_header_bytes // 4),  # the byte bound comes first
+            "lingering_time": _LINGER_S,
+            "access_log": None,
+            "auto_decompress": False,  # bodies are taken as sent, as they were measured
+        }
         self._polls: set[anyio.CancelScope] = set()  # long-poll handlers running
         self._tasks: set[asyncio.Task[Any]] = set()  # request handlers running
 
@@ -179,17 +190,7 @@ class HTTPServer:
                 f"cannot listen on {self.host}:{self._port}: {e.strerror or e}; "
                 "choose another --host/--port (port 0 picks a free one)"
             ) from None
-        self._manager = web.Server(
-            self._serve,
-            request_factory=self._request,
-            keepalive_timeout=self.keepalive_timeout,
-            max_line_size=self.max_header_bytes,
-            max_field_size=self.max_header_bytes,
-            max_headers=max(1, self.max_header_bytes // 4),  # the byte bound comes first
-            lingering_time=_LINGER_S,
-            access_log=None,
-            auto_decompress=False,
-        )
+        self._manager = web.Server(self._serve, request_factory=self._request)
         # The task group only runs the accept loop, so stopping it never cancels the
         # code inside `async with server:`.
         tg = anyio.create_task_group()
@@ -235,15 +236,17 @@ class HTTPServer:
                 task.cancel()
             with anyio.move_on_after(_CLOSE_S):
                 await self._conns.all_closed.wait()
+        finally:  # (also when the wait is interrupted)
+            for task in self._tasks:
+                task.cancel()
             for conn in list(self._conns.open):  # answers nobody reads: drop them
                 if conn.transport is not None:
                     conn.transport.abort()
                 else:
                     self._conns.lost(conn)
-            with anyio.CancelScope(shield=True):
-                await self._done.wait()
-        finally:
             self._conns.all_closed.set()
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
 
     # -- accepting ----------------------------------------------------------------------
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -280,7 +283,7 @@ class HTTPServer:
                     log.warning("accepting a connection failed: %s", e)
                     await anyio.sleep(0.1)  # back off
                 continue
-            conn = Connection(self._conns, self._manager, **self._manager._kwargs)
+            conn = Connection(self._conns, self._manager, **self._protocol_settings)
             admission = self._slots.admit(conn)
             if admission == "refuse":
                 self._slots.refuse(client)
@@ -289,7 +292,7 @@ class HTTPServer:
             try:
                 client.setblocking(False)
                 with anyio.CancelScope(shield=True):  # once begun, the transport is made
-                    await loop.connect_accepted_socket(lambda conn=conn: conn, client)  # type: ignore[misc]
+                    await loop.connect_accepted_socket(functools.partial(_same, conn), client)
             except (OSError, ValueError):  # reset before we got to it: not our problem
                 self._slots.leave(conn)
                 client.close()
@@ -445,6 +448,10 @@ class HTTPServer:
         if result is None and not conn.gone:
             raise _shutting_down()
         return result
+
+
+def _same(conn: Connection) -> Connection:
+    return conn
 
 
 def _headers(content_type: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
