@@ -116,6 +116,8 @@ class Connection(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         # Waiting for a head: not in a request, nor in the rest of a refused body.
+        # (`_messages`: aiohttp's queue of parsed requests not yet handled; aiohttp is
+        # pinned, and tests/agentenv/test_http.py checks the head bounds this serves.)
         waiting = not self.busy and not self._messages and self._body.is_eof()
         if waiting and data:
             if self._head_timer is None:  # a request's first byte: its head is timed now

@@ -308,7 +308,7 @@ class HTTPServer:
     ) -> BaseRequest:
         # aiohttp calls this as it takes a request (or a parse error) off its queue.
         cast(Connection, protocol).begin(payload)
-        return BaseRequest(message, payload, protocol, writer, task, protocol._loop)
+        return BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop())
 
     async def _serve(self, raw: BaseRequest) -> web.StreamResponse:
         conn = cast(Connection, raw.protocol)

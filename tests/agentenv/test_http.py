@@ -128,6 +128,19 @@ async def test_http_server_protocol_edges() -> None:
         assert _status(out) == b"200" and b"keep-alive" not in out.lower()
         out = await _raw(port, b"GET /hello HTTP/1.0\r\nconnection: keep-alive\r\n\r\n", 0.3)
         assert _status(out) == b"200" and b"connection: keep-alive" in out.lower()
+        # Expect: 100-continue is answered before the body is read.
+        out = await _raw(
+            port,
+            b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 3\r\n"
+            b"connection: close\r\n\r\nabc",
+        )
+        assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), out
+        assert out.endswith(b"\r\n\r\nabc")
+        # A stream to an HTTP/1.0 client is not chunked: it ends with the connection.
+        with anyio.fail_after(4):
+            out = await _raw(port, b"GET /events HTTP/1.0\r\n\r\n")
+        assert _status(out) == b"200" and b"chunked" not in out.lower()
+        assert out.endswith(b"data: [DONE]\n\n")
         for request, status in [
             (b"garbage\r\n\r\n", b"400"),
             (b"GET /hello HTTP/1.1\r\n\r\n", b"400"),  # no Host (RFC 9112 3.2)
