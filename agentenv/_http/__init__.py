@@ -1,12 +1,13 @@
-"""Small, fast HTTP/1.1 for agentenv's own services: a server on anyio TCP listeners, and
-an httpx transport for their clients.
+"""HTTP/1.1 for agentenv's own services: a server (agentenv's routes on aiohttp's web
+server), and a fast httpx transport for their clients.
 
 The Buffer service (``agentenv buffer serve``) and the embedded engine's SGLang-compatible
-server speak HTTP through this module. It needs only the standard library, anyio and (for
-:class:`HTTPTransport`) httpx, and implements what those services need, no more. The
+server speak HTTP through this module. Handlers see agentenv's own small API, whatever
+serves them; aiohttp (``aiohttp.web.Server``) parses requests and writes answers. The
 server (:class:`HTTPServer`) has:
 
 - keep-alive connections (HTTP/1.1, and HTTP/1.0 with ``Connection: keep-alive``);
+  HTTP/1.1 requests must carry ``Host`` (RFC 9112), as aiohttp requires;
 - request bodies with ``Content-Length`` only: a chunked (or any ``Transfer-Encoding``)
   request body is refused with 411, a malformed request with 400, an oversized head with
   431 and an oversized body with 413 -- the connection is then closed, the server is not;
@@ -14,7 +15,7 @@ server (:class:`HTTPServer`) has:
   (:class:`StreamingResponse`: chunked transfer, e.g. server-sent events via :func:`sse`);
 - a :class:`Router` from ``(method, path)`` to ``async def handler(request) -> response``;
   handlers raise :class:`HTTPError` for an error status with a JSON body
-  ``{"error": {"type": ..., "message": ...}}``;
+  ``{"error": {"type": ..., "message": ...}}`` (errors of the request's form too);
 - long-poll routes (``long_poll=True``): the handler is cancelled when the client
   disconnects or the server shuts down, so a waiting handler never hands its result to
   nobody (see :attr:`Response.on_undelivered`);
@@ -23,10 +24,14 @@ server (:class:`HTTPServer`) has:
 - a connection cap (``max_connections``, below the descriptor limit by default): at the
   cap the longest-idle connection makes room, when all are busy a reserve answers probe
   routes (``probe=True``, health checks) and the rest get 503 (see ``_limits.py``);
+- timeouts: idle connections close after ``keepalive_timeout``, a request head must
+  arrive within ``head_timeout`` of its first byte and a body within
+  ``request_timeout`` (408);
 - graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 
-It binds to 127.0.0.1 unless told otherwise. Clients use
+It binds to 127.0.0.1 unless told otherwise; it imports aiohttp on first use, so a
+process that only runs clients never loads it. Clients use
 ``httpx.AsyncClient(transport=HTTPTransport())``: httpx's API over a lean keep-alive
 connection pool (a fraction of httpx's default per-request cost). ::
 
@@ -41,20 +46,24 @@ connection pool (a fraction of httpx's default per-request cost). ::
         await anyio.sleep_forever()
 """
 
-from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
-from agentenv._http._client import HTTPTransport, RawResponse, async_client
-from agentenv._http._limits import raise_open_file_limit
-from agentenv._http._server import (
+from typing import TYPE_CHECKING, Any
+
+from agentenv._http._api import (
     Guard,
     Handler,
     HTTPError,
-    HTTPServer,
     Request,
     Response,
     Router,
     StreamingResponse,
     sse,
 )
+from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
+from agentenv._http._client import HTTPTransport, RawResponse, async_client
+from agentenv._http._limits import raise_open_file_limit
+
+if TYPE_CHECKING:
+    from agentenv._http._server import HTTPServer
 
 __all__ = [
     "Guard",
@@ -74,3 +83,12 @@ __all__ = [
     "sse",
     "warn_if_open",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The server loads aiohttp (~0.1 s) on first use: clients never pay for it.
+    if name == "HTTPServer":
+        from agentenv._http._server import HTTPServer
+
+        return HTTPServer
+    raise AttributeError(f"module 'agentenv._http' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from agentenv._errors import ConfigError
-from agentenv._http._server import Guard, HTTPError
+from agentenv._http._api import Guard, HTTPError
 
 __all__ = ["api_key_guard", "check_api_key", "is_loopback", "warn_if_open"]
 

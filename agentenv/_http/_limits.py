@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http
 import json
 import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from typing import Literal
-
-import anyio
 
 __all__ = [
     "DEFAULT_RESERVE",
@@ -82,21 +82,29 @@ def default_max_connections(limit: int | None = None) -> int:
     return max(16, min(_MAX_DEFAULT, (soft - 64) * 3 // 4))
 
 
-def busy_response(cap: int) -> bytes:
-    """The whole 503 a connection beyond the cap gets."""
-    body = json.dumps(
-        {
-            "error": {
-                "type": "ServiceUnavailable",
-                "message": f"the server holds its maximum of {cap} connections; retry shortly",
-            }
-        }
-    ).encode()
+def raw_error(
+    status: int, type: str, message: str, headers: Iterable[tuple[str, str]] = ()
+) -> bytes:
+    """A whole error answer in agentenv's shape, ending the connection: written straight
+    to a socket the request handler never got to (refused, or its head never came)."""
+    body = json.dumps({"error": {"type": type, "message": message}}).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}"
+        "connection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def busy_response(cap: int) -> bytes:
+    """The whole 503 a connection beyond the cap gets."""
+    return raw_error(
+        503,
+        "ServiceUnavailable",
+        f"the server holds its maximum of {cap} connections; retry shortly",
+        [("retry-after", "1")],
+    )
 
 
 class Slots:
@@ -107,7 +115,7 @@ class Slots:
         self.cap = cap
         self.reserve = reserve
         self._open: set[object] = set()
-        self._idle: dict[object, anyio.CancelScope] = {}  # insertion order: idle since
+        self._idle: dict[object, Callable[[], None]] = {}  # insertion order: idle since
         self._spare: int | None = None
         self._warned = 0.0
         self._refused = 0
@@ -135,9 +143,10 @@ class Slots:
         self._open.discard(conn)
         self._idle.pop(conn, None)
 
-    def idle(self, conn: object, scope: anyio.CancelScope) -> None:
-        """``conn`` waits for a request or its head; cancelling ``scope`` closes it."""
-        self._idle[conn] = scope
+    def idle(self, conn: object, close: Callable[[], None]) -> None:
+        """``conn`` waits for a request or its head (idle since now); ``close()`` closes it."""
+        self._idle.pop(conn, None)
+        self._idle[conn] = close
 
     def busy(self, conn: object) -> None:
         """``conn`` got a request head (or stopped waiting)."""
@@ -145,16 +154,17 @@ class Slots:
 
     def close_idle(self) -> None:
         """Close every idle connection (shutdown)."""
-        for scope in self._idle.values():
-            scope.cancel()
+        for close in list(self._idle.values()):
+            close()
+        self._idle.clear()
 
     def _evict_idle(self) -> None:
         if not self._idle:
             return
         conn = next(iter(self._idle))
-        scope = self._idle.pop(conn)
-        scope.cancel()  # its task closes the socket at its next step
+        close = self._idle.pop(conn)
         self._open.discard(conn)
+        close()
 
     # -- running out of descriptors -----------------------------------------------------
     def hold_spare(self) -> None:

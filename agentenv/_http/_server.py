@@ -1,225 +1,54 @@
-"""The HTTP/1.1 server: routes, keep-alive connections, long polls, streamed responses."""
+"""The HTTP server: agentenv's routes on aiohttp's web server.
+
+aiohttp (its low-level ``web.Server`` and its ``RequestHandler`` protocol) parses the
+requests and writes the answers; this module accepts the connections itself (to count
+them against the cap, see ``_limits.py``), turns each aiohttp request into the
+:class:`Request` a handler takes and what it returns into aiohttp's response, and stops
+gracefully.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import http
-import json
+import asyncio
+import functools
 import logging
 import socket
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
-from typing import Any
-from urllib.parse import parse_qsl, unquote
+from typing import Any, cast
 
 import anyio
 import anyio.abc
+from aiohttp import web
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_request import BaseRequest
 from anyio.abc import SocketAttribute
 
-from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError
-from agentenv._http._common import CONNECTION_ERRORS, RECV_BYTES
+from agentenv._errors import ClosedResourceError, ConfigError
+from agentenv._http._api import (
+    Guard,
+    Handler,
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    check_header,
+)
+from agentenv._http._connection import Connection, Connections
 from agentenv._http._limits import DEFAULT_RESERVE, Slots, default_max_connections
 
-__all__ = [
-    "Guard",
-    "HTTPError",
-    "HTTPServer",
-    "Handler",
-    "Request",
-    "Response",
-    "Router",
-    "StreamingResponse",
-    "sse",
-]
+__all__ = ["HTTPServer"]
 
 log = logging.getLogger("agentenv.http")
 
-
-class HTTPError(AgentEnvError):
-    """Raise in a handler to answer ``status`` with ``{"error": {"type", "message"}}``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or _phrase(status).replace(" ", "")
-        self.headers = headers or []
-
-    def to_response(self) -> Response:
-        return Response.json(
-            {"error": {"type": self.type, "message": self.message}},
-            status=self.status,
-            headers=self.headers,
-        )
+_LINGER_S = 1.0  # after refusing a body, how long the rest of it is read and dropped
+_CLOSE_S = 1.0  # at shutdown, how long closing connections get to flush their answers
 
 
-@dataclasses.dataclass(slots=True)
-class Request:
-    """One parsed request. Header names are lower-case; ``body`` is the whole body."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: bytes
-    http_version: str = "HTTP/1.1"
-    client: tuple[str, int] | None = None
-
-    def json(self) -> Any:
-        """The body as JSON; :class:`HTTPError` 400 when it is not."""
-        try:
-            return json.loads(self.body)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
-
-
-@dataclasses.dataclass(slots=True)
-class Response:
-    """A complete response.
-
-    ``on_undelivered`` (optional) is awaited when the response could not be handed to the
-    client (it disconnected before or while it was written): a handler that took something
-    out of a queue uses it to put it back. It is best-effort -- bytes accepted by the
-    kernel count as delivered.
-    """
-
-    body: bytes = b""
-    status: int = 200
-    content_type: str = "application/octet-stream"
-    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    on_undelivered: Callable[[], Awaitable[None]] | None = None
-
-    @classmethod
-    def json(
-        cls, data: Any, *, status: int = 200, headers: list[tuple[str, str]] | None = None
-    ) -> Response:
-        body = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
-        return cls(body, status, "application/json", headers or [])
-
-    @classmethod
-    def text(cls, text: str, *, status: int = 200) -> Response:
-        return cls(text.encode(), status, "text/plain; charset=utf-8")
-
-    @classmethod
-    def empty(cls, status: int = 204) -> Response:
-        return cls(b"", status)
-
-
-@dataclasses.dataclass(slots=True)
-class StreamingResponse:
-    """A response whose body is produced while it is sent (chunked transfer encoding).
-
-    Each non-empty item of ``chunks`` is sent as soon as it is produced. If the client goes
-    away the iterator is closed (``aclose``), so an async generator's ``finally`` runs.
-    """
-
-    chunks: AsyncIterable[bytes]
-    status: int = 200
-    content_type: str = "text/event-stream"
-    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-
-
-Handler = Callable[[Request], Awaitable[Response | StreamingResponse]]
-"""``async def handler(request: Request) -> Response | StreamingResponse``."""
-
-
-Guard = Callable[[str, str, Mapping[str, str]], None]
-"""``guard(method, path, headers)``: raise :class:`HTTPError` to refuse a request unread."""
-
-
-def sse(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
-    """One server-sent event (``data: ...`` lines and a blank line) as bytes."""
-    lines = []
-    if event is not None:
-        lines.append(f"event: {event}")
-    if id is not None:
-        lines.append(f"id: {id}")
-    lines.extend(f"data: {line}" for line in data.split("\n"))
-    return ("\n".join(lines) + "\n\n").encode()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Route:
-    handler: Handler
-    long_poll: bool
-    probe: bool = False
-
-
-class Router:
-    """Handlers by exact ``(method, path)``; unknown paths answer 404, wrong methods 405."""
-
-    def __init__(self) -> None:
-        self._routes: dict[tuple[str, str], _Route] = {}
-        self._methods: dict[str, list[str]] = {}
-
-    def add(
-        self,
-        method: str,
-        path: str,
-        handler: Handler,
-        *,
-        long_poll: bool = False,
-        probe: bool = False,
-    ) -> None:
-        """Route ``method path`` to ``handler``.
-
-        ``long_poll=True`` for handlers that may wait long (for data, for room): they are
-        cancelled when the client disconnects, and answer 503 when the server shuts down.
-        ``probe=True`` for a health check: still answered when every connection is busy
-        (on the server's reserved connections).
-        """
-        method = method.upper()
-        if not path.startswith("/"):
-            raise ConfigError(f"a route path must start with '/', got {path!r}")
-        if (method, path) in self._routes:
-            raise ConfigError(f"route {method} {path} is already registered")
-        self._routes[method, path] = _Route(handler, long_poll, probe)
-        self._methods.setdefault(path, []).append(method)
-
-    def route(
-        self, method: str, path: str, *, long_poll: bool = False, probe: bool = False
-    ) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`add`."""
-
-        def register(handler: Handler) -> Handler:
-            self.add(method, path, handler, long_poll=long_poll, probe=probe)
-            return handler
-
-        return register
-
-    def resolve(self, method: str, path: str) -> _Route:
-        route = self._routes.get((method, path))
-        if route is None and method == "HEAD":
-            route = self._routes.get(("GET", path))
-        if route is not None:
-            return route
-        allowed = self._methods.get(path)
-        if allowed is None:
-            raise HTTPError(404, f"no route for {path!r}", type="NotFound")
-        raise HTTPError(
-            405,
-            f"{method} is not allowed on {path!r}; use {', '.join(sorted(allowed))}",
-            type="MethodNotAllowed",
-            headers=[("allow", ", ".join(sorted(allowed)))],
-        )
-
-
-_PHRASES: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}
-
-
-def _phrase(status: int) -> str:
-    return _PHRASES.get(status, "")
-
-
-def _check_header(name: str, value: str) -> None:
-    if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-        raise ValueError(f"invalid response header {name!r}: {value!r}")
+def _shutting_down() -> HTTPError:
+    return HTTPError(
+        503, "the server is shutting down; retry against its successor", type="ShuttingDown"
+    )
 
 
 class HTTPServer:
@@ -239,7 +68,7 @@ class HTTPServer:
         request_timeout: seconds to receive one request's body once its head is read
             (408 beyond).
         shutdown_grace: on exit, seconds in-flight requests get to finish before they
-            are cancelled (long-poll requests are cancelled at once).
+            are cancelled (long-poll requests are answered 503 at once).
         guard: called with ``(method, path, headers)`` of every request before its body
             is read; it raises :class:`HTTPError` to refuse it (e.g. 401), and then the
             body is never read and the connection is closed.
@@ -304,15 +133,27 @@ class HTTPServer:
         self.max_connections = max_connections
         self._slots = Slots(max_connections, reserve_connections)
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
+        self._manager: web.Server | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._conns: anyio.abc.TaskGroup | None = None
         self._done = anyio.Event()
         self._accepting = anyio.CancelScope()
         self._closing = False
         self._closed = False
+        self._conns = Connections(
+            self._slots, head_timeout=head_timeout, max_header_bytes=max_header_bytes
+        )
+        # aiohttp's settings for each connection's protocol (RequestHandler).
+        self._protocol_settings: dict[str, Any] = {
+            "keepalive_timeout": keepalive_timeout,
+            "max_line_size": max_header_bytes,
+            "max_field_size": max_header_bytes,
+            "max_headers": max(1, max_header_bytes // 4),  # the byte bound comes first
+            "lingering_time": _LINGER_S,
+            "access_log": None,
+            "auto_decompress": False,  # bodies are taken as sent, as they were measured
+        }
         self._polls: set[anyio.CancelScope] = set()  # long-poll handlers running
-        self._busy = 0  # requests being handled
-        self._quiet = anyio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()  # request handlers running
 
     @property
     def port(self) -> int:
@@ -328,6 +169,15 @@ class HTTPServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def connections(self) -> int:
+        """Connections open now (counted against ``max_connections``)."""
+        return self._slots.open
+
+    @property
+    def _busy(self) -> int:
+        return self._conns.busy
+
     async def __aenter__(self) -> HTTPServer:
         if self._closed or self._listener is not None:
             raise ClosedResourceError("an HTTPServer can be started once")
@@ -340,8 +190,9 @@ class HTTPServer:
                 f"cannot listen on {self.host}:{self._port}: {e.strerror or e}; "
                 "choose another --host/--port (port 0 picks a free one)"
             ) from None
-        # The outer task group only runs `_run`; connections live in `_run`'s own group,
-        # so stopping them never cancels the code inside `async with server:`.
+        self._manager = web.Server(self._serve, request_factory=self._request)
+        # The task group only runs the accept loop, so stopping it never cancels the
+        # code inside `async with server:`.
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -352,8 +203,7 @@ class HTTPServer:
         try:
             await self.aclose(graceful=exc_info[0] is None)
         finally:
-            if self._conns is not None:  # in case aclose was interrupted
-                self._conns.cancel_scope.cancel()
+            self._accepting.cancel()  # in case aclose was interrupted
             if self._tg is not None:
                 await self._tg.__aexit__(*exc_info)
 
@@ -367,50 +217,61 @@ class HTTPServer:
         (``graceful=False``: none), then are cancelled. Idle keep-alive connections are
         closed at once; long-poll requests are answered 503 at once."""
         if self._closed:
-            if self._conns is not None:
+            if self._manager is not None:
                 await self._done.wait()
             return
         self._closed = self._closing = True
+        self._conns.close()
         self._accepting.cancel()
         self._slots.close_idle()
         for scope in self._polls:
             scope.cancel()
-        if self._conns is None:  # never started
+        if self._manager is None:  # never started
             return
-        if graceful and self._busy:
-            with anyio.move_on_after(self.shutdown_grace):
-                await self._quiet.wait()
-        self._conns.cancel_scope.cancel()
-        await self._done.wait()
+        try:
+            if graceful:
+                with anyio.move_on_after(self.shutdown_grace):
+                    await self._conns.quiet.wait()
+            for task in self._tasks:
+                task.cancel()
+            with anyio.move_on_after(_CLOSE_S):
+                await self._conns.all_closed.wait()
+        finally:  # (also when the wait is interrupted)
+            for task in self._tasks:
+                task.cancel()
+            for conn in list(self._conns.open):  # answers nobody reads: drop them
+                if conn.transport is not None:
+                    conn.transport.abort()
+                else:
+                    self._conns.lost(conn)
+            self._conns.all_closed.set()
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
 
-    @property
-    def connections(self) -> int:
-        """Connections open now (counted against ``max_connections``)."""
-        return self._slots.open
-
+    # -- accepting ----------------------------------------------------------------------
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._listener is not None
         self._slots.hold_spare()
         try:
-            async with anyio.create_task_group() as conns:
-                self._conns = conns
-                task_status.started()
-                with self._accepting:
-                    listeners = getattr(self._listener, "listeners", [self._listener])
-                    async with anyio.create_task_group() as accepting:
-                        for listener in listeners:
-                            sock = listener.extra(SocketAttribute.raw_socket)
-                            accepting.start_soon(self._accept, sock, conns)
+            task_status.started()
+            with self._accepting:
+                listeners = getattr(self._listener, "listeners", [self._listener])
+                async with anyio.create_task_group() as accepting:
+                    for listener in listeners:
+                        sock = listener.extra(SocketAttribute.raw_socket)
+                        accepting.start_soon(self._accept, sock)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._listener.aclose()
             self._slots.release_spare()
             self._done.set()
 
-    async def _accept(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
+    async def _accept(self, sock: socket.socket) -> None:
         # Waits for readability, then accepts in this task. (Cancelling an accept that the
         # event loop has already completed leaks the accepted socket, which leaves its
-        # client waiting forever: the listener's own accept loop cannot be stopped safely.)
+        # client waiting forever.)
+        assert self._manager is not None
+        loop = asyncio.get_running_loop()
         while True:
             await anyio.wait_readable(sock)
             try:
@@ -422,7 +283,7 @@ class HTTPServer:
                     log.warning("accepting a connection failed: %s", e)
                     await anyio.sleep(0.1)  # back off
                 continue
-            conn = _Connection(self, None, None)
+            conn = Connection(self._conns, self._manager, **self._protocol_settings)
             admission = self._slots.admit(conn)
             if admission == "refuse":
                 self._slots.refuse(client)
@@ -430,162 +291,70 @@ class HTTPServer:
             conn.probe_only = admission == "probe"
             try:
                 client.setblocking(False)
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                stream = await anyio.abc.SocketStream.from_socket(client)
+                with anyio.CancelScope(shield=True):  # once begun, the transport is made
+                    await loop.connect_accepted_socket(functools.partial(_same, conn), client)
             except (OSError, ValueError):  # reset before we got to it: not our problem
                 self._slots.leave(conn)
                 client.close()
-                continue
-            except BaseException:
-                self._slots.leave(conn)
-                client.close()
-                raise
-            conn.stream = stream
-            conns.start_soon(self._connection, conn)
 
-    async def _connection(self, conn: _Connection) -> None:
-        stream = conn.stream
-        try:
-            client = stream.extra(SocketAttribute.remote_address)
-        except (OSError, anyio.TypedAttributeLookupError):  # pragma: no cover - gone already
-            client = None
-        conn.client = client if isinstance(client, tuple) else None
-        try:
-            await conn.run()
-        except CONNECTION_ERRORS:
-            pass
-        except Exception:  # a bug here must not take the server down
-            log.exception("HTTP connection failed")
-        finally:
-            self._slots.leave(conn)
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
-
-    def _begin(self) -> None:
-        self._busy += 1
-
-    def _end(self) -> None:
-        self._busy -= 1
-        if self._closing and not self._busy:
-            self._quiet.set()
-
-
-class _Connection:
-    """One client connection: read a request, answer it, repeat while kept alive."""
-
-    __slots__ = ("buf", "client", "gone", "probe_only", "server", "stream")
-
-    def __init__(
+    # -- one request ----------------------------------------------------------------------
+    def _request(
         self,
-        server: HTTPServer,
-        stream: anyio.abc.SocketStream | None,
-        client: tuple[str, int] | None,
-    ) -> None:
-        self.server = server
-        # None only between accept and the stream's creation (admission comes first).
-        self.stream: anyio.abc.SocketStream = stream  # type: ignore[assignment]
-        self.client = client
-        self.buf = bytearray()
-        self.gone = False  # the client disconnected while a long-poll handler ran
-        self.probe_only = False  # beyond the cap: one request, answered only if a probe
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: web.RequestHandler,
+        writer: Any,
+        task: asyncio.Task[None],
+    ) -> BaseRequest:
+        # aiohttp calls this as it takes a request (or a parse error) off its queue.
+        cast(Connection, protocol).begin(payload)
+        return BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop())
 
-    async def _fill(self) -> bool:
+    async def _serve(self, raw: BaseRequest) -> web.StreamResponse:
+        conn = cast(Connection, raw.protocol)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
         try:
-            data = await self.stream.receive(RECV_BYTES)
-        except CONNECTION_ERRORS:
-            return False
-        self.buf += data
-        return True
+            answer, keep = await self._answer(raw, conn)
+            keep = keep and not self._closing and not conn.probe_only
+            if answer is None or conn.gone:  # the client left while the handler ran
+                if isinstance(answer, Response):
+                    await _undelivered(answer)
+                conn.close_now()
+                return web.Response()  # written to nobody
+            if isinstance(answer, StreamingResponse):
+                return await _stream(raw, answer, keep)
+            return await _respond(raw, answer, keep)
+        finally:
+            self._tasks.discard(task)
+            conn.end()
 
-    async def run(self) -> None:
-        server = self.server
-        while not server._closing:
-            if not self.buf:  # idle between requests: shutdown, keepalive_timeout or a
-                # newcomer at the connection cap end it
-                with anyio.move_on_after(server.keepalive_timeout) as idle:
-                    server._slots.idle(self, idle)
-                    try:
-                        if server._closing or not await self._fill():
-                            return
-                    finally:
-                        server._slots.busy(self)
-                if idle.cancelled_caught:
-                    return
-            head = await self._await_head()
-            if head is None:
-                return
-            server._begin()
-            try:
-                if not await self._one(head):
-                    return
-            finally:
-                server._end()
-
-    async def _await_head(self) -> bytes | None:
-        """The next request's head, read within ``head_timeout``; None when the
-        connection must close. Until the head is complete the connection counts as idle:
-        a newcomer at the connection cap may close it (the longest waiting first)."""
-        server = self.server
-        deadline = anyio.current_time() + server.head_timeout
-        head: bytes | None = None
-        error: HTTPError | None = None
-        with anyio.CancelScope(deadline=deadline) as waiting:
-            server._slots.idle(self, waiting)
-            try:
-                head = await self._read_head()
-            except HTTPError as e:
-                error = e
-            finally:
-                server._slots.busy(self)
-        if waiting.cancelled_caught:
-            if anyio.current_time() >= deadline:  # not closed to make room: too slow
-                error = HTTPError(
-                    408,
-                    f"the request head took over {server.head_timeout:g} s to arrive",
-                    type="RequestTimeout",
-                )
-            else:
-                return None
-        if error is not None:
-            with anyio.move_on_after(1.0):
-                await self._send_response(error.to_response(), False, "GET")
-            if error.status != 408:
-                await self._drain()
-            return None
-        return head
-
-    async def _one(self, head: bytes) -> bool:
-        """Read the body of the request whose ``head`` was read and answer it; False
-        when the connection must close."""
-        server = self.server
+    async def _answer(
+        self, raw: BaseRequest, conn: Connection
+    ) -> tuple[Response | StreamingResponse | None, bool]:
+        """The handler's answer (None: the client left) and whether to keep the connection."""
+        if self._closing:  # a request that arrived on a kept-alive connection meanwhile
+            return _shutting_down().to_response(), False
         try:
-            with anyio.fail_after(server.request_timeout):
-                request = await self._read_request(head)
-        except TimeoutError:
-            await self._send_response(
-                HTTPError(408, "the request took too long to arrive").to_response(), False, "GET"
-            )
-            return False
+            request = await self._read(raw, conn)
         except HTTPError as e:  # refused before its body was read: answer, then close
-            await self._send_response(e.to_response(), False, "GET")
-            await self._drain()
-            return False
+            return e.to_response(), False
         if request is None:
-            return False
-        keep = _keep_alive(request) and not server._closing and not self.probe_only
+            return None, False
         response: Response | StreamingResponse | None
         try:
-            route = server.router.resolve(request.method, request.path)
-            if self.probe_only and not route.probe:
+            route = self.router.resolve(request.method, request.path)
+            if conn.probe_only and not route.probe:
                 raise HTTPError(
                     503,
-                    f"the server holds its maximum of {server.max_connections} connections; "
+                    f"the server holds its maximum of {self.max_connections} connections; "
                     "retry shortly",
                     type="ServiceUnavailable",
                     headers=[("retry-after", "1")],
                 )
             if route.long_poll:
-                response = await self._long_poll(route.handler, request)
+                response = await self._long_poll(route.handler, request, conn)
             else:
                 response = await route.handler(request)
         except HTTPError as e:
@@ -595,42 +364,35 @@ class _Connection:
             response = HTTPError(
                 500, f"internal error: {type(e).__name__}: {e}", type="InternalError"
             ).to_response()
-        if response is None or self.gone:  # the client left while the handler ran
-            if isinstance(response, Response):
-                await _undelivered(response)
-            return False
-        keep = keep and not server._closing
-        if isinstance(response, StreamingResponse):
-            return await self._send_stream(response, keep, request)
-        return await self._send_response(response, keep, request.method, request.http_version)
+        return response, True
 
-    async def _read_head(self) -> bytes | None:
-        server = self.server
-        buf = self.buf
-        while buf[:2] == b"\r\n":  # stray CRLF between requests (RFC 9112 2.2)
-            del buf[:2]
-        start = 0
-        while (end := buf.find(b"\r\n\r\n", start)) < 0:
-            if len(buf) > server.max_header_bytes:
-                break
-            start = max(0, len(buf) - 3)
-            if not await self._fill():
-                return None
-        if end < 0 or end > server.max_header_bytes:
+    async def _read(self, raw: BaseRequest, conn: Connection) -> Request | None:
+        """The whole request, its head checked (guard, sizes) before its body is read;
+        None if the client left before its body arrived."""
+        version = raw.version
+        if (version.major, version.minor) not in ((1, 1), (1, 0)):
+            conn.refuse(  # in HTTP/1.1 (aiohttp would answer in the request's version)
+                505,
+                "HTTPVersionNotSupported",
+                f"unsupported protocol HTTP/{version.major}.{version.minor}; "
+                "this server speaks HTTP/1.1",
+            )
+            return None
+        # (A head that arrives in pieces is bounded as it arrives, see Connection.)
+        size = len(raw.raw_path) + sum(len(k) + len(v) + 4 for k, v in raw.raw_headers)
+        if size > self.max_header_bytes:
             raise HTTPError(
                 431,
-                f"the request head is over {server.max_header_bytes} bytes",
+                f"the request head is over {self.max_header_bytes} bytes",
                 type="RequestHeaderFieldsTooLarge",
             )
-        head = bytes(buf[:end])
-        del buf[: end + 4]
-        return head
-
-    async def _read_request(self, head: bytes) -> Request | None:
-        server = self.server
-        method, path, query, version, headers = _parse_head(head)
-        if server.guard is not None:
-            server.guard(method, path, headers)
+        headers: dict[str, str] = {}
+        for name, value in raw.headers.items():
+            key = name.lower()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        method, path = raw.method, raw.path
+        if self.guard is not None:
+            self.guard(method, path, headers)
         if "transfer-encoding" in headers:
             raise HTTPError(
                 411,
@@ -639,162 +401,116 @@ class _Connection:
                 "with a Content-Length header",
                 type="LengthRequired",
             )
-        length = headers.get("content-length")
-        n = 0
-        if length is not None:
-            if not (length.isascii() and length.isdigit()):
-                raise HTTPError(400, f"Content-Length must be a decimal integer, got {length!r}")
-            n = int(length)
-        if n > server.max_body_bytes:
+        n = raw.content_length or 0
+        if n > self.max_body_bytes:
             raise HTTPError(
                 413,
-                f"the request body is {n} bytes; this server takes at most {server.max_body_bytes}",
+                f"the request body is {n} bytes; this server takes at most {self.max_body_bytes}",
                 type="ContentTooLarge",
             )
-        if n and headers.get("expect", "").lower() == "100-continue":
-            await self.stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await self._read_body(n)
-        if body is None:
-            return None
-        return Request(method, path, query, headers, body, version, self.client)
-
-    async def _read_body(self, n: int) -> bytes | None:
-        buf = self.buf
-        if len(buf) >= n:
-            with memoryview(buf) as view:
-                body = bytes(view[:n])
-            del buf[:n]
-            return body
-        parts = [bytes(buf)]
-        got = len(buf)
-        buf.clear()
-        while got < n:
+        body = b""
+        if n:
+            if headers.get("expect", "").lower() == "100-continue":
+                await raw.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
-                data = await self.stream.receive(min(n - got, 1 << 20))
-            except CONNECTION_ERRORS:
+                with anyio.fail_after(self.request_timeout):
+                    body = await raw.content.readexactly(n)
+            except TimeoutError:
+                raise HTTPError(408, "the request took too long to arrive") from None
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
                 return None
-            parts.append(data)
-            got += len(data)
-        return b"".join(parts)
-
-    async def _drain(self) -> None:
-        # After refusing a body, read (and drop) what the client is still sending for a
-        # moment, so that it reads our answer instead of a connection reset.
-        with anyio.move_on_after(1.0):
-            await self.stream.send_eof()
-            total = 0
-            while total < 4 * self.server.max_body_bytes:
-                try:
-                    total += len(await self.stream.receive(1 << 20))
-                except CONNECTION_ERRORS:
-                    return
+        peer = conn.peername
+        return Request(
+            method,
+            path,
+            dict(raw.query.items()),
+            headers,
+            body,
+            f"HTTP/{version.major}.{version.minor}",
+            peer if isinstance(peer, tuple) and len(peer) == 2 else None,
+        )
 
     async def _long_poll(
-        self, handler: Handler, request: Request
+        self, handler: Handler, request: Request, conn: Connection
     ) -> Response | StreamingResponse | None:
-        server = self.server
+        # Cancelled when the client disconnects (None) or the server shuts down (503).
         result: Response | StreamingResponse | None = None
-        error: Exception | None = None
         with anyio.CancelScope() as scope:
-            server._polls.add(scope)
+            self._polls.add(scope)
+            conn.polls.add(scope)
             try:
-                if server._closing:
+                if self._closing or conn.gone:
                     scope.cancel()
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._watch, scope)
-                    try:
-                        result = await handler(request)
-                    except Exception as e:
-                        error = e
-                    tg.cancel_scope.cancel()
+                result = await handler(request)
             finally:
-                server._polls.discard(scope)
-        if error is not None:
-            raise error
-        if result is None and not self.gone:
-            raise HTTPError(
-                503, "the server is shutting down; retry against its successor", type="ShuttingDown"
-            )
+                self._polls.discard(scope)
+                conn.polls.discard(scope)
+        if result is None and not conn.gone:
+            raise _shutting_down()
         return result
 
-    async def _watch(self, scope: anyio.CancelScope) -> None:
-        # Runs beside a long-poll handler: end of stream means the client left.
-        try:
-            data = await self.stream.receive(RECV_BYTES)
-        except CONNECTION_ERRORS:
-            self.gone = True
-            scope.cancel()
-            return
-        self.buf += data  # the client's next (pipelined) request: keep it
 
-    async def _send_response(
-        self, response: Response, keep: bool, method: str, version: str = "HTTP/1.1"
-    ) -> bool:
-        body = response.body
-        try:
-            head = _head(
-                response.status,
-                response.content_type,
-                response.headers,
-                keep,
-                version,
-                f"content-length: {len(body)}\r\n",
-            )
-        except ValueError as e:
-            log.error("bad response from a handler: %s", e)
-            head = _head(500, "text/plain", [], False, version, "content-length: 0\r\n")
-            body, keep = b"", False
-        if method == "HEAD" or response.status in (204, 304) or response.status < 200:
-            body = b""
-        try:
-            if len(body) <= 65536:
-                await self.stream.send(head + body)
-            else:
-                await self.stream.send(head)
-                await self.stream.send(body)
-        except CONNECTION_ERRORS:
-            await _undelivered(response)
-            return False
-        return keep
+def _same(conn: Connection) -> Connection:
+    return conn
 
-    async def _send_stream(self, response: StreamingResponse, keep: bool, request: Request) -> bool:
-        chunked = request.http_version == "HTTP/1.1"
-        keep = keep and chunked  # HTTP/1.0: the body ends when the connection does
-        extra = "transfer-encoding: chunked\r\n" if chunked else ""
+
+def _headers(content_type: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+    try:
+        for name, value in headers:
+            check_header(name, value)
+    except ValueError as e:
+        log.error("bad response from a handler: %s", e)
+        return None
+    return [("content-type", content_type), *headers]
+
+
+async def _respond(raw: BaseRequest, response: Response, keep: bool) -> web.StreamResponse:
+    headers = _headers(response.content_type, response.headers)
+    if headers is None:
+        out = web.Response(status=500)
+        out.force_close()
+        return out
+    out = web.Response(body=response.body, status=response.status, headers=headers)
+    if not keep:
+        out.force_close()
+    try:
+        await out.prepare(raw)
+        await out.write_eof()
+    except (ConnectionError, OSError):
+        await _undelivered(response)
+    return out
+
+
+async def _stream(raw: BaseRequest, response: StreamingResponse, keep: bool) -> web.StreamResponse:
+    headers = _headers(response.content_type, [("cache-control", "no-cache"), *response.headers])
+    iterator = aiter(response.chunks)
+    try:
+        if headers is None:
+            failed = web.Response(status=500)
+            failed.force_close()
+            return failed
+        out = web.StreamResponse(status=response.status, headers=headers)
+        if raw.version == (1, 1):
+            out.enable_chunked_encoding()
+        else:  # HTTP/1.0: the body ends when the connection does
+            keep = False
+        if not keep:
+            out.force_close()
         try:
-            head = _head(
-                response.status,
-                response.content_type,
-                [("cache-control", "no-cache"), *response.headers],
-                keep,
-                request.http_version,
-                extra,
-            )
-        except ValueError as e:
-            log.error("bad response from a handler: %s", e)
-            await self._send_response(Response(status=500), False, "GET")
-            return False
-        iterator = aiter(response.chunks)
-        try:
-            await self.stream.send(head)
-            if request.method == "HEAD":
-                return keep
-            async for chunk in iterator:
-                if not chunk:
-                    continue
-                if chunked:
-                    chunk = b"%x\r\n%b\r\n" % (len(chunk), chunk)
-                await self.stream.send(chunk)
-            if chunked:
-                await self.stream.send(b"0\r\n\r\n")
-        except CONNECTION_ERRORS:
-            return False
-        finally:
-            close = getattr(iterator, "aclose", None)
-            if close is not None:
-                with anyio.CancelScope(shield=True):
-                    await close()
-        return keep
+            await out.prepare(raw)
+            if raw.method != "HEAD":
+                async for chunk in iterator:
+                    if chunk:
+                        await out.write(chunk)
+            await out.write_eof()
+        except (ConnectionError, OSError):
+            cast(Connection, raw.protocol).close_now()
+        return out
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                await close()
 
 
 async def _undelivered(response: Response) -> None:
@@ -805,68 +521,3 @@ async def _undelivered(response: Response) -> None:
             await response.on_undelivered()
     except Exception:
         log.exception("on_undelivered callback failed")
-
-
-def _keep_alive(request: Request) -> bool:
-    tokens = request.headers.get("connection", "").lower()
-    if request.http_version == "HTTP/1.1":
-        return "close" not in tokens
-    return "keep-alive" in tokens
-
-
-def _parse_head(
-    head: bytes,
-) -> tuple[str, str, dict[str, str], str, dict[str, str]]:
-    try:
-        text = head.decode("latin-1")
-        line, *lines = text.split("\r\n")
-        method, target, version = line.split(" ")
-    except ValueError:
-        raise HTTPError(400, "malformed request line") from None
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise HTTPError(
-            505 if version.startswith("HTTP/") else 400,
-            f"unsupported protocol {version[:20]!r}; this server speaks HTTP/1.1",
-        )
-    if not method.isalpha() or not method.isupper() or not target:
-        raise HTTPError(400, f"malformed request line {line[:100]!r}")
-    raw_path, _, raw_query = target.partition("?")
-    if not raw_path.startswith("/"):
-        raise HTTPError(400, f"request target must be an absolute path, got {target[:100]!r}")
-    path = unquote(raw_path) if "%" in raw_path else raw_path
-    query = dict(parse_qsl(raw_query, keep_blank_values=True)) if raw_query else {}
-    headers: dict[str, str] = {}
-    for raw in lines:
-        name, sep, value = raw.partition(":")
-        if not sep or not name or name != name.strip() or not name.isprintable():
-            raise HTTPError(400, f"malformed header line {raw[:100]!r}")
-        key = name.lower()
-        value = value.strip(" \t")
-        if key in headers:
-            if key == "content-length" and headers[key] != value:
-                raise HTTPError(400, "conflicting Content-Length headers")
-            if key != "content-length":
-                headers[key] += ", " + value
-        else:
-            headers[key] = value
-    return method, path, query, version, headers
-
-
-def _head(
-    status: int,
-    content_type: str,
-    headers: list[tuple[str, str]],
-    keep: bool,
-    version: str,
-    extra: str,
-) -> bytes:
-    parts = [f"HTTP/1.1 {status} {_phrase(status)}\r\ncontent-type: {content_type}\r\n{extra}"]
-    if not keep:
-        parts.append("connection: close\r\n")
-    elif version == "HTTP/1.0":
-        parts.append("connection: keep-alive\r\n")
-    for name, value in headers:
-        _check_header(name, value)
-        parts.append(f"{name}: {value}\r\n")
-    parts.append("\r\n")
-    return "".join(parts).encode("latin-1")

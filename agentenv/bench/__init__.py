@@ -2,8 +2,8 @@
 (:func:`run_child`) so that one measurement's imports and threads do not colour the next.
 
 ``engine_bench`` (the embedded engine against Hugging Face ``generate``) imports torch when
-it runs, and ``http_compare`` (agentenv's HTTP server against aiohttp's) needs the ``bench``
-extra, so both load on first use.
+it runs, and ``http_compare`` (agentenv's HTTP server against a plain aiohttp application)
+starts server processes, so both load on first use.
 """
 
 from typing import TYPE_CHECKING, Any

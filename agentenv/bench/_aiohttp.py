@@ -1,11 +1,12 @@
-"""agentenv's HTTP handlers mounted on aiohttp's web server, unchanged (for ``bench http``).
+"""agentenv's HTTP handlers on a plain aiohttp application (``bench http``'s reference).
 
 :func:`aiohttp_app` turns a :class:`~agentenv._http.Router` (and its server's ``guard``)
-into an ``aiohttp.web.Application``: each aiohttp request becomes the
+into an ``aiohttp.web.Application`` with nothing of ``HTTPServer``'s own layer (no
+connection cap, head timeout or graceful shutdown): each aiohttp request becomes the
 :class:`~agentenv._http.Request` the handler expects, and what it returns (or the
 :class:`~agentenv._http.HTTPError` it raises) becomes the aiohttp response. The guard sees
-the head before the body is read, as on agentenv's server; a response that cannot be
-delivered runs its ``on_undelivered``. Only the benchmark imports this module.
+the head before the body is read; a response that cannot be delivered runs its
+``on_undelivered``. Only the benchmark imports this module.
 """
 
 from __future__ import annotations

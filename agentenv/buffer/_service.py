@@ -93,7 +93,6 @@ from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, Sa
 from agentenv._http import (
     Handler,
     HTTPError,
-    HTTPServer,
     Request,
     Response,
     Router,
@@ -412,6 +411,8 @@ class BufferServer:
             ("POST", "rewind", self._rewind, False),
         ):
             router.add(method, f"{PREFIX}/{name}", self._errors(handler), long_poll=long_poll)
+        from agentenv._http import HTTPServer  # aiohttp: loaded by servers only
+
         self._http = HTTPServer(
             router,
             host=host,

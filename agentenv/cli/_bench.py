@@ -17,9 +17,10 @@ CPU core; in the same run it plays the equivalent episode through PrimeIntellect
 concurrent requests. ``client`` measures the requests/s the SGLang client sustains with
 4,096 requests in flight against an instant stand-in server (client on one core, server on
 the other), and the same with plain httpx for comparison. ``http`` serves the Buffer
-service's and ``agentenv serve``'s handlers (over an instant engine) on agentenv's HTTP
-server and on aiohttp's (``pip install 'agentenv[bench]'``), server and client each on
-one core, and reports requests/s of each and their ratio.
+service's and ``agentenv serve``'s handlers (over an instant engine) on agentenv's
+HTTPServer (aiohttp underneath, with agentenv's connection rules) and on a plain aiohttp
+application, server and client each on one core, and reports requests/s of each and
+their ratio: what agentenv's layer costs.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def add_parser(sub: Any) -> None:
     )
     client.set_defaults(handler=run_client)
     http = kinds.add_parser(
-        "http", help="agentenv's HTTP server vs aiohttp's, same handlers, requests/s"
+        "http", help="agentenv's HTTPServer vs plain aiohttp, same handlers, requests/s"
     )
     http.add_argument("--quick", action="store_true", help="fewer requests (< 60 s a round)")
     http.add_argument("--json", action="store_true", help="print one JSON object last")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import httpx
@@ -54,11 +56,11 @@ def _router() -> Router:
     return router
 
 
-async def _raw(port: int, data: bytes) -> bytes:
+async def _raw(port: int, data: bytes, wait: float = 5) -> bytes:
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
         await stream.send(data)
         out = b""
-        with anyio.move_on_after(5):
+        with anyio.move_on_after(wait):
             while True:
                 try:
                     out += await stream.receive()
@@ -100,6 +102,14 @@ async def test_http_server_basics(transport: str) -> None:
             assert r.status_code == 200
 
 
+def _status(answer: bytes) -> bytes:
+    """The status code of a raw answer (aiohttp answers a request it cannot parse, whose
+    version it does not know, in HTTP/1.0)."""
+    line = answer.split(b"\r\n", 1)[0]
+    assert line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), answer[:80]
+    return line.split(b" ")[1]
+
+
 async def test_http_server_protocol_edges() -> None:
     async with HTTPServer(_router(), max_header_bytes=1024) as server:
         port = server.port
@@ -107,33 +117,59 @@ async def test_http_server_protocol_edges() -> None:
         out = await _raw(
             port,
             b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"
-            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc"
-            b"GET /hello?name=z HTTP/1.1\r\nconnection: close\r\n\r\n",
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc"
+            b"GET /hello?name=z HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         )
         assert out.count(b"HTTP/1.1 200 OK") == 3
         assert out.index(b'"world"') < out.index(b"abc") < out.index(b'"z"')
-        # HTTP/1.0 closes unless asked to keep alive.
-        out = await _raw(port, b"GET /hello HTTP/1.0\r\n\r\n")
-        assert out.startswith(b"HTTP/1.1 200") and b"connection: close" in out
+        # HTTP/1.0 closes unless asked to keep alive (_raw reads to the end of the stream).
+        with anyio.fail_after(4):
+            out = await _raw(port, b"GET /hello HTTP/1.0\r\n\r\n")
+        assert _status(out) == b"200" and b"keep-alive" not in out.lower()
+        out = await _raw(port, b"GET /hello HTTP/1.0\r\nconnection: keep-alive\r\n\r\n", 0.3)
+        assert _status(out) == b"200" and b"connection: keep-alive" in out.lower()
+        # Expect: 100-continue is answered before the body is read.
+        out = await _raw(
+            port,
+            b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 3\r\n"
+            b"connection: close\r\n\r\nabc",
+        )
+        assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"), out
+        assert out.endswith(b"\r\n\r\nabc")
+        # A stream to an HTTP/1.0 client is not chunked: it ends with the connection.
+        with anyio.fail_after(4):
+            out = await _raw(port, b"GET /events HTTP/1.0\r\n\r\n")
+        assert _status(out) == b"200" and b"chunked" not in out.lower()
+        assert out.endswith(b"data: [DONE]\n\n")
         for request, status in [
             (b"garbage\r\n\r\n", b"400"),
-            (b"GET /hello HTTP/2.0\r\n\r\n", b"505"),
-            (b"GET hello HTTP/1.1\r\n\r\n", b"400"),
-            (b"GET /hello HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
-            (b"POST /echo HTTP/1.1\r\ncontent-length: x\r\n\r\n", b"400"),
-            (b"POST /echo HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/1.1\r\n\r\n", b"400"),  # no Host (RFC 9112 3.2)
+            (b"GET /hello HTTP/2.0\r\nhost: x\r\n\r\n", b"505"),
+            (b"GET hello HTTP/1.1\r\nhost: x\r\n\r\n", b"400"),
+            (b"GET /hello HTTP/1.1\r\nhost: x\r\nbad header\r\n\r\n", b"400"),
+            (b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: x\r\n\r\n", b"400"),
             (
-                b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                b"400",
+            ),
+            (
+                b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n0\r\n\r\n",
                 b"411",
             ),
-            (b"GET /hello HTTP/1.1\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
+            (b"GET /hello HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
+            # Many small headers, over the whole head's bound.
+            (b"GET /hello HTTP/1.1\r\nhost: x\r\n" + b"x-a: b\r\n" * 200 + b"\r\n", b"431"),
         ]:
-            out = await _raw(port, request)
-            assert out.startswith(b"HTTP/1.1 " + status), (request[:40], out[:80])
-            assert b"connection: close" in out
+            with anyio.fail_after(4):  # answered, and the connection closed
+                out = await _raw(port, request)
+            assert _status(out) == status, (request[:40], out[:80])
+            head, _, body = out.partition(b"\r\n\r\n")
+            assert b"content-type: application/json" in head.lower(), out[:200]
+            assert json.loads(body)["error"]["message"], body  # agentenv's error shape
         # A client that disconnects mid-request does not disturb the server.
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            await stream.send(b"POST /echo HTTP/1.1\r\ncontent-length: 100\r\n\r\nabc")
+            await stream.send(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
         async with httpx.AsyncClient(transport=HTTPTransport()) as client:
             assert (await client.get(f"{server.url}/hello")).status_code == 200
 
@@ -178,7 +214,7 @@ async def test_closing_while_clients_connect_never_strands_a_client() -> None:
                 out = b""
                 try:
                     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-                        await stream.send(b"GET /hello HTTP/1.1\r\n\r\n")
+                        await stream.send(b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
                         while True:  # no deadline of its own: a stranded client hangs
                             out += await stream.receive()
                 except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
@@ -260,23 +296,22 @@ async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_50
             with anyio.fail_after(10):
                 while server._busy < 8:  # noqa: ASYNC110 - the handlers start meanwhile
                     await anyio.sleep(0.01)
-            assert await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n") == (
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
-                b"content-length: 0\r\nconnection: close\r\n\r\n"
-            )
-            refused = await _raw(server.port, b"GET /hello HTTP/1.1\r\n\r\n")
+            health = await _raw(server.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert health.startswith(b"HTTP/1.1 200 OK\r\n"), health
+            assert b"connection: close" in health.lower() and health.endswith(b"\r\n\r\n")
+            refused = await _raw(server.port, b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
             assert refused.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), refused
-            assert b"retry-after: 1" in refused and b"maximum of 8 connections" in refused
+            assert b"retry-after: 1" in refused.lower() and b"maximum of 8 connections" in refused
             # The reserve taken too (by requests whose body is still arriving; idle ones, or
             # ones still sending their head, would be closed to make room): refused at once.
             held = []
             for n in (9, 10):
                 held.append(await anyio.connect_tcp("127.0.0.1", server.port))
-                await held[-1].send(b"GET /health HTTP/1.1\r\ncontent-length: 9\r\n\r\n")
+                await held[-1].send(b"GET /health HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\n")
                 with anyio.fail_after(5):
                     while server._busy < n:  # noqa: ASYNC110 - the server reads it meanwhile
                         await anyio.sleep(0.01)
-            beyond = await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n")
+            beyond = await _raw(server.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert beyond.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), beyond
             for s in held:
                 await s.aclose()
@@ -303,7 +338,7 @@ async def test_half_sent_heads_cannot_lock_clients_or_probes_out() -> None:
             while server.connections < 4:  # noqa: ASYNC110 - the server accepts meanwhile
                 await anyio.sleep(0.01)
         with anyio.fail_after(10):
-            health = await _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n")
+            health = await _raw(server.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert health.startswith(b"HTTP/1.1 200 OK\r\n"), health
             async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as c:
                 assert (await c.get("/hello")).json() == {"hello": "world"}
@@ -347,7 +382,7 @@ async def test_out_of_descriptors_a_client_gets_503_and_the_server_goes_on() -> 
                     filler.append(os.open(os.devnull, os.O_RDONLY))
             os.close(filler.pop())  # room for the client's socket only: the accept fails
             with anyio.fail_after(10):
-                answer = await _raw(server.port, b"GET /hello HTTP/1.1\r\n\r\n")
+                answer = await _raw(server.port, b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
             assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
         finally:
             for fd in filler:
@@ -355,3 +390,76 @@ async def test_out_of_descriptors_a_client_gets_503_and_the_server_goes_on() -> 
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5) as client:
             assert (await client.get("/hello")).json() == {"hello": "world"}
+
+
+# -- timeouts and shutdown ------------------------------------------------------------------
+async def test_idle_connections_close_after_keepalive_timeout() -> None:
+    async with HTTPServer(_router(), keepalive_timeout=0.3, head_timeout=5) as server:
+        for request in (b"", b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n"):  # silent, kept alive
+            start = anyio.current_time()
+            out = await _raw(server.port, request, wait=5)
+            assert anyio.current_time() - start < 3, request  # closed by the server
+            assert out == b"" if not request else out.startswith(b"HTTP/1.1 200 OK\r\n")
+        with anyio.fail_after(5):
+            while server.connections:  # noqa: ASYNC110 - the server closes them meanwhile
+                await anyio.sleep(0.01)
+
+
+async def test_a_head_under_way_is_timed_by_head_timeout_not_keepalive_timeout() -> None:
+    async with HTTPServer(_router(), keepalive_timeout=0.3, head_timeout=1.0) as server:
+        async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+            await stream.send(b"GET /hello HTTP/1.1\r\n")  # then nothing more
+            start = anyio.current_time()
+            out = b""
+            with anyio.fail_after(5):
+                while True:
+                    try:
+                        out += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+        assert out.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), out
+        assert anyio.current_time() - start >= 0.9  # not cut at the keep-alive timeout
+
+
+async def test_shutdown_lets_requests_finish_within_the_grace_then_cancels_them() -> None:
+    release = anyio.Event()
+    started = anyio.Event()
+    cancelled: list[bool] = []
+
+    async def slow(request: Request) -> Response:
+        started.set()
+        try:
+            await (release.wait() if request.query.get("finish") else anyio.sleep_forever())
+        except BaseException:
+            cancelled.append(True)
+            raise
+        return Response.json({"finished": True})
+
+    router = Router()
+    router.add("GET", "/slow", slow)
+    for finish, grace in ((True, 10.0), (False, 0.2)):
+        started = anyio.Event()
+        server = HTTPServer(router, shutdown_grace=grace)
+        async with server, httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+            answers: list[httpx.Response | Exception] = []
+
+            async def call(client: httpx.AsyncClient, answers: list[Any], finish: bool) -> None:
+                try:
+                    answers.append(await client.get("/slow", params={"finish": finish or ""}))
+                except httpx.TransportError as e:
+                    answers.append(e)
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call, client, answers, finish)
+                    await started.wait()
+                    tg.start_soon(server.aclose)
+                    if finish:
+                        await anyio.wait_all_tasks_blocked()
+                        release.set()
+        (answer,) = answers
+        if finish:  # finished within the grace, answered, and told the connection closes
+            assert isinstance(answer, httpx.Response) and answer.json() == {"finished": True}
+            assert answer.headers["connection"] == "close" and not cancelled
+        else:  # cancelled once the grace ran out; the connection is closed unanswered
+            assert isinstance(answer, httpx.TransportError) and cancelled == [True]

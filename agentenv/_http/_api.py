@@ -1,0 +1,213 @@
+"""agentenv's handler API: a :class:`Router` from ``(method, path)`` to
+``async def handler(request: Request) -> Response | StreamingResponse``, and the errors a
+handler raises (:class:`HTTPError`). :class:`~agentenv._http.HTTPServer` serves it."""
+
+from __future__ import annotations
+
+import dataclasses
+import http
+import json
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from typing import Any
+
+from agentenv._errors import AgentEnvError, ConfigError
+
+__all__ = [
+    "Guard",
+    "HTTPError",
+    "Handler",
+    "Request",
+    "Response",
+    "Router",
+    "StreamingResponse",
+    "sse",
+]
+
+
+class HTTPError(AgentEnvError):
+    """Raise in a handler to answer ``status`` with ``{"error": {"type", "message"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _phrase(status).replace(" ", "")
+        self.headers = headers or []
+
+    def to_response(self) -> Response:
+        return Response.json(
+            {"error": {"type": self.type, "message": self.message}},
+            status=self.status,
+            headers=self.headers,
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """One parsed request. Header names are lower-case; ``body`` is the whole body."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    http_version: str = "HTTP/1.1"
+    client: tuple[str, int] | None = None
+
+    def json(self) -> Any:
+        """The body as JSON; :class:`HTTPError` 400 when it is not."""
+        try:
+            return json.loads(self.body)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
+
+
+@dataclasses.dataclass(slots=True)
+class Response:
+    """A complete response.
+
+    ``on_undelivered`` (optional) is awaited when the response could not be handed to the
+    client (it disconnected before or while it was written): a handler that took something
+    out of a queue uses it to put it back. It is best-effort -- bytes accepted by the
+    kernel count as delivered.
+    """
+
+    body: bytes = b""
+    status: int = 200
+    content_type: str = "application/octet-stream"
+    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    on_undelivered: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    def json(
+        cls, data: Any, *, status: int = 200, headers: list[tuple[str, str]] | None = None
+    ) -> Response:
+        body = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+        return cls(body, status, "application/json", headers or [])
+
+    @classmethod
+    def text(cls, text: str, *, status: int = 200) -> Response:
+        return cls(text.encode(), status, "text/plain; charset=utf-8")
+
+    @classmethod
+    def empty(cls, status: int = 204) -> Response:
+        return cls(b"", status)
+
+
+@dataclasses.dataclass(slots=True)
+class StreamingResponse:
+    """A response whose body is produced while it is sent (chunked transfer encoding).
+
+    Each non-empty item of ``chunks`` is sent as soon as it is produced. If the client goes
+    away the iterator is closed (``aclose``), so an async generator's ``finally`` runs.
+    """
+
+    chunks: AsyncIterable[bytes]
+    status: int = 200
+    content_type: str = "text/event-stream"
+    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamingResponse]]
+"""``async def handler(request: Request) -> Response | StreamingResponse``."""
+
+
+Guard = Callable[[str, str, Mapping[str, str]], None]
+"""``guard(method, path, headers)``: raise :class:`HTTPError` to refuse a request unread."""
+
+
+def sse(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
+    """One server-sent event (``data: ...`` lines and a blank line) as bytes."""
+    lines = []
+    if event is not None:
+        lines.append(f"event: {event}")
+    if id is not None:
+        lines.append(f"id: {id}")
+    lines.extend(f"data: {line}" for line in data.split("\n"))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Route:
+    handler: Handler
+    long_poll: bool
+    probe: bool = False
+
+
+class Router:
+    """Handlers by exact ``(method, path)``; unknown paths answer 404, wrong methods 405."""
+
+    def __init__(self) -> None:
+        self._routes: dict[tuple[str, str], _Route] = {}
+        self._methods: dict[str, list[str]] = {}
+
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        long_poll: bool = False,
+        probe: bool = False,
+    ) -> None:
+        """Route ``method path`` to ``handler``.
+
+        ``long_poll=True`` for handlers that may wait long (for data, for room): they are
+        cancelled when the client disconnects, and answer 503 when the server shuts down.
+        ``probe=True`` for a health check: still answered when every connection is busy
+        (on the server's reserved connections).
+        """
+        method = method.upper()
+        if not path.startswith("/"):
+            raise ConfigError(f"a route path must start with '/', got {path!r}")
+        if (method, path) in self._routes:
+            raise ConfigError(f"route {method} {path} is already registered")
+        self._routes[method, path] = _Route(handler, long_poll, probe)
+        self._methods.setdefault(path, []).append(method)
+
+    def route(
+        self, method: str, path: str, *, long_poll: bool = False, probe: bool = False
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add`."""
+
+        def register(handler: Handler) -> Handler:
+            self.add(method, path, handler, long_poll=long_poll, probe=probe)
+            return handler
+
+        return register
+
+    def resolve(self, method: str, path: str) -> _Route:
+        route = self._routes.get((method, path))
+        if route is None and method == "HEAD":
+            route = self._routes.get(("GET", path))
+        if route is not None:
+            return route
+        allowed = self._methods.get(path)
+        if allowed is None:
+            raise HTTPError(404, f"no route for {path!r}", type="NotFound")
+        raise HTTPError(
+            405,
+            f"{method} is not allowed on {path!r}; use {', '.join(sorted(allowed))}",
+            type="MethodNotAllowed",
+            headers=[("allow", ", ".join(sorted(allowed)))],
+        )
+
+
+_PHRASES: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}
+
+
+def _phrase(status: int) -> str:
+    return _PHRASES.get(status, "")
+
+
+def check_header(name: str, value: str) -> None:
+    """Raise ValueError if a response header would break the response's head."""
+    if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+        raise ValueError(f"invalid response header {name!r}: {value!r}")
