@@ -383,7 +383,9 @@ class MicroBatchBackend(Backend):
         self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
         self.steps += 1
         t3 = time.perf_counter()
+        shared = {} if dp is None else {"micro_batches_this_rank": float(len(groups))}
         return tally.metrics(
+            **shared,
             skipped_nonfinite=float(skipped),
             grad_norm=float(norm),
             lr=lr,
