@@ -255,11 +255,10 @@ class ParallelismConfig(Group):
                 "--max-tokens-per-gpu (set it to the batch you want)"
             )
         megatron = self.backend == "megatron"
-        if self.megatron_args:
-            if not megatron:
-                raise ConfigError(
-                    f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
-                )
+        if self.megatron_args and not megatron:
+            raise ConfigError(
+                f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
+            )
         if megatron and self.gradient_checkpointing:
             raise ConfigError(
                 "--gradient-checkpointing is the torch backend's; with --backend megatron "

@@ -6,15 +6,20 @@ backend's data-parallel ranks behind the :class:`~trainer.Backend` interface
 
     ray = connect(config.placement.ray_address)
     placed = Placement.from_config(config).place(ray, timeout=config.placement.placement_timeout)
-    backend = TrainerGroup.torch(placed, "smollm2-135m", optim=..., loss=...)
+    backend = TrainerGroup.start(placed, "smollm2-135m", optim=..., loss=...)
 
 Importing this package imports neither Ray nor torch's distributed machinery; a run
 without placement flags never gets here (``trainer._setup.build_backend``).
 """
 
+from typing import TYPE_CHECKING
+
 from trainer.distributed._cluster import connect
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
+
+if TYPE_CHECKING:
+    from trainer.distributed._trainer import TorchRank, TrainerGroup
 
 __all__ = [
     "Bundle",

@@ -17,12 +17,9 @@ GPUs takes consecutive bundles, which must be on one node.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentenv import ConfigError
-
-if TYPE_CHECKING:
-    from trainer._config import TrainConfig
 
 __all__ = ["Bundle", "Placed", "Placement", "PlacementTimeoutError"]
 
@@ -69,9 +66,10 @@ class Placement:
             )
 
     @classmethod
-    def from_config(cls, config: TrainConfig) -> Placement:
-        """The placement of a run's config (``--colocate`` without ``--rollout-num-gpus``:
-        engines on every trainer GPU, as slime does)."""
+    def from_config(cls, config: Any) -> Placement:
+        """The placement of a run's :class:`~trainer.TrainConfig` (``--colocate`` without
+        ``--rollout-num-gpus``: engines on every trainer GPU, as slime does). (Typed
+        ``Any``: the config's module imports megatron's, which imports this one.)"""
         p = config.placement
         rollout = p.rollout_num_gpus
         if rollout is None:
@@ -197,7 +195,8 @@ def _where() -> tuple[str, str, tuple[int, ...]]:
 
     ctx = ray.get_runtime_context()
     gpus = tuple(sorted(int(g) for g in ray.get_gpu_ids()))
-    return ctx.get_node_id(), ray.util.get_node_ip_address(), gpus
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return ctx.get_node_id(), ip, gpus
 
 
 def _measure(ray: Any, group: Any, placement: Placement, timeout: float) -> tuple[Bundle, ...]:

@@ -16,6 +16,7 @@ input, found by every rank before any collective) reaches the caller and the ran
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast
@@ -118,7 +119,8 @@ class RankActor:
 
         from trainer._files import free_port
 
-        return ray.util.get_node_ip_address(), free_port()
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return ip, free_port()
 
     def device(self, kind: str) -> int | str:
         """This rank's device: with ``kind`` ``cuda`` its first GPU as the process sees
@@ -173,13 +175,13 @@ class RankGroup(Generic[V]):
     ) -> None:
         import ray
 
-        self._ray = ray
+        self._ray: Any = ray
         self._closed = False
         self._placed = placed if release else None
         kind = device or ("cuda" if placed.placement.gpus else "cpu")
         self.bundles: tuple[Bundle, ...] = placed.trainer
-        remote = ray.remote(RankActor)
-        self.actors = [
+        remote: Any = ray.remote(RankActor)
+        self.actors: list[Any] = [
             remote.options(**placed.actor_options(b), name=None).remote() for b in self.bundles
         ]
         try:
@@ -215,7 +217,7 @@ class RankGroup(Generic[V]):
         self, method: Callable[Concatenate[V, P], R], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """``method`` on every rank with the same arguments; rank 0's result."""
-        return cast("R", self.call_each(method, [(args, dict(kwargs))] * self.world_size)[0])
+        return self.call_each(method, [(args, dict(kwargs))] * self.world_size)[0]
 
     def call_each(
         self,
@@ -300,8 +302,6 @@ class RankGroup(Generic[V]):
         self._closed = True
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        try:
+        with contextlib.suppress(RayActorError, GetTimeoutError):
             self._ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
-        except (RayActorError, GetTimeoutError):
-            pass
         self._kill()

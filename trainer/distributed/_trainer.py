@@ -74,7 +74,7 @@ class TrainerGroup(Backend):
     holds the same weights and optimizer state). Checkpoints go to a path every node
     reaches (a shared filesystem), as the weights do with ``--weight-sync disk``.
 
-    Build one with :meth:`torch`; ``model`` is not here (it lives in the actors).
+    Build one with :meth:`start`; ``model`` is not here (it lives in the actors).
     """
 
     model: Any = None
@@ -98,7 +98,7 @@ class TrainerGroup(Backend):
         self.reference: Any = "on the ranks" if self.loss_config.kl_coef > 0 else None
 
     @classmethod
-    def torch(
+    def start(
         cls,
         placed: Placed,
         model: str | os.PathLike[str] = "smollm2-135m",

@@ -82,3 +82,17 @@ def test_an_address_that_does_not_answer_is_refused_within_seconds() -> None:
 def test_engines_must_divide_their_gpus() -> None:
     with pytest.raises(ConfigError, match="--rollout-num-gpus 3 is not a multiple of"):
         Placement(rollout_num_gpus=3, rollout_num_gpus_per_engine=2)
+
+
+def test_a_run_without_placement_flags_stays_in_one_process_without_ray() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trainer, trainer.megatron, trainer.distributed\n"
+        "from trainer._setup import place_run\n"
+        "assert place_run(trainer.TrainConfig(env='arithmetic')) is None\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

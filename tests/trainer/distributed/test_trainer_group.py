@@ -43,7 +43,7 @@ def test_a_two_rank_step_equals_a_one_rank_step(ray_cluster: Any, tmp_path: Path
     before = {k: v.clone() for k, v in one.state_dict().items()}
     want = one.train_step(samples, advantages)
     placed = Placement(actor_num_gpus_per_node=2).place(ray_cluster, timeout=30)
-    group = TrainerGroup.torch(placed, model, device="cpu", release=True, **kwargs)
+    group = TrainerGroup.start(placed, model, device="cpu", release=True, **kwargs)
     try:
         assert group.world_size == 2
         got = group.train_step(samples, advantages)
@@ -54,8 +54,8 @@ def test_a_two_rank_step_equals_a_one_rank_step(ray_cluster: Any, tmp_path: Path
         mine, theirs = one.state_dict(), group.state_dict()
         for name, w in mine.items():
             grad_one, grad_two = before[name] - w, before[name] - theirs[name]
-            scale = grad_one.abs().max()
-            assert (grad_two - grad_one).abs().max() <= 1e-5 * scale, (name, (grad_two - grad_one).abs().max(), scale)
+            # fp32 sums in another order: within 1e-5 of the gradient's scale.
+            assert (grad_two - grad_one).abs().max() <= 1e-5 * grad_one.abs().max(), name
         # Both ranks hold the same weights: each rank's log-probs are the one rank's.
         lps = group.logprobs(samples)
         for a, b in zip(lps, one.logprobs(samples), strict=True):
