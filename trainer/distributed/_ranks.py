@@ -135,8 +135,12 @@ class RankActor:
         self.worker = factory(spec, rdv)
 
     def run(self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``method(worker, *args, **kwargs)``: a worker method (``Worker.step``) or a
-        function of the worker."""
+        """A method of a class (``Worker.step``) runs as the worker's own method of that
+        name (its class's override, as a call on the worker would); any other function
+        is called with the worker first."""
+        name = method.__name__
+        if method.__qualname__.endswith("." + name) and "<locals>" not in method.__qualname__:
+            return getattr(self.worker, name)(*args, **kwargs)
         return method(self.worker, *args, **kwargs)
 
     def pid(self) -> int:
