@@ -72,7 +72,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         report.close()
         if placed is not None:  # the ranks end, the bundles go back
             getattr(backend, "close", lambda: None)()
-            placed.release(None)
+            placed.release()
     return summary(
         config, history, precision=precision_name(backend), eval_tasks=len(tasks.held_out),
         before=before, after=after, wall_s=time.perf_counter() - started,

@@ -182,7 +182,7 @@ class Placed:
             options["num_gpus"] = p.share
         return options
 
-    def release(self, ray: Any) -> None:
+    def release(self) -> None:
         """Give the bundles back (the actors in them end)."""
         from ray.util.placement_group import remove_placement_group
 

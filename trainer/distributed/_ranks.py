@@ -296,7 +296,7 @@ class RankGroup(Generic[V]):
         for actor in self.actors:
             self._ray.kill(actor, no_restart=True)
         if self._placed is not None:
-            self._placed.release(self._ray)
+            self._placed.release()
             self._placed = None
 
     def close(self, timeout: float = 60.0) -> None:

@@ -58,7 +58,8 @@ class TorchRank(TorchBackend):
             world_size=rendezvous.world_size,
         )
         super().__init__(spec.model, device=device, **spec.kwargs)
-        self.data_parallel = DataParallel(rendezvous.rank, rendezvous.world_size)
+        if rendezvous.world_size > 1:  # one rank: the plain step
+            self.data_parallel = DataParallel(rendezvous.rank, rendezvous.world_size)
 
     def shutdown(self) -> None:
         import torch.distributed as dist

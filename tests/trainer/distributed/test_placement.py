@@ -28,7 +28,7 @@ def test_disaggregated_the_engines_get_the_bundles_after_the_trainers(ray_cluste
         assert [[b.gpu_ids for b in e] for e in placed.engines] == [[(2,)], [(3,)]]
         assert placed.actor_options(placed.trainer[0])["num_gpus"] == 1.0
     finally:
-        placed.release(ray_cluster)
+        placed.release()
 
 
 @pytest.mark.slow
@@ -46,7 +46,7 @@ def test_colocated_trainers_and_engines_share_the_bundles(ray_cluster: Any) -> N
         assert [b.gpu_ids for b in placed.trainer] == [(0,), (1,)]
         assert placed.actor_options(placed.trainer[0])["num_gpus"] == 0.5
     finally:
-        placed.release(ray_cluster)
+        placed.release()
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_more_gpus_than_the_cluster_has_stop_after_the_timeout_with_the_numbers(
     assert "(2 node(s) x 4 trainer GPUs + 4 engine GPUs, disaggregated), GPU 12, CPU 12" in message
     assert "the cluster has GPU 4 (4 free), CPU 8" in message and "on 1 node(s)" in message
     # Nothing stays reserved: the next placement gets the GPUs.
-    Placement(actor_num_gpus_per_node=4).place(ray_cluster, timeout=30).release(ray_cluster)
+    Placement(actor_num_gpus_per_node=4).place(ray_cluster, timeout=30).release()
 
 
 def test_an_address_that_does_not_answer_is_refused_within_seconds() -> None:
