@@ -190,8 +190,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     prompt data parses and has enough distinct tasks for a round, ``--load`` has a
     checkpoint -- without loading a model or writing anything (the tree itself, the batch
     identity and the pass-through flags included, was validated when it was built).
-    Returns the resolved settings, what was found and (``--backend megatron``) megatron's
-    parallel layout as the backend reads it."""
+    Returns the resolved settings, what was found, (``--backend megatron``) megatron's
+    parallel layout as the backend reads it and (on Ray) the placement it will ask for."""
     tasks = load_tasks(config)
     source = _load_source(config)
     out: dict[str, Any] = {
@@ -204,4 +204,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     }
     if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
         out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
+    if config.uses_ray:  # what the run will ask the cluster for (nothing is placed here)
+        from trainer.distributed import Placement
+
+        out["placement"] = Placement.from_config(config).describe()
     return out

@@ -126,7 +126,7 @@ def test_the_engines_gpus_become_sglangs_tensor_parallelism() -> None:
         )  # fmt: skip
 
 
-def test_the_groups_pickle_for_megatrons_followers() -> None:
+def test_the_groups_pickle_for_the_trainer_ranks() -> None:
     import pickle
 
     from trainer import OptimConfig

@@ -179,7 +179,12 @@ def test_slimes_placement_flags_are_read_into_the_placement_group(
 ) -> None:
     placement = ["--actor-num-nodes", "1", "--rollout-num-gpus", "4", "--ray-address", "auto"]
     assert _train([*_argv(tmp_path, without=("--rm-type",)), *placement]) == 0
-    config = json.loads(capsys.readouterr().out)["config"]
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"] == (
+        "8 bundles of {GPU: 1, CPU: 1} (1 node(s) x 4 trainer GPUs + 4 engine GPUs, "
+        "disaggregated)"
+    )
+    config = out["config"]
     assert config["placement"] == {
         "ray_address": "auto", "actor_num_nodes": 1, "rollout_num_gpus": 4,
         "colocate": False, "placement_timeout": 120.0,

@@ -32,3 +32,24 @@ def test_a_run_trains_on_two_ranks_and_resumes_from_its_checkpoint(
     assert again["steps"] == 3
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 3  # resumed at step 2, not from the start
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agentenv_train_starts_a_ray_of_its_own_with_ray_address_local(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    model = tiny_llama(tmp_path / "tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "agentenv", "train",
+         "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+         "--ray-address", "local", "--actor-num-gpus-per-node", "2",
+         "--device", "cpu", "--num-rollout", "2", "--rollout-batch-size", "2",
+         "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--n-eval", "2",
+         "--json"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1])["steps"] == 2
