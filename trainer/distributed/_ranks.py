@@ -122,11 +122,6 @@ class RankActor:
         ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         return ip, free_port()
 
-    def device(self, kind: str) -> int | str:
-        """This rank's device: with ``kind`` ``cuda`` its first GPU as the process sees
-        it (Ray sets ``CUDA_VISIBLE_DEVICES`` to the rank's GPUs), else ``cpu``."""
-        return 0 if kind == "cuda" else "cpu"
-
     def start(self, factory: Callable[[Any, Rendezvous], Any], spec: Any, rdv: Rendezvous) -> None:
         if isinstance(rdv.device, int):
             import torch
@@ -186,15 +181,16 @@ class RankGroup(Generic[V]):
         self.bundles: tuple[Bundle, ...] = placed.trainer
         remote: Any = ray.remote(RankActor)
         self.actors: list[Any] = [
-            remote.options(**placed.actor_options(b), name=None).remote() for b in self.bundles
+            remote.options(**placed.actor_options(b)).remote() for b in self.bundles
         ]
         try:
             host, port = ray.get(self.actors[0].address.remote(), timeout=start_timeout)
-            devices = ray.get([a.device.remote(kind) for a in self.actors], timeout=start_timeout)
+            # Ray sets each GPU rank's CUDA_VISIBLE_DEVICES to its GPU: cuda:0 in the actor.
+            rank_device: int | str = 0 if kind == "cuda" else "cpu"
             n = len(self.actors)
             self._wait(
                 [
-                    a.start.remote(factory, spec, Rendezvous(r, n, devices[r], port, host))
+                    a.start.remote(factory, spec, Rendezvous(r, n, rank_device, port, host))
                     for r, a in enumerate(self.actors)
                 ],
                 timeout=start_timeout,
