@@ -181,8 +181,7 @@ def test_slimes_placement_flags_are_read_into_the_placement_group(
     assert _train([*_argv(tmp_path, without=("--rm-type",)), *placement]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["placement"] == (
-        "8 bundles of {GPU: 1, CPU: 1} (1 node(s) x 4 trainer GPUs + 4 engine GPUs, "
-        "disaggregated)"
+        "8 bundles of {GPU: 1, CPU: 1} (1 node(s) x 4 trainer GPUs + 4 engine GPUs, disaggregated)"
     )
     config = out["config"]
     assert config["placement"] == {
