@@ -29,6 +29,7 @@ import torch
 
 from agentenv import ConfigError, Sample
 from trainer._batching import pack_by_tokens
+from trainer._data_parallel import DataParallel
 from trainer._losses import LossConfig, policy_loss, token_weights
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
@@ -269,6 +270,9 @@ class MicroBatchBackend(Backend):
     #: and the model gets them rounded. Without them an update smaller than half the
     #: parameter's bf16 spacing is lost (at |w| = 0.05 anything below ~1e-4).
     master: list[torch.Tensor] | None = None
+    #: This rank's place among data-parallel ranks (set once torch.distributed is up):
+    #: a step then runs this rank's share of the micro-batches and sums the gradients.
+    data_parallel: DataParallel | None = None
 
     def _make_optimizer(self, *, master_weights: bool = False) -> None:
         """The optimizer; with ``master_weights`` (for a low-precision model) over fp32
@@ -343,13 +347,20 @@ class MicroBatchBackend(Backend):
         plan.old_logprobs = old_logprobs
         t1 = time.perf_counter()
         tally = Tally()
-        for group in plan.groups:
+        dp = self.data_parallel
+        groups = plan.groups
+        if dp is not None:
+            groups = dp.share(groups, [len(it.ids) for it in plan.items])
+        for group in groups:
             lps, ents = self._forward(
                 [plan.items[i] for i in group], with_entropy=plan.want_entropy
             )
             loss, part = self._micro_loss(plan, group, lps, ents)
             loss.backward()  # type: ignore[no-untyped-call]
             tally.add(part)
+        if dp is not None:
+            dp.sum_gradients(self._trained)
+            tally = Tally.of(dp.gather(tally))
         t2 = time.perf_counter()
         updated: list[torch.Tensor] = self._trained
         if self.master is not None:  # the gradients go to the fp32 copies
@@ -372,7 +383,9 @@ class MicroBatchBackend(Backend):
         self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
         self.steps += 1
         t3 = time.perf_counter()
+        shared = {} if dp is None else {"micro_batches_this_rank": float(len(groups))}
         return tally.metrics(
+            **shared,
             skipped_nonfinite=float(skipped),
             grad_norm=float(norm),
             lr=lr,
@@ -420,6 +433,14 @@ class Tally:
 
     def merge(self, other: Tally) -> None:
         self.add({**other.sums, "ratio_max": other.ratio_max, "ratio_min": other.ratio_min})
+
+    @classmethod
+    def of(cls, parts: Iterable[Tally]) -> Tally:
+        """The tallies of several ranks' micro-batches as one."""
+        out = cls()
+        for part in parts:
+            out.merge(part)
+        return out
 
     def metrics(self, **extra: float) -> dict[str, float]:
         sums = dict(self.sums)

@@ -35,6 +35,7 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "ParallelismConfig",
+    "PlacementConfig",
     "TrainConfig",
     "flag_table",
 ]
@@ -43,13 +44,6 @@ __all__ = [
 NOT_YET: dict[str, str] = {
     "--rm-type": "reward models by name are not supported yet: the environment's rubric "
     "scores the episodes (--env)",
-    "--actor-num-nodes": "training across machines (Ray placement) is not supported yet: "
-    "one machine trains, on --actor-num-gpus-per-node GPUs",
-    "--rollout-num-gpus": "Ray placement of the engines is not supported yet: "
-    "--rollout-engine sglang launches one server of --rollout-num-gpus-per-engine GPUs "
-    "(--rollout-device sets the first), or point --rollout-url at a router",
-    "--colocate": "Ray placement is not supported yet: the engine runs beside the trainer, "
-    "on --rollout-device",
 }
 
 
@@ -214,8 +208,9 @@ class ParallelismConfig(Group):
 
     backend: Literal["torch", "megatron"] = setting("--backend", "torch", "trainer backend")
     actor_num_gpus_per_node: int = setting(
-        "--actor-num-gpus-per-node", 1, "--backend megatron: GPUs to train on (device, "
-        "device+1, ...); replicas = GPUs / (TP x PP x CP)", ge=1,
+        "--actor-num-gpus-per-node", 1, "trainer ranks per node (one GPU each; more than "
+        "one runs on Ray); megatron: replicas = GPUs / (TP x PP x CP), torch: data-parallel "
+        "replicas", ge=1,
     )  # fmt: skip
     use_dynamic_batch_size: bool = setting(
         "--use-dynamic-batch-size", True, "pack micro-batches by --max-tokens-per-gpu "
@@ -260,16 +255,10 @@ class ParallelismConfig(Group):
                 "--max-tokens-per-gpu (set it to the batch you want)"
             )
         megatron = self.backend == "megatron"
-        if self.megatron_args:
-            if not megatron:
-                raise ConfigError(
-                    f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
-                )
-            gpus = self.actor_num_gpus_per_node
-            try:
-                self.megatron_parallel().data_parallel_size(gpus)
-            except ConfigError as e:
-                raise ConfigError(f"--actor-num-gpus-per-node {gpus}: {e}") from None
+        if self.megatron_args and not megatron:
+            raise ConfigError(
+                f"megatron flags ({' '.join(self.megatron_args)}) need --backend megatron"
+            )
         if megatron and self.gradient_checkpointing:
             raise ConfigError(
                 "--gradient-checkpointing is the torch backend's; with --backend megatron "
@@ -284,11 +273,6 @@ class ParallelismConfig(Group):
             )
         if self.qkv_format == "thd" and not megatron:
             raise ConfigError("--qkv-format thd needs --backend megatron")
-        if self.actor_num_gpus_per_node > 1 and not megatron:
-            raise ConfigError(
-                "--actor-num-gpus-per-node > 1 needs --backend megatron (the torch backend "
-                "trains on one device)"
-            )
         return self
 
     def megatron_parallel(self) -> Any:
@@ -299,8 +283,51 @@ class ParallelismConfig(Group):
 
     @property
     def trainer_gpus(self) -> int:
-        """The GPUs the trainer takes, from its device on."""
-        return self.actor_num_gpus_per_node if self.backend == "megatron" else 1
+        """The GPUs (ranks) the trainer takes on one node."""
+        return self.actor_num_gpus_per_node
+
+
+class PlacementConfig(Group):
+    """Where the trainer ranks and the engines run on a Ray cluster (``config.placement``;
+    slime's flags). Without any of them -- and one trainer rank -- a run stays in one
+    process and Ray is not imported."""
+
+    ray_address: str | None = setting(
+        "--ray-address", None, "the Ray cluster: auto (the running one), HOST:PORT or "
+        "ray://HOST:PORT, or local (start one for this run); default: no Ray unless the "
+        "placement needs it, then Ray's own choice (a cluster running here, else a new one)",
+        metavar="ADDRESS",
+    )  # fmt: skip
+    actor_num_nodes: int = setting(
+        "--actor-num-nodes", 1, "nodes the trainer ranks span (x --actor-num-gpus-per-node "
+        "ranks; more than one runs on Ray)", ge=1,
+    )  # fmt: skip
+    rollout_num_gpus: int | None = setting(
+        "--rollout-num-gpus", None, "GPUs of the rollout engines in all, placed on Ray "
+        "(engines = this / --rollout-num-gpus-per-engine); default: none placed, the engine "
+        "runs as --rollout-engine says (with --colocate: the trainer's)", ge=1,
+    )  # fmt: skip
+    colocate: bool = setting(
+        "--colocate", False, "the engines share the trainer's GPUs (they release their "
+        "memory while training runs); else they get GPUs of their own",
+    )  # fmt: skip
+    placement_timeout: float = setting(
+        "--placement-timeout", 120.0, "seconds to wait for the cluster to have the "
+        "placement's resources before the run stops, saying what it asked for and what the "
+        "cluster has", gt=0.0,
+    )  # fmt: skip
+
+    @pydantic.field_validator("ray_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None or value in ("auto", "local") or value.startswith("ray://"):
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(
+                f"--ray-address must be auto, local, HOST:PORT or ray://HOST:PORT, got {value!r}"
+            )
+        return value
 
 
 class CheckpointConfig(Group):
@@ -362,6 +389,7 @@ class TrainConfig(Group):
     algorithm: LossConfig = pydantic.Field(default_factory=LossConfig)
     optimizer: OptimConfig = pydantic.Field(default_factory=OptimConfig)
     parallel: ParallelismConfig = pydantic.Field(default_factory=ParallelismConfig)
+    placement: PlacementConfig = pydantic.Field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = pydantic.Field(default_factory=CheckpointConfig)
     eval: EvalConfig = pydantic.Field(default_factory=EvalConfig)
     logging: LoggingConfig = pydantic.Field(default_factory=LoggingConfig)
@@ -406,8 +434,79 @@ class TrainConfig(Group):
                 f"--compile needs --device cuda (torch.compile's GPU kernels), "
                 f"not {self.model.device!r}"
             )
+        self._check_placement()
         self._check_gpus()
         return self
+
+    @property
+    def trainer_ranks(self) -> int:
+        """Trainer ranks in all: ``--actor-num-nodes × --actor-num-gpus-per-node``."""
+        return self.placement.actor_num_nodes * self.parallel.actor_num_gpus_per_node
+
+    @property
+    def uses_ray(self) -> bool:
+        """The run places its trainer ranks (and engines) on Ray: ``--ray-address``,
+        ``--rollout-num-gpus``, ``--colocate`` or more than one trainer rank."""
+        p = self.placement
+        return (
+            p.ray_address is not None
+            or p.rollout_num_gpus is not None
+            or p.colocate
+            or self.trainer_ranks > 1
+        )
+
+    def _check_placement(self) -> None:
+        """The placement flags fit each other, the layout and the engine."""
+        p, engine = self.placement, self.engine
+        ranks = self.trainer_ranks
+        if self.parallel.backend == "megatron":
+            nodes = p.actor_num_nodes
+            gpus = self.parallel.actor_num_gpus_per_node
+            what = f"--actor-num-gpus-per-node {gpus}"
+            if nodes > 1:
+                what = f"--actor-num-nodes {nodes} x {what} = {ranks} GPUs"
+            try:
+                self.parallel.megatron_parallel().data_parallel_size(ranks)
+            except ConfigError as e:
+                raise ConfigError(f"{what}: {e}") from None
+        if not self.uses_ray:
+            return
+        device = self.model.device
+        if device.startswith("cuda:"):
+            raise ConfigError(
+                f"--device {device}: on Ray the placement picks each rank's GPU; pass "
+                "--device cuda (or cpu)"
+            )
+        per_engine = engine.rollout_num_gpus_per_engine
+        if p.rollout_num_gpus is not None:
+            if p.rollout_num_gpus % per_engine:
+                raise ConfigError(
+                    f"--rollout-num-gpus {p.rollout_num_gpus} is not a multiple of "
+                    f"--rollout-num-gpus-per-engine {per_engine}: each engine takes "
+                    f"{per_engine} GPUs; pass a multiple (e.g. "
+                    f"{-(-p.rollout_num_gpus // per_engine) * per_engine})"
+                )
+            if engine.rollout_url is not None:
+                raise ConfigError(
+                    "--rollout-num-gpus places engines on Ray, but --rollout-url names a "
+                    "running server: pass one of them"
+                )
+        if p.colocate:
+            given = [
+                flag for flag, on in (
+                    ("--rollout-device", engine.rollout_device is not None),
+                    ("--rollout-url", engine.rollout_url is not None),
+                    ("--sglang-base-gpu-id", engine.sglang_base_gpu() is not None),
+                    ("--weight-sync distributed", engine.weight_sync == "distributed"),
+                ) if on
+            ]  # fmt: skip
+            if given:
+                raise ConfigError(
+                    f"--colocate puts the engines on the trainer's GPUs, but {', '.join(given)} "
+                    f"{'is' if len(given) == 1 else 'are'} for engines on GPUs of their own "
+                    "(the weights reach colocated engines on the same GPU): drop "
+                    f"{'it' if len(given) == 1 else 'them'} or --colocate"
+                )
 
     def _check_gpus(self) -> None:
         """NCCL cannot put two ranks of a group on one GPU: a server that gets the weights

@@ -110,10 +110,11 @@ def engine_dtypes(backend: Backend, device: str) -> tuple[torch.dtype, torch.dty
     residual stream); megatron's bf16 on CUDA, fp32 on CPU."""
     import torch
 
-    from trainer._torch import TorchBackend
+    from trainer._precision import Precision
 
-    if isinstance(backend, TorchBackend):
-        return backend.precision.engine_dtypes()
+    precision = getattr(backend, "precision", None)  # the torch backend's, or its ranks'
+    if isinstance(precision, Precision):
+        return precision.engine_dtypes()
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     return dtype, dtype
 

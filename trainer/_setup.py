@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentenv import ChatTokenizer
     from trainer._backend import Backend
     from trainer._config import TrainConfig
+    from trainer.distributed import Placed
 
 __all__ = [
     "RAW_TEMPLATE",
@@ -28,6 +29,7 @@ __all__ = [
     "dry_run",
     "load_tasks",
     "load_tokenizer",
+    "place_run",
     "precision_name",
     "weights_dir",
 ]
@@ -74,40 +76,64 @@ def load_tokenizer(config: TrainConfig) -> ChatTokenizer:
     return tokenizer if config.data.apply_chat_template else tokenizer.with_template(RAW_TEMPLATE)
 
 
-def build_backend(config: TrainConfig) -> Backend:
+def place_run(config: TrainConfig) -> Placed | None:
+    """The run's placement on Ray (``config.placement``: the cluster joined, the bundles
+    reserved and measured), or ``None`` for a run in one process (``not
+    config.uses_ray``; Ray is then not imported)."""
+    if not config.uses_ray:
+        return None
+    from trainer.distributed import Placement, connect
+
+    placement = Placement.from_config(config)
+    ray = connect(config.placement.ray_address, num_cpus=placement.num_bundles + 1)
+    return placement.place(ray, timeout=config.placement.placement_timeout)
+
+
+def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
     """The trainer backend ``--backend`` names, with the loss (``config.algorithm``) and the
-    optimizer (``config.optimizer``)."""
+    optimizer (``config.optimizer``); on ``placed``'s trainer bundles when given
+    (:func:`place_run`): megatron's ranks as Ray actors, the torch backend as a
+    :class:`~trainer.distributed.TrainerGroup` of data-parallel ranks."""
     parallel = config.parallel
     common: dict[str, Any] = dict(
-        device=config.model.device, optim=config.optimizer, loss=config.algorithm,
+        optim=config.optimizer, loss=config.algorithm,
         max_tokens_per_micro_batch=parallel.max_tokens_per_gpu,
     )  # fmt: skip
+    device = config.model.device
     if parallel.backend == "megatron":
-        from trainer.megatron import MegatronBackend
+        from trainer.megatron import MegatronBackend, ray_launcher
 
         return MegatronBackend(
             config.model.hf_checkpoint,
             parallel=parallel.megatron_parallel(),
-            num_gpus=parallel.actor_num_gpus_per_node,
+            num_gpus=config.trainer_ranks,
             qkv_format=parallel.qkv_format,
+            launcher=None if placed is None else ray_launcher(placed),
+            device=device,
             **common,
         )
-    from trainer._torch import TorchBackend
-
-    return TorchBackend(
-        config.model.hf_checkpoint,
+    torch_args: dict[str, Any] = dict(
         precision=parallel.precision,
         gradient_checkpointing=parallel.gradient_checkpointing,
         compile=parallel.compile,
         **common,
     )
+    if placed is not None:
+        from trainer.distributed import TrainerGroup
+
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        return TrainerGroup.start(placed, config.model.hf_checkpoint, device=kind, **torch_args)
+    from trainer._torch import TorchBackend
+
+    return TorchBackend(config.model.hf_checkpoint, device=device, **torch_args)
 
 
 def precision_name(backend: Backend) -> str:
     """The numerics ``backend`` trains in (megatron: bf16 weights, fp32 main weights)."""
-    from trainer._torch import TorchBackend
+    from trainer._precision import Precision
 
-    return backend.precision.name if isinstance(backend, TorchBackend) else "bf16"
+    precision = getattr(backend, "precision", None)  # the torch backend's, or its ranks'
+    return precision.name if isinstance(precision, Precision) else "bf16"
 
 
 def _load_source(config: TrainConfig) -> Path | None:
@@ -164,8 +190,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     prompt data parses and has enough distinct tasks for a round, ``--load`` has a
     checkpoint -- without loading a model or writing anything (the tree itself, the batch
     identity and the pass-through flags included, was validated when it was built).
-    Returns the resolved settings, what was found and (``--backend megatron``) megatron's
-    parallel layout as the backend reads it."""
+    Returns the resolved settings, what was found, (``--backend megatron``) megatron's
+    parallel layout as the backend reads it and (on Ray) the placement it will ask for."""
     tasks = load_tasks(config)
     source = _load_source(config)
     out: dict[str, Any] = {
@@ -178,4 +204,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     }
     if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
         out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
+    if config.uses_ray:  # what the run will ask the cluster for (nothing is placed here)
+        from trainer.distributed import Placement
+
+        out["placement"] = Placement.from_config(config).describe()
     return out

@@ -30,6 +30,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         checkpoint_dir,
         load_tasks,
         load_tokenizer,
+        place_run,
         precision_name,
         weights_dir,
     )
@@ -38,7 +39,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(config)
     checkpoint, resuming = checkpoint_dir(config)
     started = time.perf_counter()
-    backend = build_backend(config)
+    placed = place_run(config)  # None: this process trains (no Ray)
+    backend = build_backend(config, placed)
     dtypes = engine_dtypes(backend, config.engine.rollout_device or config.model.device)
     evaluate = Evaluator(tasks.env, tasks.held_out, tokenizer, config)
     report = Reporter(config, config.checkpoint.save, resuming)
@@ -64,10 +66,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         with weights_dir(config) as weights:
             before, after, history = anyio.run(run, weights)
+        if config.checkpoint.save is not None:
+            backend.save_hf(config.checkpoint.save / "model")
     finally:
         report.close()
-    if config.checkpoint.save is not None:
-        backend.save_hf(config.checkpoint.save / "model")
+        if placed is not None:  # the ranks end, the bundles go back
+            getattr(backend, "close", lambda: None)()
+            placed.release()
     return summary(
         config, history, precision=precision_name(backend), eval_tasks=len(tasks.held_out),
         before=before, after=after, wall_s=time.perf_counter() - started,

@@ -126,10 +126,28 @@ def test_the_engines_gpus_become_sglangs_tensor_parallelism() -> None:
         )  # fmt: skip
 
 
-def test_the_groups_pickle_for_megatrons_followers() -> None:
+def test_the_groups_pickle_for_the_trainer_ranks() -> None:
     import pickle
 
     from trainer import OptimConfig
 
     for group in (LossConfig(use_kl_loss=True, kl_loss_coef=0.1), OptimConfig(adam_beta2=0.95)):
         assert pickle.loads(pickle.dumps(group)) == group
+
+
+def test_the_placement_flags_decide_whether_a_run_uses_ray() -> None:
+    assert not TrainConfig(env="x").uses_ray  # one process, as always
+    two = TrainConfig(env="x", actor_num_gpus_per_node=2)  # torch: two data-parallel ranks
+    assert two.uses_ray and two.trainer_ranks == 2
+    assert TrainConfig(env="x", ray_address="local").uses_ray
+    assert TrainConfig(env="x", actor_num_nodes=2).trainer_ranks == 2
+    with pytest.raises(ConfigError, match="is not a multiple of --rollout-num-gpus-per-engine 2"):
+        TrainConfig(env="x", rollout_engine="sglang", rollout_num_gpus_per_engine=2,
+                    rollout_num_gpus=3)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"but --rollout-device, --weight-sync distributed are"):
+        TrainConfig(env="x", colocate=True, rollout_engine="serve", rollout_device="cpu",
+                    weight_sync="distributed")  # fmt: skip
+    with pytest.raises(ConfigError, match="--rollout-url names a running server"):
+        TrainConfig(env="x", rollout_num_gpus=1, rollout_url="http://10.0.0.2:30000")
+    for good in ("auto", "local", "10.0.0.1:6379", "ray://head:10001"):
+        assert TrainConfig(env="x", ray_address=good).placement.ray_address == good

@@ -126,8 +126,6 @@ def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
     ("argv", "message"),
     [
         (["--rm-type", "deepscaler"], "--rm-type: reward models by name are not supported yet"),
-        (["--actor-num-nodes", "2"], "--actor-num-nodes: training across machines"),
-        (["--colocate"], "--colocate: Ray placement is not supported yet"),
     ],
 )
 def test_what_is_not_supported_yet_is_refused_naming_the_alternative(
@@ -145,6 +143,21 @@ def test_what_is_not_supported_yet_is_refused_naming_the_alternative(
         (["--env", "nowhere.module:Env"], "cannot import 'nowhere.module'"),
         (["--backend", "torch"], "megatron flags (--tensor-model-parallel-size 2"),
         (["--actor-num-gpus-per-node", "2"], "--actor-num-gpus-per-node 2: world size 2 is not"),
+        (
+            ["--actor-num-nodes", "3", "--actor-num-gpus-per-node", "2"],
+            "--actor-num-nodes 3 x --actor-num-gpus-per-node 2 = 6 GPUs: world size 6 is not a "
+            "multiple of TP × PP × CP = 2 × 1 × 2 = 4",
+        ),
+        (
+            ["--rollout-num-gpus", "3"],
+            "--rollout-num-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2",
+        ),
+        (
+            ["--colocate", "--rollout-device", "cuda:4"],
+            "--colocate puts the engines on the trainer's GPUs, but --rollout-device is for",
+        ),
+        (["--ray-address", "nowhere"], "--ray-address must be auto, local, HOST:PORT or ray://"),
+        (["--device", "cuda:1"], "--device cuda:1: on Ray the placement picks each rank's GPU"),
         (["--rollout-engine", "serve"], "--sglang-* flags (--mem-fraction-static 0.5)"),
         (
             ["--use-kl-loss", "--kl-loss-coef", "0.1"],
@@ -159,3 +172,21 @@ def test_a_dry_run_finds_what_a_run_would_stop_on(
     assert _train([*_argv(tmp_path, without=("--rm-type",)), *change]) == 2
     err = capsys.readouterr().err
     assert err.startswith("agentenv train: error: ") and message in err
+
+
+def test_slimes_placement_flags_are_read_into_the_placement_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    placement = ["--actor-num-nodes", "1", "--rollout-num-gpus", "4", "--ray-address", "auto"]
+    assert _train([*_argv(tmp_path, without=("--rm-type",)), *placement]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"] == (
+        "8 bundles of {GPU: 1, CPU: 1} (1 node(s) x 4 trainer GPUs + 4 engine GPUs, disaggregated)"
+    )
+    config = out["config"]
+    assert config["placement"] == {
+        "ray_address": "auto", "actor_num_nodes": 1, "rollout_num_gpus": 4,
+        "colocate": False, "placement_timeout": 120.0,
+    }  # fmt: skip
+    assert _train([*_argv(tmp_path, without=("--rm-type",)), "--colocate"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["placement"]["colocate"] is True

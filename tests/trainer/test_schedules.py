@@ -220,8 +220,9 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     out = _train(*base, "--backend", "megatron", "--actor-num-gpus-per-node", "3",
                  "--tensor-model-parallel-size", "2")  # fmt: skip
     assert out.returncode == 2 and "world size 3 is not a multiple of TP" in out.stderr
-    out = _train(*base, "--actor-num-gpus-per-node", "2")
-    assert out.returncode == 2 and "needs --backend megatron" in out.stderr
+    out = _train(*base, "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2",
+                 "--rollout-engine", "sglang")  # fmt: skip
+    assert out.returncode == 2 and "not a multiple of --rollout-num-gpus-per-engine" in out.stderr
     out = _train(*base, "--qkv-format", "thd")
     assert out.returncode == 2 and "--qkv-format thd needs --backend megatron" in out.stderr
     out = subprocess.run(

@@ -18,12 +18,12 @@ this package): :func:`model_provider`, :func:`load_weights`, :func:`megatron_arg
 
 :class:`MegatronBackend` wires three parts: :func:`resolve_options` (checked
 :class:`MegatronOptions`) and the set-up of one rank, :class:`MegatronWorker` (one rank's
-step), and the ranks behind the :class:`Ranks` protocol (:class:`ProcessRanks`: rank 0 in
-this process, one child process per other GPU; another :data:`Launcher` may run them
-elsewhere).
+step), and the ranks behind the :class:`Ranks` protocol (:class:`LocalRanks`: one GPU, in
+this process; :class:`trainer.distributed.RankGroup`: one Ray actor per GPU; another
+:data:`Launcher` may run them elsewhere).
 """
 
-from trainer.megatron._backend import Launcher, MegatronBackend, launch_processes
+from trainer.megatron._backend import Launcher, MegatronBackend, launch_ranks, ray_launcher
 from trainer.megatron._config import SUPPORTED_ARCHITECTURES, MegatronModelConfig, padded_vocab_size
 from trainer.megatron._convert import (
     hf_to_megatron,
@@ -49,7 +49,7 @@ from trainer.megatron._provider import (
     require_megatron,
     transformer_config,
 )
-from trainer.megatron._ranks import ProcessRanks, Ranks, Rendezvous
+from trainer.megatron._ranks import LocalRanks, Ranks, Rendezvous
 from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 
@@ -58,13 +58,13 @@ __all__ = [
     "MEGATRON_FLAGS",
     "SUPPORTED_ARCHITECTURES",
     "Launcher",
+    "LocalRanks",
     "MegatronBackend",
     "MegatronModelConfig",
     "MegatronNotInstalledError",
     "MegatronOptions",
     "MegatronWorker",
     "ParallelConfig",
-    "ProcessRanks",
     "Ranks",
     "Rendezvous",
     "WeightShapeError",
@@ -73,7 +73,7 @@ __all__ = [
     "hf_to_megatron",
     "hf_to_megatron_shards",
     "hf_weight_shapes",
-    "launch_processes",
+    "launch_ranks",
     "layer_spec",
     "load_hf_weights",
     "load_weights",
@@ -84,6 +84,7 @@ __all__ = [
     "model_provider",
     "padded_vocab_size",
     "parse_megatron_flags",
+    "ray_launcher",
     "require_megatron",
     "resolve_options",
     "save_hf_weights",

@@ -13,9 +13,9 @@
 Three parts, one job each: :mod:`trainer.megatron._setup` checks the options and builds a
 rank's model and optimizer; :class:`~trainer.megatron._worker.MegatronWorker` is one
 rank's step (and log-probs, weights out, checkpoint shards); :mod:`trainer.megatron._ranks`
-manages the ranks (:class:`~trainer.megatron._ranks.Ranks`). This class wires them: it
-checks the options, starts the ranks through its ``launcher`` (by default rank 0 in this
-process and one child process per other GPU, :class:`~trainer.megatron._ranks.ProcessRanks`)
+manages the ranks (:class:`~trainer.distributed.Ranks`). This class wires them: it
+checks the options, starts the ranks through its ``launcher`` (by default, one GPU: the
+rank in this process; more: one Ray actor per GPU, :class:`~trainer.distributed.RankGroup`)
 and runs every method on all of them. The new weights leave as HF tensors gathered on
 rank 0 (:meth:`state_dict`) or an HF safetensors directory (:meth:`save_hf`). Checkpoints
 hold every rank's model shard and megatron's optimizer state.
@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,35 +38,57 @@ from trainer._losses import LossConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._provider import require_megatron
-from trainer.megatron._ranks import ProcessRanks, Ranks
+from trainer.megatron._ranks import LocalRanks, Ranks
 from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 
-__all__ = ["Launcher", "MegatronBackend", "launch_processes"]
+if TYPE_CHECKING:
+    from trainer.distributed import Placed
+
+__all__ = ["Launcher", "MegatronBackend", "launch_ranks", "ray_launcher"]
 
 #: Starts a backend's ranks, each building a :class:`MegatronWorker` from the options.
 Launcher = Callable[[MegatronOptions], Ranks[MegatronWorker]]
 
 
-def launch_processes(options: MegatronOptions) -> ProcessRanks[MegatronWorker]:
-    """The default :data:`Launcher`: ``options.num_gpus`` ranks on this machine's GPUs
-    from ``options.device`` on (rank r on GPU ``device + r``), rank 0 in this process."""
+def launch_ranks(options: MegatronOptions) -> Ranks[MegatronWorker]:
+    """The default :data:`Launcher`: one GPU, the rank in this process on
+    ``options.device``; ``options.num_gpus`` > 1, one Ray actor per GPU on a placement of
+    that many GPUs on the cluster Ray finds (a running one, else a new one here), given
+    back when the ranks close."""
     require_megatron()
     if not options.device.startswith("cuda") or not torch.cuda.is_available():
         raise ConfigError(
             f"the megatron backend needs a CUDA device (megatron-core does not run on "
             f"CPU), got device {options.device!r}; use the torch backend there"
         )
-    first = torch.device(options.device)
-    index = torch.cuda.current_device() if first.index is None else first.index
-    n = options.num_gpus
-    if index + n > torch.cuda.device_count():
-        raise ConfigError(
-            f"num_gpus {n} from {torch.device('cuda', index)} needs GPUs "
-            f"{index}..{index + n - 1}, but {torch.cuda.device_count()} are visible"
-        )
-    factory = f"{MegatronWorker.__module__}:{MegatronWorker.__qualname__}"
-    return ProcessRanks(factory, options, list(range(index, index + n)))
+    if options.num_gpus == 1:
+        first = torch.device(options.device)
+        index = torch.cuda.current_device() if first.index is None else first.index
+        torch.cuda.set_device(index)
+        return LocalRanks(MegatronWorker, options, index)
+    from trainer.distributed import Placement, RankGroup, connect
+
+    ray = connect(None)
+    placed = Placement(actor_num_gpus_per_node=options.num_gpus).place(ray)
+    return RankGroup(MegatronWorker, options, placed, device="cuda", release=True)
+
+
+def ray_launcher(placed: Placed) -> Launcher:
+    """A :data:`Launcher` of one Ray actor per trainer bundle of ``placed`` (a run's
+    placement, :class:`trainer.distributed.Placement`)."""
+    from trainer.distributed import RankGroup
+
+    def launch(options: MegatronOptions) -> Ranks[MegatronWorker]:
+        require_megatron()
+        if placed.placement.actor_gpus != options.num_gpus:
+            raise ConfigError(
+                f"the placement has {placed.placement.actor_gpus} trainer GPUs but num_gpus "
+                f"is {options.num_gpus}: pass the same"
+            )
+        return RankGroup(MegatronWorker, options, placed, device="cuda")
+
+    return launch
 
 
 class MegatronBackend(Backend):
@@ -74,7 +96,8 @@ class MegatronBackend(Backend):
 
     Args:
         model: a model name (``smollm2-135m``) or an HF directory.
-        device: ``cuda`` or ``cuda:N`` (rank 0's GPU; rank r uses GPU N + r).
+        device: ``cuda`` or ``cuda:N`` (one GPU: its; more: the ranks' GPUs are the
+            placement's).
         dtype: parameter dtype, bfloat16 (default; fp32 main weights in the optimizer) or
             float32.
         optim: optimizer settings (megatron's optimizer: weight decay skips biases and
@@ -91,10 +114,11 @@ class MegatronBackend(Backend):
             into one row without padding, attention within each sample (torch's
             variable-length flash attention; needs bf16, ``sdpa`` and no activation
             recomputation). Default: ``thd`` where it can run, else ``bshd``.
-        launcher: starts the ranks (:data:`Launcher`); default :func:`launch_processes`.
+        launcher: starts the ranks (:data:`Launcher`); default :func:`launch_ranks`
+            (:func:`ray_launcher` for a run's placement).
 
     ``model``, ``reference`` and ``optimizer`` are rank 0's, where rank 0 runs in this
-    process (the default launcher's).
+    process (one GPU).
     """
 
     def __init__(
@@ -129,7 +153,7 @@ class MegatronBackend(Backend):
         self.path = options.path
         self.cfg: MegatronModelConfig = options.parallel.model_config(options.path)
         self._configure(optim, loss, max_tokens_per_micro_batch, entropy_metric)
-        self.ranks: Ranks[MegatronWorker] = (launcher or launch_processes)(options)
+        self.ranks: Ranks[MegatronWorker] = (launcher or launch_ranks)(options)
         local = self.ranks.local
         self.device = local.device if local is not None else torch.device(options.device)
 

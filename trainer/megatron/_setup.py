@@ -26,12 +26,12 @@ import torch
 from agentenv import ConfigError
 from trainer._backend import OptimConfig
 from trainer._losses import LossConfig
+from trainer.distributed import Rendezvous
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_to_megatron
 from trainer.megatron._export import load_hf_weights
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._provider import load_weights, model_provider
-from trainer.megatron._ranks import Rendezvous
 
 __all__ = [
     "MegatronOptions",

@@ -44,13 +44,13 @@ from trainer._backend import (
     to_items,
 )
 from trainer._batching import pack_by_tokens
+from trainer.distributed import Rendezvous
 from trainer.megatron._attention import packed_sequences
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import megatron_to_hf
 from trainer.megatron._export import export_hf
 from trainer.megatron._logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from trainer.megatron._provider import load_weights, require_megatron
-from trainer.megatron._ranks import Rendezvous
 from trainer.megatron._setup import (
     MegatronOptions,
     build_model,

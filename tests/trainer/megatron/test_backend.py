@@ -25,7 +25,7 @@ from trainer.megatron import (
     MegatronWorker,
     ParallelConfig,
     Ranks,
-    launch_processes,
+    launch_ranks,
     resolve_options,
 )
 
@@ -225,7 +225,7 @@ def test_the_default_launcher_needs_megatron_and_a_cuda_device(
     for name in ("megatron", "megatron.core"):
         monkeypatch.setitem(sys.modules, name, None)  # makes `import` raise ImportError
     with pytest.raises(MegatronNotInstalledError):
-        launch_processes(options)
+        launch_ranks(options)
     monkeypatch.setattr(backend_module, "require_megatron", lambda: None)
     with pytest.raises(ConfigError, match=r"needs a CUDA device .* got device 'cpu'"):
-        launch_processes(options)
+        launch_ranks(options)

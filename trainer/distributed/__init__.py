@@ -1,0 +1,46 @@
+"""One training run across many GPUs and machines, on Ray: where the trainer ranks and
+the engines run (:class:`Placement`, slime's flags), the trainer ranks as Ray actors
+(:class:`RankGroup`, the :class:`Ranks` a megatron backend runs on) and the torch
+backend's data-parallel ranks behind the :class:`~trainer.Backend` interface
+(:class:`TrainerGroup`).
+
+    ray = connect(config.placement.ray_address)
+    placed = Placement.from_config(config).place(ray, timeout=config.placement.placement_timeout)
+    backend = TrainerGroup.start(placed, "smollm2-135m", optim=..., loss=...)
+
+Importing this package imports neither Ray nor torch's distributed machinery; a run
+without placement flags never gets here (``trainer._setup.build_backend``).
+"""
+
+from typing import TYPE_CHECKING
+
+from trainer.distributed._cluster import connect
+from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
+from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
+
+if TYPE_CHECKING:
+    from trainer.distributed._trainer import TorchRank, TrainerGroup
+
+__all__ = [
+    "Bundle",
+    "Placed",
+    "Placement",
+    "PlacementTimeoutError",
+    "RankGroup",
+    "Ranks",
+    "Rendezvous",
+    "TorchRank",
+    "TrainerGroup",
+    "TrainerRankError",
+    "Worker",
+    "connect",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The torch backend's ranks import torch and transformers: only when asked for.
+    if name in ("TorchRank", "TrainerGroup"):
+        from trainer.distributed import _trainer
+
+        return getattr(_trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
