@@ -18,6 +18,8 @@ and any other SGLang client talk to it unchanged::
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
                                            "weight_version", ...}
     POST /destroy_weights_update_group    {"group_name"}
+    POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
+    POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
 token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
@@ -83,6 +85,7 @@ from agentenv.engine._requests import (
     DestroyGroupBody,
     GenerateBody,
     InitGroupBody,
+    MemoryBody,
     PauseBody,
     UpdateFromDiskBody,
     UpdateFromDistributedBody,
@@ -217,6 +220,10 @@ class EngineServer:
             ("POST", "/init_weights_update_group", self._init_group, False),
             ("POST", "/update_weights_from_distributed", self._update_from_distributed, False),
             ("POST", "/destroy_weights_update_group", self._destroy_group, False),
+            ("POST", "/release_memory_occupation", self._release_memory, True),
+            ("GET", "/release_memory_occupation", self._release_memory, True),
+            ("POST", "/resume_memory_occupation", self._resume_memory, True),
+            ("GET", "/resume_memory_occupation", self._resume_memory, True),
         ]
         for method, path, handler, long_poll in routes:
             probe = path.startswith("/health")  # answered even when every connection is busy
@@ -293,6 +300,11 @@ class EngineServer:
             params = body.params()
         except ConfigError as e:
             raise _bad(str(e).rstrip(".") + ".") from None
+        if self.engine.released:
+            raise _bad(
+                f"The engine's memory is released ({', '.join(sorted(self.engine.released))}) "
+                "for training; POST /resume_memory_occupation before generating."
+            )
         prompts = self._prompts(body)
         rids = self._rids(body, len(prompts))
         for prompt in prompts:
@@ -493,6 +505,19 @@ class EngineServer:
                 "new_version": version,
             }
         )
+
+    # -- colocated training: memory given back and taken again ----------------------------
+    async def _release_memory(self, request: Request) -> Response:
+        tags = _parse(MemoryBody, request).tags
+        try:
+            await self.engine.release_memory(tags)
+        except ConfigError as e:
+            raise _bad(str(e)) from None
+        return Response.json(None)
+
+    async def _resume_memory(self, request: Request) -> Response:
+        await self.engine.resume_memory(_parse(MemoryBody, request).tags)
+        return Response.json(None)
 
     # -- distributed weight updates --------------------------------------------------------
     async def _init_group(self, request: Request) -> Response:
