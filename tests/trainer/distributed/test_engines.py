@@ -1,0 +1,182 @@
+"""Engines as Ray actors behind SGLang's real router (``sglang-router``), serving
+``agentenv serve`` workers on a tiny random Llama: generations through the router, weights
+synced from disk and over gloo into every engine at the exact version, and an engine
+actor killed mid-rollout, replaced while its requests finish on the other engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import torch
+
+from agentenv import SamplingParams
+from agentenv.sglang import SGLangClient
+from tests.trainer.test_loop import tiny_llama
+from trainer.distributed import EngineGroup, EngineSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.anyio]
+
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+class Weights:
+    """The trainer's side of a sync: a state dict, or HF files on disk."""
+
+    def __init__(self, model: Path, scale: float) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(model)
+        with torch.no_grad():  # another policy: the greedy tokens change
+            self.model.lm_head.weight.mul_(scale).add_(torch.randn_like(self.model.lm_head.weight))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+    def save_hf(self, directory: Path) -> None:
+        self.model.save_pretrained(directory, safe_serialization=True)
+
+
+@pytest.fixture(scope="module")
+async def group(ray_cluster: None, model: Path) -> AsyncIterator[EngineGroup]:
+    spec = EngineSpec(
+        str(model), kind="serve", gpus_per_engine=1, host="127.0.0.1",
+        server_args=("--max-running", "16"), cpus_per_engine=1, health_timeout=120,
+    )  # fmt: skip
+    # Round robin (a --router-* flag passed through): each engine gets half the requests.
+    async with EngineGroup(
+        spec, 2, router_args=["--policy", "round_robin"], health_interval=1.0
+    ) as engines:
+        yield engines
+
+
+def _prompt(i: int) -> list[int]:
+    return [1, 1000 + i, 1001, 1002 + i]
+
+
+async def _versions(group: EngineGroup) -> list[str]:
+    out = []
+    for info in group.engines:
+        async with SGLangClient(info.url) as c:
+            out.append(await c.weight_version())
+    return out
+
+
+async def _greedy(url: str) -> list[int]:
+    async with SGLangClient(url) as c:
+        return (await c.generate(_prompt(0), GREEDY)).output_ids
+
+
+async def test_two_engine_actors_behind_the_router_serve_generations(group: EngineGroup) -> None:
+    infos = group.engines
+    assert len(infos) == 2 and len({i.url for i in infos}) == 2
+    assert all(len(i.gpu_ids) == 1 for i in infos)  # one logical GPU each
+    assert len({i.gpu_ids for i in infos}) == 2
+    async with SGLangClient(group.router_url) as router:
+        assert sorted(await router.list_workers()) == sorted(i.url for i in infos)
+        through_client = await router.generate(_prompt(1), GREEDY)  # any SGLang client
+    results = [None] * 8
+
+    async def one(i: int) -> None:
+        results[i] = await group.generate(_prompt(i), GREEDY, rid=f"ep{i}/0")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+    assert all(r is not None and len(r.output_ids) == 6 for r in results)
+    assert results[1] is not None and results[1].output_ids == through_client.output_ids
+    assert group.statistics().routed == 2
+
+
+async def test_disk_sync_reaches_every_engine_at_the_exact_version(
+    group: EngineGroup, model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    before = await _greedy(group.engines[0].url)
+    sync = group.weight_sync("disk", directory=tmp_path_factory.mktemp("weights"))
+    await sync(Weights(model, scale=-1.0), 1)  # type: ignore[arg-type]
+    assert await _versions(group) == ["1", "1"]
+    outputs = [await _greedy(i.url) for i in group.engines]
+    assert outputs[0] == outputs[1] != before
+    c = await group.generate(_prompt(0), GREEDY)
+    assert c.weight_version == "1" and c.output_ids == outputs[0]
+    assert group.weight_version == "1"
+
+
+async def test_a_killed_engine_mid_rollout_is_replaced_and_the_rollout_completes(
+    group: EngineGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    import ray
+
+    caplog.set_level(logging.INFO, logger="trainer.distributed")
+    victim, survivor = group.engines
+    # Both engines hold their requests (paused in place) until the victim is killed.
+    for info in (victim, survivor):
+        async with SGLangClient(info.url) as c:
+            await c.pause("in_place")
+    results: list[Any] = [None] * 8
+
+    async def one(i: int) -> None:
+        results[i] = await group.generate(_prompt(i), GREEDY, rid=f"ep{i}/0")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+        async with httpx.AsyncClient(base_url=group.router_url) as http:
+            with anyio.fail_after(60):
+                while True:  # the router counts each worker's requests in flight
+                    workers = (await http.get("/workers")).json()["workers"]
+                    load = {w["url"]: w["load"] for w in workers}
+                    if load.get(victim.url, 0) > 0 and sum(load.values()) == 8:
+                        break
+                    await anyio.sleep(0.05)
+        ray.kill(group._members[0].actor, no_restart=True)  # mid-rollout
+        async with SGLangClient(survivor.url) as c:
+            await c.resume()
+    assert all(r is not None and len(r.output_ids) == 6 for r in results)
+    assert all(r.weight_version == "1" for r in results)
+    await group.wait_ready(timeout=120)
+    stats = group.statistics()
+    assert stats.deaths == 1 and stats.replacements == 1 and stats.routed == 2
+    assert stats.retried_requests >= 1 and stats.failed_requests == 0
+    assert group.metrics()["engines/replacements"] == 1.0
+    fresh = group.engines[0]
+    assert fresh.url != victim.url
+    assert await _versions(group) == ["1", "1"]  # caught up from the last synced weights
+    text = caplog.text
+    assert f"engine 0 at {victim.url}" in text and "is dead" in text
+    assert "retrying on the others" in text and "engine 0 replaced by" in text
+    async with SGLangClient(group.router_url) as router:
+        assert sorted(await router.list_workers()) == sorted(i.url for i in group.engines)
+
+
+async def test_distributed_gloo_sync_reaches_every_engine_at_the_exact_version(
+    group: EngineGroup, model: Path
+) -> None:
+    weights = Weights(model, scale=2.0)
+    sync = group.weight_sync("distributed", backend="gloo", bucket_bytes=1 << 20, timeout=60)
+    try:
+        await sync(weights, 2)  # type: ignore[arg-type]
+        assert await _versions(group) == ["2", "2"]
+        outputs = [await _greedy(i.url) for i in group.engines]
+        assert outputs[0] == outputs[1]
+        await sync(weights, 3)  # the group stays formed between syncs
+        assert await _versions(group) == ["3", "3"]
+        c = await group.generate(_prompt(0), GREEDY)
+        assert c.weight_version == "3" and c.output_ids == outputs[0]
+    finally:
+        await sync.aclose()
