@@ -350,6 +350,11 @@ class Engine:
         """Requests generating or waiting to."""
         return len(self._by_rid)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a place in the batch."""
+        return len(self._waiting)
+
     # -- pause and weights -----------------------------------------------------------------
     async def pause(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         """Stop generating. ``abort`` ends every request (partial output, finish abort);

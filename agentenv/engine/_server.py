@@ -6,7 +6,8 @@ and any other SGLang client talk to it unchanged::
 
     POST /generate                 single, batch (a list of input_ids lists), or streamed
     GET  /health, /health_generate
-    GET  /get_model_info, /model_info, /get_server_info, /server_info, /get_weight_version
+    GET  /get_model_info, /model_info, /get_server_info, /server_info, /get_weight_version,
+         /get_load                 [{"dp_rank": 0, "num_reqs", "num_waiting_reqs"}]
     POST /abort_request            {"rid"} or {"abort_all": true}: 200, unknown rid a no-op
     POST /pause_generation         {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
@@ -210,6 +211,7 @@ class EngineServer:
             ("GET", "/get_server_info", self._server_info, False),
             ("GET", "/server_info", self._server_info, False),
             ("GET", "/get_weight_version", self._weight_version, False),
+            ("GET", "/get_load", self._load, False),
             ("POST", "/abort_request", self._abort, False),
             ("POST", "/pause_generation", self._pause, True),
             ("POST", "/continue_generation", self._continue, False),
@@ -440,6 +442,10 @@ class EngineServer:
                 "version": f"agentenv-{version('agentenv')}",
             }
         )
+
+    async def _load(self, request: Request) -> Response:
+        e = self.engine
+        return Response.json([{"dp_rank": 0, "num_reqs": e.running, "num_waiting_reqs": e.waiting}])
 
     async def _weight_version(self, request: Request) -> Response:
         return Response.json({"weight_version": self.engine.weight_version})

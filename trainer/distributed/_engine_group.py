@@ -176,6 +176,7 @@ class EngineGroup:
         self._failed: BaseException | None = None
         self._changed = anyio.Event()  # set (and renewed) whenever an engine changes state
         self._closed = False
+        self._started = False
         self._deaths = self._replacements = self._retried = self._request_failures = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -198,10 +199,9 @@ class EngineGroup:
                 "Ray is not initialised: call ray.init(...) (or pass --ray-address) before "
                 "starting an EngineGroup"
             )
-        if self._tg is not None or self._closed:
+        if self._started or self._closed:
             raise ConfigError("an EngineGroup starts once")
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        self._started = True
         try:
             started: list[_Member | None] = [None] * self.num_engines
 
@@ -214,11 +214,17 @@ class EngineGroup:
             self._members = [m for m in started if m is not None]
             port = self.router_port or free_port()
             url = f"http://{self.router_host}:{port}"
+            extra = list(self.router_args)
+            if not any(a.startswith("--retry-") or a == "--disable-retries" for a in extra):
+                # The group retries (and counts) a request that fails on a dead engine, once
+                # the engine is out of the router; the router could pick it again.
+                extra.append("--disable-retries")
+            if not any(a.split("=", 1)[0] == "--prometheus-port" for a in extra):
+                # Its default (29000) is one port for every router of the machine.
+                extra += ["--prometheus-host", self.router_host]
+                extra += ["--prometheus-port", str(free_port())]
             command = router_command(
-                [m.info.url for m in self._members],
-                host=self.router_host,
-                port=port,
-                extra=self.router_args,
+                [m.info.url for m in self._members], host=self.router_host, port=port, extra=extra
             )
             self._router = Launcher(command, url, health_timeout=120.0)
             await self._router.__aenter__()
@@ -227,6 +233,9 @@ class EngineGroup:
             for m in self._members:
                 m.routed = True
             await self._wait_routed({m.info.url for m in self._members})
+            # Entered after the router's launcher, left before it (task groups nest).
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
             self._tg.start_soon(self._watch)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -242,14 +251,15 @@ class EngineGroup:
         if self._closed:
             return
         self._closed = True
+        if self._tg is not None:  # left first: it was entered last
+            tg, self._tg = self._tg, None
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        if self._router_client is not None:
+            await self._router_client.aclose()
+        if self._router is not None:  # its task group is left outside any scope of ours
+            await self._router.stop()
         with anyio.CancelScope(shield=True):
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
-            if self._router_client is not None:
-                await self._router_client.aclose()
-            if self._router is not None:
-                await self._router.stop()
             async with anyio.create_task_group() as tg:
                 for m in self._members:
                     tg.start_soon(self._retire, m)

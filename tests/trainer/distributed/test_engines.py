@@ -77,6 +77,11 @@ async def _versions(group: EngineGroup) -> list[str]:
     return out
 
 
+async def _load(url: str) -> int:
+    async with httpx.AsyncClient(base_url=url) as http:
+        return int((await http.get("/get_load")).json()[0]["num_reqs"])
+
+
 async def _greedy(url: str) -> list[int]:
     async with SGLangClient(url) as c:
         return (await c.generate(_prompt(0), GREEDY)).output_ids
@@ -136,19 +141,18 @@ async def test_a_killed_engine_mid_rollout_is_replaced_and_the_rollout_completes
     async with anyio.create_task_group() as tg:
         for i in range(8):
             tg.start_soon(one, i)
-        async with httpx.AsyncClient(base_url=group.router_url) as http:
-            with anyio.fail_after(60):
-                while True:  # the router counts each worker's requests in flight
-                    workers = (await http.get("/workers")).json()["workers"]
-                    load = {w["url"]: w["load"] for w in workers}
-                    if load.get(victim.url, 0) > 0 and sum(load.values()) == 8:
-                        break
-                    await anyio.sleep(0.05)
+        with anyio.fail_after(60):
+            while True:  # each engine says what it holds (SGLang's /get_load)
+                load = [await _load(i.url) for i in (victim, survivor)]
+                if load[0] > 0 and sum(load) == 8:
+                    break
+                await anyio.sleep(0.05)
         ray.kill(group._members[0].actor, no_restart=True)  # mid-rollout
         async with SGLangClient(survivor.url) as c:
             await c.resume()
-    assert all(r is not None and len(r.output_ids) == 6 for r in results)
-    assert all(r.weight_version == "1" for r in results)
+    version = group.weight_version or "default"  # "1" after the disk sync above
+    assert all(r is not None and len(r.output_ids) == 6 for r in results), results
+    assert {r.weight_version for r in results} == {version}
     await group.wait_ready(timeout=120)
     stats = group.statistics()
     assert stats.deaths == 1 and stats.replacements == 1 and stats.routed == 2
@@ -156,7 +160,7 @@ async def test_a_killed_engine_mid_rollout_is_replaced_and_the_rollout_completes
     assert group.metrics()["engines/replacements"] == 1.0
     fresh = group.engines[0]
     assert fresh.url != victim.url
-    assert await _versions(group) == ["1", "1"]  # caught up from the last synced weights
+    assert await _versions(group) == [version, version]  # caught up from the last sync
     text = caplog.text
     assert f"engine 0 at {victim.url}" in text and "is dead" in text
     assert "retrying on the others" in text and "engine 0 replaced by" in text
