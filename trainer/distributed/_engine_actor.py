@@ -19,7 +19,7 @@ from typing import Literal
 
 import anyio
 
-from agentenv._errors import ConfigError
+from agentenv import ConfigError
 
 __all__ = ["EngineActor", "EngineInfo", "EngineSpec"]
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.abc
 
-from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
+from agentenv import ClosedResourceError, ConfigError, GenerationError
 from trainer.distributed._engine_actor import EngineActor, EngineInfo, EngineSpec
 
 if TYPE_CHECKING:
@@ -386,6 +386,7 @@ class EngineGroup:
             members = self._live()
             yield [m.client for m in members]
             self.weight_version = str(version)
+            self._catch_up = None  # the sync may say how to catch up (disk): after this
             for m in members:
                 if not m.routed and not m.dead:
                     await self._route(m)
@@ -503,8 +504,10 @@ class EngineGroup:
             self._replacements += 1
             async with self._membership:
                 self._members[self._members.index(dead)] = fresh
+                # Routed only at the group's version: the checkpoint's before any sync, else
+                # the last synced weights if they can be had again (disk).
                 if self.weight_version is None or self._catch_up is not None:
-                    if self._catch_up is not None and self.weight_version is not None:
+                    if self._catch_up is not None:
                         await self._catch_up(fresh.client)
                     await self._route(fresh)
             log.warning(

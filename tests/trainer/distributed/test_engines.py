@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from agentenv import SamplingParams
+from agentenv import ConfigError, SamplingParams
 from agentenv.sglang import SGLangClient
 from tests.trainer.test_loop import tiny_llama
 from trainer.distributed import EngineGroup, EngineSpec
@@ -184,3 +184,84 @@ async def test_distributed_gloo_sync_reaches_every_engine_at_the_exact_version(
         assert c.weight_version == "3" and c.output_ids == outputs[0]
     finally:
         await sync.aclose()
+
+
+async def test_a_replacement_waits_for_the_next_distributed_sync_then_is_routed(
+    group: EngineGroup, model: Path
+) -> None:
+    """Distributed weights cannot be read again from disk: the new engine holds the
+    checkpoint's, so it gets no request until the next sync gives it the current ones."""
+    import ray
+
+    sync = group.weight_sync("distributed", backend="gloo", bucket_bytes=1 << 20, timeout=60)
+    try:
+        weights = Weights(model, scale=3.0)
+        await sync(weights, 4)
+        victim = group.engines[1]
+        ray.kill(group._members[1].actor, no_restart=True)
+        await group.check()  # what the watcher does every health_interval
+        with anyio.fail_after(120):
+            while group.statistics().replacements < 2:
+                await group._changed.wait()
+        stats = group.statistics()
+        assert stats.routed == 1 and group.engines[1].url != victim.url
+        async with SGLangClient(group.router_url) as router:
+            assert await router.list_workers() == [group.engines[0].url]
+        for _ in range(4):  # every request goes to the engine at version 4
+            assert (await group.generate(_prompt(0), GREEDY)).weight_version == "4"
+        await sync(weights, 5)  # a new process group, with the new engine in it
+        await group.wait_ready(timeout=60)
+        assert group.statistics().routed == 2
+        assert await _versions(group) == ["5", "5"]
+    finally:
+        await sync.aclose()
+
+
+async def test_colocated_engines_release_and_resume_their_memory(group: EngineGroup) -> None:
+    from agentenv.sglang import SGLangError
+
+    await group.release_memory(["kv_cache"])
+    for info in group.engines:
+        async with SGLangClient(info.url) as c:
+            with pytest.raises(SGLangError, match="memory is released"):
+                await c.generate(_prompt(0), GREEDY)
+    await group.resume_memory()
+    assert len((await group.generate(_prompt(0), GREEDY)).output_ids) == 6
+    assert group.statistics().deaths == 2  # a released engine is alive: not replaced
+
+
+async def test_engines_run_on_the_placement_group_bundles_they_are_given(
+    ray_cluster: None, model: Path
+) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from trainer.distributed import EngineSlot
+
+    pg = placement_group([{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}])
+    assert pg.wait(60)
+    try:
+        spec = EngineSpec(str(model), host="127.0.0.1", cpus_per_engine=0.5, health_timeout=120)
+        slots = [EngineSlot(pg, 1), EngineSlot(pg, 0, num_gpus=0.5, gpu_ids=("7",))]
+        async with EngineGroup(spec, 2, slots=slots) as engines:
+            assert engines.engines[1].gpu_ids == ("7",)  # the measured ids win
+            assert len((await engines.generate(_prompt(0), GREEDY)).output_ids) == 6
+    finally:
+        remove_placement_group(pg)
+
+
+async def test_bad_settings_are_refused_naming_the_value(ray_cluster: None, model: Path) -> None:
+    from trainer.distributed import EngineSlot
+
+    spec = EngineSpec(str(model))
+    with pytest.raises(ConfigError, match="one slot per engine: 2 engines, 1 slots given"):
+        EngineGroup(spec, 2, slots=[EngineSlot(None, 0)])
+    with pytest.raises(ConfigError, match="num_engines must be at least 1, got 0"):
+        EngineGroup(spec, 0)
+    with pytest.raises(ConfigError, match=r"rollout-num-gpus-per-engine.*got -1"):
+        EngineSpec(str(model), gpus_per_engine=-1)
+    with pytest.raises(ConfigError, match="needs a directory"):
+        EngineGroup(spec, 1).weight_sync("disk")
+    assert EngineSpec("m", kind="sglang", gpus_per_engine=2).command("h", 1)[-2:] == [
+        "--tp-size",
+        "2",
+    ]
