@@ -204,14 +204,23 @@ class EngineGroup:
         self._started = True
         try:
             started: list[_Member | None] = [None] * self.num_engines
+            errors: list[Exception] = []
 
-            async def one(i: int) -> None:
-                started[i] = await self._launch(i)
+            async def one(i: int, scope: anyio.CancelScope) -> None:
+                try:
+                    started[i] = await self._launch(i)
+                except Exception as e:  # the first failure stops the others' starts
+                    errors.append(e)
+                    scope.cancel()
 
-            async with anyio.create_task_group() as tg:
-                for i in range(self.num_engines):
-                    tg.start_soon(one, i)
-            self._members = [m for m in started if m is not None]
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(self.num_engines):
+                        tg.start_soon(one, i, tg.cancel_scope)
+            finally:  # those that started are stopped with the group if another failed
+                self._members = [m for m in started if m is not None]
+            if errors:
+                raise errors[0]
             port = self.router_port or free_port()
             url = f"http://{self.router_host}:{port}"
             extra = list(self.router_args)
@@ -446,7 +455,10 @@ class EngineGroup:
     async def _watch(self) -> None:
         while True:
             await anyio.sleep(self.health_interval)
-            await self.check()
+            try:
+                await self.check()
+            except Exception:  # the watcher goes on: a failed check is tried again
+                log.exception("checking the engines failed")
 
     async def _probe(self, m: _Member) -> str | None:
         """``None`` if the engine is well, else why it is dead."""
@@ -483,12 +495,7 @@ class EngineGroup:
         if m.routed and self._router_client is not None:
             m.routed = False
             with anyio.move_on_after(self.probe_timeout):
-                await _quietly(self._router_client.remove_worker, m.info.url)
-                client = self._router_client
-                while True:  # the router removes it in the background
-                    if m.info.url not in await client.list_workers():
-                        break
-                    await anyio.sleep(0.05)
+                await _quietly(self._unroute, m.info.url)
 
     async def _replace(self, dead: _Member) -> None:
         start = time.perf_counter()
@@ -552,7 +559,8 @@ class EngineGroup:
         except BaseException as e:
             ray.kill(actor, no_restart=True)
             if isinstance(e, Exception):
-                raise EngineGroupError(f"engine {index} did not start: {e}") from e
+                cause = getattr(e, "cause", None) or e  # a RayTaskError carries the actor's
+                raise EngineGroupError(f"engine {index} did not start: {cause}") from e
             raise
         client = SGLangClient(info.url, api_key=self.api_key)
         return _Member(index, actor, info, client)
@@ -565,6 +573,14 @@ class EngineGroup:
         with contextlib.suppress(Exception):
             ray.kill(m.actor, no_restart=True)
         await m.client.aclose()
+
+    async def _unroute(self, url: str) -> None:
+        client = self._client()
+        await client.remove_worker(url)
+        while True:  # the router removes it in the background
+            if url not in await client.list_workers():
+                return
+            await anyio.sleep(0.05)
 
     async def _route(self, m: _Member) -> None:
         client = self._client()

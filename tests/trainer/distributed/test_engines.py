@@ -265,3 +265,14 @@ async def test_bad_settings_are_refused_naming_the_value(ray_cluster: None, mode
         "--tp-size",
         "2",
     ]
+
+
+async def test_an_engine_that_does_not_start_is_named_with_its_output(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    from trainer.distributed import EngineGroupError
+
+    spec = EngineSpec(str(tmp_path / "nothing"), host="127.0.0.1", health_timeout=60)
+    with pytest.raises(EngineGroupError, match=r"engine 0 did not start: .*exited with code"):
+        async with EngineGroup(spec, 1):
+            pass
