@@ -633,6 +633,7 @@ class GroupSync:
         self._targets: list[SGLangClient] = []
 
     async def __call__(self, backend: Backend, version: int) -> None:
+        start = time.perf_counter()
         for attempt in range(self.retries + 1):
             try:
                 async with self.group.updating(version) as clients:
@@ -657,6 +658,11 @@ class GroupSync:
                 await client.update_weights_from_disk(path, weight_version=str(version))
 
             self.group._catch_up = catch_up
+        log.info(
+            "weights at version %s in %d engines (%s) in %.2f s",
+            version, len(self._targets or self.group.engines), self.kind,
+            time.perf_counter() - start,
+        )  # fmt: skip
 
     async def _sync_for(self, clients: list[SGLangClient]) -> WeightSync:
         from trainer._sync import DiskSync, DistributedSync
