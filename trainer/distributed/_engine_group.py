@@ -247,8 +247,8 @@ class EngineGroup:
             await self._tg.__aenter__()
             self._tg.start_soon(self._watch)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.aclose()
+            # Not under a shield of ours: aclose leaves the task groups entered above.
+            await self.aclose()
             raise
         where = ", ".join(f"{m.info.url} (node {m.info.node_ip}, GPUs {m.info.gpu_ids})"
                           for m in self._members)  # fmt: skip
@@ -287,6 +287,7 @@ class EngineGroup:
         return [m.info for m in self._members]
 
     def statistics(self) -> EngineStatistics:
+        """What the group has been through, now."""
         return EngineStatistics(
             engines=len(self._members),
             routed=sum(m.routed for m in self._members),
@@ -425,6 +426,8 @@ class EngineGroup:
     # -- watching and replacing ------------------------------------------------------------
     async def check(self) -> None:
         """Check every engine now (or wait for the check under way) and replace the dead."""
+        if self._closed:
+            return
         if self._checking is not None:
             await self._checking.wait()
             return
@@ -433,7 +436,12 @@ class EngineGroup:
             dead: list[tuple[_Member, str]] = []
 
             async def probe(m: _Member) -> None:
-                reason = await self._probe(m)
+                try:
+                    reason = await self._probe(m)
+                except Exception as e:  # Ray could not tell: a miss, not a death
+                    log.warning("checking engine %d failed: %s", m.index, e)
+                    m.misses += 1
+                    reason = None
                 if reason is not None:
                     dead.append((m, reason))
 
@@ -445,7 +453,8 @@ class EngineGroup:
         finally:
             self._checking = None
             done.set()
-        assert self._tg is not None
+        if self._tg is None:  # closed meanwhile
+            return
         for m, _ in dead:
             if m.index not in self._replacing:
                 self._replacing.add(m.index)
@@ -476,7 +485,10 @@ class EngineGroup:
             return reason
         if not await _listening(m.info.url):
             return "its server refuses connections"
-        if await m.client.health():
+        healthy = False
+        with anyio.move_on_after(self.probe_timeout):  # a hanging server is a miss
+            healthy = await m.client.health()
+        if healthy:
             m.misses = 0
             return None
         m.misses += 1
