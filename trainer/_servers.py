@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from trainer._config import TrainConfig
     from trainer._sync import WeightSync
 
-__all__ = ["engine_dtypes", "rollout_concurrency", "rollout_engine", "server_sync"]
+__all__ = ["engine_dtypes", "rollout_concurrency", "rollout_engine", "serve_args", "server_sync"]
 
 
 @contextlib.asynccontextmanager
@@ -60,14 +60,7 @@ async def rollout_engine(
         model = str(resolve_model(config.model.hf_checkpoint))
         if engine.rollout_engine == "serve":
             program = [sys.executable, "-m", "agentenv", "serve"]
-            extra = ["--device", device, "--max-running", str(engine.rollout_max_running)]
-            if dtype is not None and residual_dtype is not None:
-                extra += [
-                    "--dtype",
-                    _dtype_name(dtype),
-                    "--residual-dtype",
-                    _dtype_name(residual_dtype),
-                ]
+            extra = serve_args(config, device, dtypes)
             command = server_command(model, port=port, program=program, extra=extra)
         else:
             command = server_command(model, port=port, extra=engine.sglang_command_args())
@@ -81,6 +74,16 @@ async def rollout_engine(
             server_sync(config, client, weights_dir) as sync,
         ):
             yield client, sync
+
+
+def serve_args(
+    config: TrainConfig, device: str, dtypes: tuple[torch.dtype, torch.dtype] | None = None
+) -> list[str]:
+    """A launched ``agentenv serve``'s flags: its device, batch and ``dtypes``."""
+    extra = ["--device", device, "--max-running", str(config.engine.rollout_max_running)]
+    if dtypes is not None:
+        extra += ["--dtype", _dtype_name(dtypes[0]), "--residual-dtype", _dtype_name(dtypes[1])]
+    return extra
 
 
 async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:

@@ -4,6 +4,7 @@ See docs/distributed.md. Needs ``ray`` (the ``distributed`` extra) and ``sglang-
 """
 
 from trainer.distributed._engine_actor import EngineInfo, EngineSpec
+from trainer.distributed._engine_config import engine_spec
 from trainer.distributed._engine_group import (
     EngineGroup,
     EngineGroupError,
@@ -20,4 +21,5 @@ __all__ = [
     "EngineSpec",
     "EngineStatistics",
     "GroupSync",
+    "engine_spec",
 ]
