@@ -19,8 +19,16 @@ if TYPE_CHECKING:
     from trainer._backend import Backend
     from trainer._config import TrainConfig
     from trainer._sync import WeightSync
+    from trainer.distributed import EngineSpec
 
-__all__ = ["engine_dtypes", "rollout_concurrency", "rollout_engine", "server_sync"]
+__all__ = [
+    "engine_dtypes",
+    "engine_spec",
+    "rollout_concurrency",
+    "rollout_engine",
+    "serve_args",
+    "server_sync",
+]
 
 
 @contextlib.asynccontextmanager
@@ -60,14 +68,7 @@ async def rollout_engine(
         model = str(resolve_model(config.model.hf_checkpoint))
         if engine.rollout_engine == "serve":
             program = [sys.executable, "-m", "agentenv", "serve"]
-            extra = ["--device", device, "--max-running", str(engine.rollout_max_running)]
-            if dtype is not None and residual_dtype is not None:
-                extra += [
-                    "--dtype",
-                    _dtype_name(dtype),
-                    "--residual-dtype",
-                    _dtype_name(residual_dtype),
-                ]
+            extra = serve_args(config, device, dtypes)
             command = server_command(model, port=port, program=program, extra=extra)
         else:
             command = server_command(model, port=port, extra=engine.sglang_command_args())
@@ -81,6 +82,16 @@ async def rollout_engine(
             server_sync(config, client, weights_dir) as sync,
         ):
             yield client, sync
+
+
+def serve_args(
+    config: TrainConfig, device: str, dtypes: tuple[torch.dtype, torch.dtype] | None = None
+) -> list[str]:
+    """A launched ``agentenv serve``'s flags: its device, batch and ``dtypes``."""
+    extra = ["--device", device, "--max-running", str(config.engine.rollout_max_running)]
+    if dtypes is not None:
+        extra += ["--dtype", _dtype_name(dtypes[0]), "--residual-dtype", _dtype_name(dtypes[1])]
+    return extra
 
 
 async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
@@ -148,3 +159,37 @@ async def server_sync(
         bucket_bytes=engine.update_weight_buffer_size,
     ) as sync:
         yield sync
+
+
+def engine_spec(
+    config: TrainConfig, dtypes: tuple[torch.dtype, torch.dtype] | None = None
+) -> EngineSpec:
+    """What each engine actor of the run starts: ``--rollout-engine serve`` (``agentenv
+    serve`` on ``cuda`` when ``--device`` is a GPU -- the actor sees only its own -- with
+    ``--rollout-max-running`` and ``dtypes``, the trainer's numerics) or ``sglang`` (the
+    ``--sglang-*`` flags; ``--tp-size`` from ``--rollout-num-gpus-per-engine``), each
+    on ``--rollout-num-gpus-per-engine`` GPUs. The API key (``--sglang-api-key`` or
+    ``$AGENTENV_API_KEY``) reaches ``agentenv serve`` through its environment."""
+    from agentenv import ConfigError
+    from agentenv.engine import resolve_model
+    from trainer.distributed import EngineSpec
+
+    engine = config.engine
+    if engine.rollout_engine == "embedded" or engine.rollout_url is not None:
+        raise ConfigError(
+            "engines as Ray actors need --rollout-engine serve or sglang (not "
+            f"{engine.rollout_engine!r}{', with --rollout-url' if engine.rollout_url else ''})"
+        )
+    model = str(resolve_model(config.model.hf_checkpoint))
+    gpus = engine.rollout_num_gpus_per_engine
+    key = engine.api_key()
+    if engine.rollout_engine == "serve":
+        device = "cpu" if config.model.device == "cpu" else "cuda"
+        return EngineSpec(
+            model, kind="serve", gpus_per_engine=gpus,
+            server_args=tuple(serve_args(config, device, dtypes)),
+            env={"AGENTENV_API_KEY": key} if key else {},
+        )  # fmt: skip
+    return EngineSpec(
+        model, kind="sglang", gpus_per_engine=gpus, server_args=tuple(engine.sglang_args)
+    )

@@ -26,7 +26,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -148,6 +148,9 @@ class Engine:
         self._dropped: list[_Request] = []
         self._looping = False
         self.steps = 0
+        self._released: frozenset[str] = frozenset()
+        self._cache_slots = max_running
+        self._graphs_freed = False
 
     def _setup(
         self,
@@ -255,6 +258,11 @@ class Engine:
             raise ClosedResourceError("the engine is closed")
         if self._tg is None:
             raise ConfigError("use the engine inside `async with Engine(...)`")
+        if self._released:
+            raise GenerationError(
+                f"the engine's memory is released ({', '.join(sorted(self._released))}); "
+                "resume it (resume_memory) before generating"
+            )
         ids = list(input_ids)
         self.check(ids, params)
         rid = rid or uuid.uuid4().hex
@@ -342,6 +350,11 @@ class Engine:
         """Requests generating or waiting to."""
         return len(self._by_rid)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a place in the batch."""
+        return len(self._waiting)
+
     # -- pause and weights -----------------------------------------------------------------
     async def pause(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         """Stop generating. ``abort`` ends every request (partial output, finish abort);
@@ -363,6 +376,60 @@ class Engine:
         self._paused = False
         self._resumed.set()
         self._wake.set()
+
+    @property
+    def released(self) -> frozenset[str]:
+        """The memory given back with :meth:`release_memory` and not yet resumed (empty
+        while the engine can generate)."""
+        return self._released
+
+    async def release_memory(self, tags: Iterable[str] | None = None) -> None:
+        """Give memory back while something else (the trainer) uses the device: SGLang's
+        ``/release_memory_occupation``. ``tags`` (default: all) are ``kv_cache`` (the key
+        and value cache, freed), ``cuda_graph`` (the captured decode graphs, freed) and
+        ``weights`` (kept where they are, so weight updates go on while released). On CUDA
+        the freed memory is returned to the device; on CPU nothing is freed, the state is
+        only tracked. Until :meth:`resume_memory` brings every tag back, generation is
+        refused. Refused while requests run (pause with mode ``abort`` or let them end)."""
+        chosen = _memory_tags(tags)
+        if self._by_rid:
+            raise ConfigError(
+                f"{len(self._by_rid)} requests are running; memory can be released only when "
+                "the engine is idle (pause generation with mode abort, or let them finish)"
+            )
+        async with self._step_lock:
+            if self.device != "cpu":
+                await self._on_thread(self._free, chosen)
+            self._released = self._released | chosen
+
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        """Take back what :meth:`release_memory` gave (``tags``, default all): SGLang's
+        ``/resume_memory_occupation``. Resuming what is not released is a no-op."""
+        chosen = _memory_tags(tags) & self._released
+        async with self._step_lock:
+            if self.device != "cpu" and chosen:
+                await self._on_thread(self._restore, chosen)
+            self._released = self._released - chosen
+
+    def _free(self, tags: frozenset[str]) -> None:
+        if "kv_cache" in tags and self._cache.slots:
+            config, slots = self.model.config, self._cache.slots
+            self._cache_slots = slots
+            self._cache = KVCache(config, 0, 0, self.dtype, self.device)
+        if "cuda_graph" in tags and self.model.graphs is not None:
+            self.model.graphs = None
+            self._graphs_freed = True
+        torch.cuda.empty_cache()
+
+    def _restore(self, tags: frozenset[str]) -> None:
+        if "kv_cache" in tags and not self._cache.slots:
+            config = self.model.config
+            self._cache = KVCache(config, self._cache_slots, 256, self.dtype, self.device)
+        if "cuda_graph" in tags and self._graphs_freed:
+            from agentenv.engine._graphs import DecodeGraphs
+
+            self.model.graphs = DecodeGraphs(self.model, self.max_running)
+            self._graphs_freed = False
 
     async def update_weights(
         self,
@@ -650,3 +717,19 @@ class Engine:
                 self._cache.move(len(running), slot, last.length)
                 running[slot] = last
                 slot += 1
+
+
+MEMORY_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})
+
+
+def _memory_tags(tags: Iterable[str] | None) -> frozenset[str]:
+    """``tags`` checked against SGLang's memory tags; ``None``: all of them."""
+    if tags is None:
+        return MEMORY_TAGS
+    chosen = frozenset(tags)
+    unknown = sorted(chosen - MEMORY_TAGS)
+    if unknown:
+        raise ConfigError(
+            f"unknown memory tags {unknown}; expected some of {sorted(MEMORY_TAGS)} (or none: all)"
+        )
+    return chosen

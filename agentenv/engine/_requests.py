@@ -34,6 +34,7 @@ __all__ = [
     "DestroyGroupBody",
     "GenerateBody",
     "InitGroupBody",
+    "MemoryBody",
     "PauseBody",
     "UpdateFromDiskBody",
     "UpdateFromDistributedBody",
@@ -363,6 +364,13 @@ class UpdateFromDistributedBody(Body):
     @classmethod
     def _weight_version(cls, value: Any) -> str | None:
         return None if value is None else _version(value, "weight_version")
+
+
+class MemoryBody(Body):
+    """``/release_memory_occupation`` and ``/resume_memory_occupation``: which memory
+    (SGLang's tags; none: all of it)."""
+
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = None
 
 
 class DestroyGroupBody(Body):

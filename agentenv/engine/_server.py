@@ -6,7 +6,8 @@ and any other SGLang client talk to it unchanged::
 
     POST /generate                 single, batch (a list of input_ids lists), or streamed
     GET  /health, /health_generate
-    GET  /get_model_info, /model_info, /get_server_info, /server_info, /get_weight_version
+    GET  /get_model_info, /model_info, /get_server_info, /server_info, /get_weight_version,
+         /get_load                 [{"dp_rank": 0, "num_reqs", "num_waiting_reqs"}]
     POST /abort_request            {"rid"} or {"abort_all": true}: 200, unknown rid a no-op
     POST /pause_generation         {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
@@ -18,6 +19,8 @@ and any other SGLang client talk to it unchanged::
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
                                            "weight_version", ...}
     POST /destroy_weights_update_group    {"group_name"}
+    POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
+    POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
 token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
@@ -83,6 +86,7 @@ from agentenv.engine._requests import (
     DestroyGroupBody,
     GenerateBody,
     InitGroupBody,
+    MemoryBody,
     PauseBody,
     UpdateFromDiskBody,
     UpdateFromDistributedBody,
@@ -207,6 +211,7 @@ class EngineServer:
             ("GET", "/get_server_info", self._server_info, False),
             ("GET", "/server_info", self._server_info, False),
             ("GET", "/get_weight_version", self._weight_version, False),
+            ("GET", "/get_load", self._load, False),
             ("POST", "/abort_request", self._abort, False),
             ("POST", "/pause_generation", self._pause, True),
             ("POST", "/continue_generation", self._continue, False),
@@ -217,6 +222,10 @@ class EngineServer:
             ("POST", "/init_weights_update_group", self._init_group, False),
             ("POST", "/update_weights_from_distributed", self._update_from_distributed, False),
             ("POST", "/destroy_weights_update_group", self._destroy_group, False),
+            ("POST", "/release_memory_occupation", self._release_memory, True),
+            ("GET", "/release_memory_occupation", self._release_memory, True),
+            ("POST", "/resume_memory_occupation", self._resume_memory, True),
+            ("GET", "/resume_memory_occupation", self._resume_memory, True),
         ]
         for method, path, handler, long_poll in routes:
             probe = path.startswith("/health")  # answered even when every connection is busy
@@ -293,6 +302,11 @@ class EngineServer:
             params = body.params()
         except ConfigError as e:
             raise _bad(str(e).rstrip(".") + ".") from None
+        if self.engine.released:
+            raise _bad(
+                f"The engine's memory is released ({', '.join(sorted(self.engine.released))}) "
+                "for training; POST /resume_memory_occupation before generating."
+            )
         prompts = self._prompts(body)
         rids = self._rids(body, len(prompts))
         for prompt in prompts:
@@ -429,6 +443,10 @@ class EngineServer:
             }
         )
 
+    async def _load(self, request: Request) -> Response:
+        e = self.engine
+        return Response.json([{"dp_rank": 0, "num_reqs": e.running, "num_waiting_reqs": e.waiting}])
+
     async def _weight_version(self, request: Request) -> Response:
         return Response.json({"weight_version": self.engine.weight_version})
 
@@ -493,6 +511,19 @@ class EngineServer:
                 "new_version": version,
             }
         )
+
+    # -- colocated training: memory given back and taken again ----------------------------
+    async def _release_memory(self, request: Request) -> Response:
+        tags = _parse(MemoryBody, request).tags
+        try:
+            await self.engine.release_memory(tags)
+        except ConfigError as e:
+            raise _bad(str(e)) from None
+        return Response.json(None)
+
+    async def _resume_memory(self, request: Request) -> Response:
+        await self.engine.resume_memory(_parse(MemoryBody, request).tags)
+        return Response.json(None)
 
     # -- distributed weight updates --------------------------------------------------------
     async def _init_group(self, request: Request) -> Response:

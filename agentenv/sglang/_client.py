@@ -421,6 +421,17 @@ class SGLangClient:
         """Continue after :meth:`pause` (``POST /continue_generation``)."""
         await self._request("POST", "/continue_generation", body={})
 
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Give the GPU memory back while training runs (colocated):
+        ``POST /release_memory_occupation``; ``tags`` of ``weights``, ``kv_cache``,
+        ``cuda_graph`` (default: all). The server refuses to generate until resumed."""
+        await self._request("POST", "/release_memory_occupation", body=_tags(tags))
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Take back what :meth:`release_memory_occupation` gave:
+        ``POST /resume_memory_occupation``."""
+        await self._request("POST", "/resume_memory_occupation", body=_tags(tags))
+
     async def flush_cache(self) -> None:
         """Drop the prefix cache (the server refuses while requests run)."""
         await self._request("POST", "/flush_cache")
@@ -617,6 +628,24 @@ class SGLangClient:
                 raise
             await self._request("POST", "/add_worker", params={"url": url})
 
+    async def remove_worker(self, url: str) -> bool:
+        """Take a server out of the router (``DELETE /workers/{id}``; older:
+        ``/remove_worker``); ``False`` if the router does not list it."""
+        try:
+            data = await self._json("GET", "/workers")
+        except SGLangError as e:
+            if e.status not in (404, 405):
+                raise
+            if url not in await self.list_workers():
+                return False
+            await self._request("POST", "/remove_worker", params={"url": url})
+            return True
+        items = data.get("workers", []) if isinstance(data, dict) else []
+        ids = [w["id"] for w in items if isinstance(w, dict) and w.get("url") == url and "id" in w]
+        for worker_id in ids:
+            await self._request("DELETE", f"/workers/{worker_id}")
+        return bool(ids)
+
     async def list_workers(self) -> list[str]:
         """The router's workers' URLs (``GET /workers``; older: ``/list_workers``)."""
         try:
@@ -629,6 +658,10 @@ class SGLangClient:
         if not isinstance(items, list):
             raise SGLangError(f"{self.url} answered an unknown worker list: {data!r}")
         return [str(w.get("url", w)) if isinstance(w, dict) else str(w) for w in items]
+
+
+def _tags(tags: Sequence[str] | None) -> dict[str, Any]:
+    return {} if tags is None else {"tags": list(tags)}
 
 
 # -- parsing ---------------------------------------------------------------------------------

@@ -1,20 +1,30 @@
 """One training run across many GPUs and machines, on Ray: where the trainer ranks and
 the engines run (:class:`Placement`, slime's flags), the trainer ranks as Ray actors
-(:class:`RankGroup`, the :class:`Ranks` a megatron backend runs on) and the torch
+(:class:`RankGroup`, the :class:`Ranks` a megatron backend runs on), the torch
 backend's data-parallel ranks behind the :class:`~trainer.Backend` interface
-(:class:`TrainerGroup`).
+(:class:`TrainerGroup`), and the rollout engines as Ray actors behind SGLang's router
+(:class:`EngineGroup`).
 
     ray = connect(config.placement.ray_address)
     placed = Placement.from_config(config).place(ray, timeout=config.placement.placement_timeout)
     backend = TrainerGroup.start(placed, "smollm2-135m", optim=..., loss=...)
 
 Importing this package imports neither Ray nor torch's distributed machinery; a run
-without placement flags never gets here (``trainer._setup.build_backend``).
+without placement flags never gets here (``trainer._setup.build_backend``). See
+docs/distributed.md; needs the ``distributed`` extra (``ray``, ``sglang-router``).
 """
 
 from typing import TYPE_CHECKING
 
 from trainer.distributed._cluster import connect
+from trainer.distributed._engine_actor import EngineInfo, EngineSpec
+from trainer.distributed._engine_group import (
+    EngineGroup,
+    EngineGroupError,
+    EngineSlot,
+    EngineStatistics,
+    GroupSync,
+)
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 
@@ -23,6 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Bundle",
+    "EngineGroup",
+    "EngineGroupError",
+    "EngineInfo",
+    "EngineSlot",
+    "EngineSpec",
+    "EngineStatistics",
+    "GroupSync",
     "Placed",
     "Placement",
     "PlacementTimeoutError",

@@ -267,3 +267,27 @@ async def test_abort_over_http_returns_the_partial_output(
     c = result["c"]
     assert c.finish_reason.type == "abort" and c.finish_reason.message == "Aborted"
     assert 0 < len(c.output_ids) < 200 and c.logprobs is not None
+
+
+async def test_released_memory_is_freed_and_restored(engine: Engine) -> None:
+    """What a CUDA engine does on release and resume (on CPU only the state is tracked, so
+    the freeing itself is driven here directly): the cache is dropped, generation refused,
+    and after resume the engine generates what it generated before."""
+    from agentenv import GenerationError
+
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    before = (await engine.generate([1, 2, 3], params)).output_ids
+    await engine.release_memory()
+    assert engine.released == {"weights", "kv_cache", "cuda_graph"}
+    with pytest.raises(GenerationError, match=r"memory is released .*resume it"):
+        await engine.generate([1, 2, 3], params)
+    await engine._on_thread(engine._free, frozenset({"kv_cache", "cuda_graph"}))
+    assert engine._cache.k.numel() == 0 and engine._cache.slots == 0
+    await engine.resume_memory(["kv_cache"])
+    assert engine.released == {"weights", "cuda_graph"}
+    await engine._on_thread(engine._restore, frozenset({"kv_cache", "cuda_graph"}))
+    assert engine._cache.slots == engine.max_running
+    await engine.resume_memory()
+    assert engine.released == frozenset()
+    assert (await engine.generate([1, 2, 3], params)).output_ids == before
+    await engine.resume_memory()  # resuming what is not released: a no-op

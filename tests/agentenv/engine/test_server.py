@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentenv import ConfigError
 from agentenv.engine import Engine, EngineServer, resolve_model
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -197,6 +199,9 @@ async def test_the_control_endpoints_check_their_bodies_too(
             "shapes[0][0] must be an integer, got 1.5",
         ),
         ("/destroy_weights_update_group", {"group_name": []}, "group_name must be a string"),
+        ("/release_memory_occupation", {"tags": "kv_cache"}, "tags must be a list"),
+        ("/release_memory_occupation", {"tags": ["gpu"]}, "tags[0] must be 'weights'"),
+        ("/resume_memory_occupation", {"tags": [1]}, "tags[0] must be 'weights'"),
     ]
     for path, body, message in cases:
         r = await _post(http, path, body)
@@ -206,6 +211,54 @@ async def test_the_control_endpoints_check_their_bodies_too(
         assert message in text, (path, body, data)
     assert engine.weight_version == "default"
     await _still_serving(http)
+
+
+@pytest.mark.anyio
+async def test_released_memory_refuses_generation_until_resumed(
+    server: tuple[Engine, httpx.AsyncClient], model_dir: Path
+) -> None:
+    """SGLang's colocated protocol: release, (train), update the weights, resume."""
+    engine, http = server
+    r = await _post(http, "/release_memory_occupation", {"tags": ["kv_cache"]})
+    assert r.status_code == 200 and r.json() is None
+    assert engine.released == {"kv_cache"}
+    r = await _post(http, "/generate", _generate())
+    assert r.status_code == 400
+    assert "memory is released (kv_cache)" in r.json()["error"]["message"]
+    assert "/resume_memory_occupation" in r.json()["error"]["message"]
+    assert (await http.get("/health")).status_code == 200  # alive: not an engine to replace
+    r = await _post(http, "/release_memory_occupation", {})  # no tags: everything
+    assert engine.released == {"kv_cache", "weights", "cuda_graph"}
+    # The weights are updated while released (the trainer's new weights), then resumed.
+    body = {"model_path": str(model_dir), "weight_version": "7"}
+    r = await _post(http, "/update_weights_from_disk", body)
+    assert r.status_code == 200 and r.json()["success"], r.text
+    r = await _post(http, "/resume_memory_occupation", {"tags": ["weights", "cuda_graph"]})
+    assert r.status_code == 200 and engine.released == {"kv_cache"}
+    assert (await _post(http, "/generate", _generate())).status_code == 400
+    assert (await http.get("/resume_memory_occupation")).status_code == 200
+    assert engine.released == set()
+    r = await _post(http, "/generate", _generate())
+    assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "7"
+    await _still_serving(http)
+
+
+@pytest.mark.anyio
+async def test_memory_is_released_only_when_idle(server: tuple[Engine, httpx.AsyncClient]) -> None:
+    engine, http = server
+    await engine.pause("in_place")  # a request waits in the engine
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_post, http, "/generate", _generate(max_new_tokens=2))
+        with anyio.fail_after(30):
+            while not engine.running:
+                await anyio.lowlevel.checkpoint()
+        r = await _post(http, "/release_memory_occupation", {})
+        assert r.status_code == 400
+        assert "1 requests are running" in r.json()["error"]["message"]
+        assert engine.released == set()
+        await engine.resume()
+    with pytest.raises(ConfigError, match="unknown memory tags"):
+        await engine.release_memory(["gpu"])
 
 
 @pytest.mark.anyio
@@ -371,6 +424,8 @@ CONTROL = {
     "/destroy_weights_update_group": ["group_name"],
     "/flush_cache": [],
     "/continue_generation": [],
+    "/release_memory_occupation": ["tags"],
+    "/resume_memory_occupation": ["tags"],
 }
 
 scalars = (
@@ -434,6 +489,7 @@ def test_any_json_gets_a_2xx_or_4xx_and_the_server_stays_healthy(
         r = http.post(path, content=raw)
         assert 200 <= r.status_code < 500, (path, raw[:300], r.status_code, r.text[:500])
         http.post("/continue_generation")  # undo a pause the body may have asked for
+        http.post("/resume_memory_occupation")  # and a release
         assert http.get("/health").status_code == 200
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
         assert http.post("/generate", json=body).status_code == 200

@@ -76,6 +76,10 @@ class StandIn:
             ("GET", "/workers"),
             ("POST", "/add_worker"),
             ("GET", "/list_workers"),
+            ("DELETE", "/workers/1"),
+            ("POST", "/remove_worker"),
+            ("POST", "/release_memory_occupation"),
+            ("POST", "/resume_memory_occupation"),
         ]:
             self.router.add(method, path, self._handle, long_poll=True)
 
@@ -360,6 +364,36 @@ async def test_router_workers_current_and_older_api(
     s.answers["/list_workers"] = lambda r: {"urls": ["http://b:2"]}
     await client.add_worker("http://b:2")
     assert await client.list_workers() == ["http://b:2"]
+
+
+async def test_remove_worker_current_and_older_api(
+    stand_in: tuple[StandIn, SGLangClient],
+) -> None:
+    s, client = stand_in
+    s.answers["/workers"] = lambda r: {"workers": [{"id": "1", "url": "http://a:1"}]}
+    s.answers["/workers/1"] = lambda r: Response.json({"status": "accepted"}, status=202)
+    assert await client.remove_worker("http://a:1")
+    assert not await client.remove_worker("http://elsewhere:1")
+    assert [(m, p) for m, p, _, _ in s.requests if m == "DELETE"] == [("DELETE", "/workers/1")]
+    del s.answers["/workers"]
+    s.answers["/list_workers"] = lambda r: {"urls": ["http://b:2"]}
+    s.answers["/remove_worker"] = lambda r: Response.text("ok")
+    assert await client.remove_worker("http://b:2")
+    assert not await client.remove_worker("http://a:1")
+    assert len(s.bodies("/remove_worker")) == 1
+
+
+async def test_memory_release_and_resume_send_sglangs_tags(
+    stand_in: tuple[StandIn, SGLangClient],
+) -> None:
+    s, client = stand_in
+    s.answers["/release_memory_occupation"] = lambda r: None
+    s.answers["/resume_memory_occupation"] = lambda r: None
+    await client.release_memory_occupation(["kv_cache", "weights"])
+    await client.release_memory_occupation()
+    await client.resume_memory_occupation(["kv_cache"])
+    assert s.bodies("/release_memory_occupation") == [{"tags": ["kv_cache", "weights"]}, {}]
+    assert s.bodies("/resume_memory_occupation") == [{"tags": ["kv_cache"]}]
 
 
 async def test_wait_healthy_polls_then_gives_up(stand_in: tuple[StandIn, SGLangClient]) -> None:

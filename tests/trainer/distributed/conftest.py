@@ -11,8 +11,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    import ray
-
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # started by another part of the suite
+        yield ray
+        return
     ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield ray

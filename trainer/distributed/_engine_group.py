@@ -1,0 +1,740 @@
+"""The rollout engines of a run as Ray actors behind SGLang's router.
+
+:class:`EngineGroup` starts ``n`` engine actors (each one server process, on its slot's
+GPUs), starts ``python -m sglang_router.launch_router`` over their URLs (``--router-*``
+flags passed through), and is itself a :class:`~agentenv.Generator` over the router. It
+watches the engines: one that dies (its actor gone, its process exited, or ``/health``
+failing ``failures`` times running) is taken out of the router, replaced by a new actor on
+the same slot and put back once it holds the run's current weights. A generation that
+fails on a dying engine is retried through the router on the others (``request_retries``
+times at most); the log says so and :meth:`EngineGroup.metrics` counts it.
+
+Weights reach every engine with :meth:`EngineGroup.weight_sync` (disk through a shared
+directory, or the distributed update over NCCL/gloo from this process), or from elsewhere
+(a trainer actor) inside :meth:`EngineGroup.updating`. Versions are exact: an engine is
+routed to only while it holds the group's :attr:`~EngineGroup.weight_version`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.abc
+
+from agentenv import ClosedResourceError, ConfigError, GenerationError
+from trainer.distributed._engine_actor import EngineActor, EngineInfo, EngineSpec
+
+if TYPE_CHECKING:
+    from agentenv import Completion, SamplingParams
+    from agentenv.sglang import Launcher, SGLangClient
+    from trainer._backend import Backend
+    from trainer._sync import WeightSync
+
+__all__ = ["EngineGroup", "EngineGroupError", "EngineSlot", "EngineStatistics"]
+
+log = logging.getLogger("trainer.distributed")
+
+
+class EngineGroupError(GenerationError):
+    """The engine group cannot serve: an engine would not start, or more engines died than
+    ``max_replacements`` allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSlot:
+    """Where one engine runs: a bundle of a Ray placement group.
+
+    Args:
+        placement_group: a ``ray.util.placement_group.PlacementGroup`` (ready).
+        bundle_index: the bundle the engine actor is scheduled on.
+        num_gpus: GPUs the actor takes in it (default: the spec's ``gpus_per_engine``;
+            a fraction when training shares the GPU, ``--colocate``).
+        gpu_ids: the GPUs the server may use (``CUDA_VISIBLE_DEVICES``), as measured by
+            the placement; default those Ray assigns the actor.
+    """
+
+    placement_group: Any
+    bundle_index: int
+    num_gpus: float | None = None
+    gpu_ids: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStatistics:
+    """What the group has been through (:meth:`EngineGroup.statistics`)."""
+
+    engines: int  #: engines the group runs
+    routed: int  #: engines the router sends requests to now
+    deaths: int  #: engines found dead
+    replacements: int  #: engines started in place of a dead one
+    retried_requests: int  #: generations retried after a failure on an engine
+    failed_requests: int  #: generations that failed after their retries
+    weight_version: str | None  #: the version every routed engine holds (None: initial)
+
+
+@dataclasses.dataclass(eq=False)
+class _Member:
+    index: int
+    actor: Any
+    info: EngineInfo
+    client: SGLangClient
+    routed: bool = False
+    dead: bool = False
+    misses: int = 0  # /health failures in a row
+
+
+class EngineGroup:
+    """``num_engines`` engine actors behind SGLang's router; an async context manager.
+
+    ::
+
+        spec = EngineSpec("/ckpt/hf", kind="sglang", gpus_per_engine=2,
+                          server_args=("--mem-fraction-static", "0.8"))
+        async with EngineGroup(spec, 4, router_args=["--policy", "cache_aware"]) as engines:
+            sync = engines.weight_sync("distributed", backend="nccl")
+            samples = await runner.run(engines, ...)     # engines is the Generator
+            await sync(backend, version=1)               # every engine now at version 1
+
+    Ray must be initialised (``ray.init``) before entering.
+
+    Args:
+        spec: what each engine runs.
+        num_engines: engines to start (``--rollout-num-gpus`` / ``--rollout-num-gpus-per-engine``).
+        slots: one :class:`EngineSlot` per engine (placement-group bundles); default each
+            actor asks Ray for ``spec.gpus_per_engine`` GPUs anywhere.
+        router_args: flags for the router (the ``--router-*`` flags, prefix stripped).
+        router_host: where the router listens (this process reaches it).
+        router_port: its port; default a free one.
+        health_interval: seconds between checks of every engine.
+        probe_timeout: seconds an engine has to answer a check.
+        failures: failed ``/health`` checks in a row that make an engine dead (a dead actor
+            or exited process counts at once).
+        max_replacements: engines the group may start in place of dead ones over its life;
+            beyond it generation raises :class:`EngineGroupError`.
+        request_retries: attempts a failed generation gets on the other engines.
+        api_key: the servers' API key (sent to them; give it to the servers in ``spec.env``).
+    """
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        num_engines: int,
+        *,
+        slots: Sequence[EngineSlot] | None = None,
+        router_args: Sequence[str] = (),
+        router_host: str = "127.0.0.1",
+        router_port: int | None = None,
+        health_interval: float = 5.0,
+        probe_timeout: float = 10.0,
+        failures: int = 3,
+        max_replacements: int | None = None,
+        request_retries: int = 3,
+        api_key: str | None = None,
+    ) -> None:
+        if num_engines < 1:
+            raise ConfigError(f"num_engines must be at least 1, got {num_engines}")
+        if slots is not None and len(slots) != num_engines:
+            raise ConfigError(
+                f"slots must hold one slot per engine: {num_engines} engines, {len(slots)} "
+                "slots given"
+            )
+        if health_interval <= 0 or probe_timeout <= 0 or failures < 1 or request_retries < 0:
+            raise ConfigError(
+                "health_interval and probe_timeout must be positive, failures at least 1 and "
+                f"request_retries at least 0, got {health_interval}, {probe_timeout}, "
+                f"{failures} and {request_retries}"
+            )
+        self.spec = spec
+        self.num_engines = num_engines
+        self.slots = list(slots) if slots is not None else None
+        self.router_args = list(router_args)
+        self.router_host = router_host
+        self.router_port = router_port
+        self.health_interval = health_interval
+        self.probe_timeout = probe_timeout
+        self.failures = failures
+        self.max_replacements = num_engines * 4 if max_replacements is None else max_replacements
+        self.request_retries = request_retries
+        self.api_key = api_key
+        #: The version every routed engine holds; ``None`` until the first sync.
+        self.weight_version: str | None = None
+        self._members: list[_Member] = []
+        self._router: Launcher | None = None
+        self._router_client: SGLangClient | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._membership = anyio.Lock()  # held by a weight update and by each admission
+        self._checking: anyio.Event | None = None  # set when the check under way ends
+        self._replacing: set[int] = set()
+        self._catch_up: Callable[[SGLangClient], Awaitable[None]] | None = None
+        self._failed: BaseException | None = None
+        self._changed = anyio.Event()  # set (and renewed) whenever an engine changes state
+        self._closed = False
+        self._started = False
+        self._deaths = self._replacements = self._retried = self._request_failures = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> EngineGroup:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the engines and the router (what ``async with`` does)."""
+        import ray
+
+        from agentenv.sglang import Launcher, SGLangClient, router_command
+        from trainer._files import free_port
+
+        if not ray.is_initialized():
+            raise ConfigError(
+                "Ray is not initialised: call ray.init(...) (or pass --ray-address) before "
+                "starting an EngineGroup"
+            )
+        if self._started or self._closed:
+            raise ConfigError("an EngineGroup starts once")
+        self._started = True
+        try:
+            started: list[_Member | None] = [None] * self.num_engines
+            errors: list[Exception] = []
+
+            async def one(i: int, scope: anyio.CancelScope) -> None:
+                try:
+                    started[i] = await self._launch(i)
+                except Exception as e:  # the first failure stops the others' starts
+                    errors.append(e)
+                    scope.cancel()
+
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(self.num_engines):
+                        tg.start_soon(one, i, tg.cancel_scope)
+            finally:  # those that started are stopped with the group if another failed
+                self._members = [m for m in started if m is not None]
+            if errors:
+                raise errors[0]
+            port = self.router_port or free_port()
+            url = f"http://{self.router_host}:{port}"
+            extra = list(self.router_args)
+            if not any(a.startswith("--retry-") or a == "--disable-retries" for a in extra):
+                # The group retries (and counts) a request that fails on a dead engine, once
+                # the engine is out of the router; the router could pick it again.
+                extra.append("--disable-retries")
+            if not any(a.split("=", 1)[0] == "--prometheus-port" for a in extra):
+                # Its default (29000) is one port for every router of the machine.
+                extra += ["--prometheus-host", self.router_host]
+                extra += ["--prometheus-port", str(free_port())]
+            command = router_command(
+                [m.info.url for m in self._members], host=self.router_host, port=port, extra=extra
+            )
+            self._router = Launcher(command, url, health_timeout=120.0)
+            await self._router.__aenter__()
+            # Retries are the group's (on the other engines), not the client's.
+            self._router_client = SGLangClient(url, retries=0, api_key=self.api_key)
+            for m in self._members:
+                m.routed = True
+            await self._wait_routed({m.info.url for m in self._members})
+            # Entered after the router's launcher, left before it (task groups nest).
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            self._tg.start_soon(self._watch)
+        except BaseException:
+            # Not under a shield of ours: aclose leaves the task groups entered above.
+            await self.aclose()
+            raise
+        where = ", ".join(f"{m.info.url} (node {m.info.node_ip}, GPUs {m.info.gpu_ids})"
+                          for m in self._members)  # fmt: skip
+        log.info("%d engines behind the router at %s: %s", len(self._members), url, where)
+
+    async def aclose(self) -> None:
+        """Stop the watcher, the router and every engine; later calls raise
+        :class:`~agentenv.ClosedResourceError`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._tg is not None:  # left first: it was entered last
+            tg, self._tg = self._tg, None
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        if self._router_client is not None:
+            await self._router_client.aclose()
+        if self._router is not None:  # its task group is left outside any scope of ours
+            await self._router.stop()
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for m in self._members:
+                    tg.start_soon(self._retire, m)
+
+    @property
+    def router_url(self) -> str:
+        """The router's URL: any SGLang client (:class:`~agentenv.sglang.SGLangClient`)
+        generates through it."""
+        if self._router is None:
+            raise ConfigError("the EngineGroup is not started")
+        return self._router.url
+
+    @property
+    def engines(self) -> list[EngineInfo]:
+        """Where each engine runs now (index order; a replaced engine's new place)."""
+        return [m.info for m in self._members]
+
+    def statistics(self) -> EngineStatistics:
+        """What the group has been through, now."""
+        return EngineStatistics(
+            engines=len(self._members),
+            routed=sum(m.routed for m in self._members),
+            deaths=self._deaths,
+            replacements=self._replacements,
+            retried_requests=self._retried,
+            failed_requests=self._request_failures,
+            weight_version=self.weight_version,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The statistics as the run's metrics (``engines/...``)."""
+        s = self.statistics()
+        return {
+            "engines/routed": float(s.routed),
+            "engines/deaths": float(s.deaths),
+            "engines/replacements": float(s.replacements),
+            "engines/retried_requests": float(s.retried_requests),
+            "engines/failed_requests": float(s.failed_requests),
+        }
+
+    async def wait_ready(self, timeout: float = 600.0) -> None:  # noqa: ASYNC109
+        """Until every engine is routed to and no replacement is under way (after a death,
+        a replacement that waits for the next weight sync never gets ready before it);
+        raises :class:`EngineGroupError` if the group has failed, ``TimeoutError`` after
+        ``timeout`` s."""
+        with anyio.fail_after(timeout):
+            while True:
+                if self._failed is not None:
+                    raise EngineGroupError(str(self._failed)) from self._failed
+                changed = self._changed
+                if not self._replacing and all(m.routed for m in self._members):
+                    return
+                await changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # -- generation ------------------------------------------------------------------------
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        """Generate through the router; a failure on an engine (5xx, lost connection) is
+        retried on the others after the dead engine is taken out of the router."""
+        from agentenv.sglang import SGLangError
+
+        client = self._client()
+        for attempt in range(self.request_retries + 1):
+            if self._failed is not None:
+                raise EngineGroupError(str(self._failed)) from self._failed
+            try:
+                return await client.generate(input_ids, params, rid=rid)
+            except SGLangError as e:
+                if e.status is not None and e.status < 500:
+                    raise
+                if attempt == self.request_retries:
+                    self._request_failures += 1
+                    log.error(
+                        "request %s failed %d times on the engines; giving up: %s",
+                        rid, attempt + 1, e,
+                    )  # fmt: skip
+                    raise
+                self._retried += 1
+                log.warning(
+                    "request %s failed on an engine (%s); retrying on the others (%d of %d)",
+                    rid, e, attempt + 1, self.request_retries,
+                )  # fmt: skip
+                await self.check()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def abort_all(self) -> None:
+        """Abort every request on every engine (the router does not forward aborts)."""
+        async with anyio.create_task_group() as tg:
+            for m in self._live():
+                tg.start_soon(_quietly, m.client.abort_all)
+
+    def _client(self) -> SGLangClient:
+        if self._closed:
+            raise ClosedResourceError("the EngineGroup is closed")
+        if self._router_client is None:
+            raise ConfigError("use the EngineGroup inside `async with EngineGroup(...)`")
+        return self._router_client
+
+    def _live(self) -> list[_Member]:
+        return [m for m in self._members if not m.dead]
+
+    # -- colocated training ----------------------------------------------------------------
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Every engine gives its memory back while training runs (``--colocate``)."""
+        await _each([m.client for m in self._live()], "release_memory_occupation", tags)
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Every engine takes its memory back after training."""
+        await _each([m.client for m in self._live()], "resume_memory_occupation", tags)
+
+    # -- weights ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def updating(self, version: int | str) -> AsyncIterator[list[SGLangClient]]:
+        """Hold the engines steady while new weights go to them: yields a client per live
+        engine (routed, or replaced and waiting for these weights); push ``version`` to
+        all of them inside. When the block ends without an error every engine holds
+        ``version``, and the ones that waited for it are routed to. No engine is replaced
+        meanwhile (a dead one is replaced after the block)."""
+        async with self._membership:
+            members = self._live()
+            yield [m.client for m in members]
+            self.weight_version = str(version)
+            self._catch_up = None  # the sync may say how to catch up (disk): after this
+            for m in members:
+                if not m.routed and not m.dead:
+                    await self._route(m)
+
+    def weight_sync(
+        self,
+        kind: Literal["disk", "distributed"],
+        *,
+        directory: str | Path | None = None,
+        backend: Literal["nccl", "gloo"] = "nccl",
+        master_address: str = "127.0.0.1",
+        bucket_bytes: int = 512 << 20,
+        timeout: float = 120.0,
+        retries: int = 1,
+    ) -> GroupSync:
+        """A :class:`~trainer.WeightSync` (``await sync(backend, version)``) into every
+        engine: ``disk`` saves under ``directory`` (shared by every node) and has each
+        engine load it; ``distributed`` broadcasts from this process (rank 0) over
+        ``backend``. A sync that fails because an engine died is retried ``retries`` times
+        once the engine is replaced; a replaced engine gets the last weights from disk at
+        once, or, distributed, with the next sync."""
+        return GroupSync(
+            self, kind, directory=directory, backend=backend, master_address=master_address,
+            bucket_bytes=bucket_bytes, timeout=timeout, retries=retries,
+        )  # fmt: skip
+
+    # -- watching and replacing ------------------------------------------------------------
+    async def check(self) -> None:
+        """Check every engine now (or wait for the check under way) and replace the dead."""
+        if self._closed:
+            return
+        if self._checking is not None:
+            await self._checking.wait()
+            return
+        self._checking = done = anyio.Event()
+        try:
+            dead: list[tuple[_Member, str]] = []
+
+            async def probe(m: _Member) -> None:
+                try:
+                    reason = await self._probe(m)
+                except Exception as e:  # Ray could not tell: a miss, not a death
+                    log.warning("checking engine %d failed: %s", m.index, e)
+                    m.misses += 1
+                    reason = None
+                if reason is not None:
+                    dead.append((m, reason))
+
+            async with anyio.create_task_group() as tg:
+                for m in self._live():
+                    tg.start_soon(probe, m)
+            for m, reason in dead:
+                await self._bury(m, reason)
+        finally:
+            self._checking = None
+            done.set()
+        if self._tg is None:  # closed meanwhile
+            return
+        for m, _ in dead:
+            if m.index not in self._replacing:
+                self._replacing.add(m.index)
+                self._notify()
+                self._tg.start_soon(self._replace, m)
+
+    async def _watch(self) -> None:
+        while True:
+            await anyio.sleep(self.health_interval)
+            try:
+                await self.check()
+            except Exception:  # the watcher goes on: a failed check is tried again
+                log.exception("checking the engines failed")
+
+    async def _probe(self, m: _Member) -> str | None:
+        """``None`` if the engine is well, else why it is dead."""
+        from ray.exceptions import RayActorError
+
+        try:
+            with anyio.fail_after(self.probe_timeout):
+                reason: str | None = await m.actor.alive.remote()
+        except RayActorError as e:
+            return f"its actor died ({type(e).__name__})"
+        except TimeoutError:
+            reason = None  # a busy actor is not a dead one: the health check decides
+            m.misses += 1
+        if reason is not None:
+            return reason
+        if not await _listening(m.info.url):
+            return "its server refuses connections"
+        healthy = False
+        with anyio.move_on_after(self.probe_timeout):  # a hanging server is a miss
+            healthy = await m.client.health()
+        if healthy:
+            m.misses = 0
+            return None
+        m.misses += 1
+        if m.misses >= self.failures:
+            return f"/health failed {m.misses} times running"
+        return None
+
+    async def _bury(self, m: _Member, reason: str) -> None:
+        m.dead = True
+        self._deaths += 1
+        self._notify()
+        log.warning(
+            "engine %d at %s (node %s) is dead: %s; taking it out of the router and replacing it",
+            m.index, m.info.url, m.info.node_ip, reason,
+        )  # fmt: skip
+        if m.routed and self._router_client is not None:
+            m.routed = False
+            with anyio.move_on_after(self.probe_timeout):
+                await _quietly(self._unroute, m.info.url)
+
+    async def _replace(self, dead: _Member) -> None:
+        start = time.perf_counter()
+        try:
+            if self._replacements >= self.max_replacements:
+                raise EngineGroupError(
+                    f"engine {dead.index} died and the group has replaced {self._replacements} "
+                    f"engines already (max_replacements={self.max_replacements}); the last "
+                    f"death: {dead.info.url} on node {dead.info.node_ip}"
+                )
+            await self._retire(dead)
+            fresh = await self._launch(dead.index)
+            self._replacements += 1
+            async with self._membership:
+                self._members[self._members.index(dead)] = fresh
+                # Routed only at the group's version: the checkpoint's before any sync, else
+                # the last synced weights if they can be had again (disk).
+                if self.weight_version is None or self._catch_up is not None:
+                    if self._catch_up is not None:
+                        await self._catch_up(fresh.client)
+                    await self._route(fresh)
+            log.warning(
+                "engine %d replaced by %s (node %s) in %.1f s%s",
+                fresh.index, fresh.info.url, fresh.info.node_ip, time.perf_counter() - start,
+                "" if fresh.routed else "; routed to after the next weight sync",
+            )  # fmt: skip
+        except Exception as e:
+            log.error("engine %d could not be replaced: %s", dead.index, e)
+            self._failed = e
+        finally:
+            self._replacing.discard(dead.index)
+            self._notify()
+
+    async def _launch(self, index: int) -> _Member:
+        import ray
+
+        from agentenv.sglang import SGLangClient
+
+        spec = self.spec
+        options: dict[str, Any] = {
+            "num_cpus": spec.cpus_per_engine,
+            "num_gpus": spec.gpus_per_engine,
+            "max_restarts": 0,
+            "max_concurrency": 64,
+        }
+        gpu_ids = None
+        if self.slots is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            slot = self.slots[index]
+            if slot.num_gpus is not None:
+                options["num_gpus"] = slot.num_gpus
+            gpu_ids = slot.gpu_ids
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                slot.placement_group, placement_group_bundle_index=slot.bundle_index
+            )
+        remote: Any = ray.remote(EngineActor)
+        actor: Any = remote.options(**options).remote()
+        try:
+            info: EngineInfo = await actor.start.remote(spec, gpu_ids)
+        except BaseException as e:
+            ray.kill(actor, no_restart=True)
+            if isinstance(e, Exception):
+                cause = getattr(e, "cause", None) or e  # a RayTaskError carries the actor's
+                raise EngineGroupError(f"engine {index} did not start: {cause}") from e
+            raise
+        client = SGLangClient(info.url, api_key=self.api_key)
+        return _Member(index, actor, info, client)
+
+    async def _retire(self, m: _Member) -> None:
+        import ray
+
+        with anyio.move_on_after(self.probe_timeout):
+            await _quietly(lambda: m.actor.stop.remote())
+        with contextlib.suppress(Exception):
+            ray.kill(m.actor, no_restart=True)
+        await m.client.aclose()
+
+    async def _unroute(self, url: str) -> None:
+        client = self._client()
+        await client.remove_worker(url)
+        while True:  # the router removes it in the background
+            if url not in await client.list_workers():
+                return
+            await anyio.sleep(0.05)
+
+    async def _route(self, m: _Member) -> None:
+        client = self._client()
+        await client.add_worker(m.info.url)
+        await self._wait_routed({m.info.url})
+        m.routed = True
+        self._notify()
+
+    async def _wait_routed(self, urls: set[str]) -> None:
+        """Until the router lists ``urls`` (it adds workers in the background)."""
+        client = self._client()
+        with anyio.fail_after(60.0):
+            while True:
+                if urls <= set(await client.list_workers()):
+                    return
+                await anyio.sleep(0.1)
+
+
+class GroupSync:
+    """A :class:`~trainer.WeightSync` into every engine of an :class:`EngineGroup` (see
+    :meth:`EngineGroup.weight_sync`)."""
+
+    def __init__(
+        self,
+        group: EngineGroup,
+        kind: Literal["disk", "distributed"],
+        *,
+        directory: str | Path | None,
+        backend: Literal["nccl", "gloo"],
+        master_address: str,
+        bucket_bytes: int,
+        timeout: float,
+        retries: int,
+    ) -> None:
+        if kind not in ("disk", "distributed"):
+            raise ConfigError(f"kind must be disk or distributed, got {kind!r}")
+        if kind == "disk" and directory is None:
+            raise ConfigError("a disk weight sync needs a directory that every node sees")
+        if retries < 0:
+            raise ConfigError(f"retries must be at least 0, got {retries}")
+        self.group = group
+        self.kind = kind
+        self.directory = None if directory is None else Path(directory)
+        self.backend = backend
+        self.master_address = master_address
+        self.bucket_bytes = bucket_bytes
+        self.timeout = timeout
+        self.retries = retries
+        self._inner: Any = None
+        self._targets: list[SGLangClient] = []
+
+    async def __call__(self, backend: Backend, version: int) -> None:
+        start = time.perf_counter()
+        for attempt in range(self.retries + 1):
+            try:
+                async with self.group.updating(version) as clients:
+                    sync = await self._sync_for(clients)
+                    await sync(backend, version)
+                break
+            except Exception as e:
+                if attempt == self.retries:
+                    raise
+                log.warning(
+                    "weight sync to version %s failed (%s); checking the engines and retrying",
+                    version, e,
+                )  # fmt: skip
+                await self._drop()
+                await self.group.check()
+                await self._wait_replaced()
+        if self.kind == "disk":
+            assert self.directory is not None
+            path = str((self.directory / f"step_{version}").resolve())
+
+            async def catch_up(client: SGLangClient) -> None:
+                await client.update_weights_from_disk(path, weight_version=str(version))
+
+            self.group._catch_up = catch_up
+        log.info(
+            "weights at version %s in %d engines (%s) in %.2f s",
+            version, len(self._targets or self.group.engines), self.kind,
+            time.perf_counter() - start,
+        )  # fmt: skip
+
+    async def _sync_for(self, clients: list[SGLangClient]) -> WeightSync:
+        from trainer._sync import DiskSync, DistributedSync
+
+        if self.kind == "disk":
+            assert self.directory is not None
+            if self._inner is None:
+                self._inner = DiskSync(clients, self.directory)
+            self._inner.clients = list(clients)  # the same directory: old steps are removed
+            return self._inner  # type: ignore[no-any-return]
+        if self._inner is not None and self._targets != clients:
+            await self._drop()  # a new engine: a new process group
+        if self._inner is None:
+            self._inner = DistributedSync(
+                clients, backend=self.backend, master_address=self.master_address,
+                bucket_bytes=self.bucket_bytes, timeout=self.timeout,
+            )  # fmt: skip
+            self._targets = list(clients)
+        return self._inner  # type: ignore[no-any-return]
+
+    async def _drop(self) -> None:
+        if self.kind == "distributed" and self._inner is not None:
+            inner, self._inner = self._inner, None
+            with anyio.move_on_after(self.timeout):
+                await inner.aclose()
+
+    async def _wait_replaced(self) -> None:
+        """Until no replacement is under way (bounded by the engines' start timeout)."""
+        group = self.group
+        with anyio.move_on_after(group.spec.health_timeout + 60.0):
+            while group._replacing and group._failed is None:
+                await group._changed.wait()
+
+    async def aclose(self) -> None:
+        """Leave the distributed group (if one was formed)."""
+        await self._drop()
+
+
+async def _listening(url: str) -> bool:
+    """Whether something accepts connections at ``url`` (a refusal: nothing listens)."""
+    import httpx
+
+    parsed = httpx.URL(url)
+    try:
+        with anyio.fail_after(5.0):
+            stream = await anyio.connect_tcp(parsed.host, parsed.port or 80)
+    except OSError:
+        return False
+    except TimeoutError:
+        return True  # slow is not dead: /health decides
+    await stream.aclose()
+    return True
+
+
+async def _quietly(call: Callable[..., Awaitable[object]], *args: Any) -> None:
+    with contextlib.suppress(Exception):
+        await call(*args)
+
+
+async def _each(clients: Sequence[SGLangClient], method: str, *args: Any) -> None:
+    async with anyio.create_task_group() as tg:
+        for c in clients:
+            tg.start_soon(getattr(c, method), *args)
