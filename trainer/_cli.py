@@ -65,15 +65,11 @@ def add_parser(sub: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     from trainer._flags import config_from_args
 
-    if args.router_args:
-        return _error(
-            "--router-* flags: agentenv train launches no router (point --rollout-url at a "
-            "running one)"
-        )
     try:
         config = config_from_args(
-            args, sglang_args=args.sglang_args, megatron_args=args.megatron_args
-        )
+            args, sglang_args=args.sglang_args, megatron_args=args.megatron_args,
+            router_args=args.router_args,
+        )  # fmt: skip
         if args.dry_run:
             from trainer._setup import dry_run
 

@@ -135,6 +135,12 @@ class EngineConfig(Group):
         None, default_factory=list, doc="SGLang's flags (--sglang-X on the command line)",
         flat=True,
     )  # fmt: skip
+    router_args: list[str] = setting(
+        None, default_factory=list,
+        doc="sglang-router's flags (--router-X on the command line), for the router before "
+        "engines on Ray (--rollout-num-gpus)",
+        flat=True,
+    )  # fmt: skip
 
     @pydantic.model_validator(mode="after")
     def _rules(self) -> Self:
@@ -469,6 +475,12 @@ class TrainConfig(Group):
                 self.parallel.megatron_parallel().data_parallel_size(ranks)
             except ConfigError as e:
                 raise ConfigError(f"{what}: {e}") from None
+        if engine.router_args and p.rollout_num_gpus is None:
+            raise ConfigError(
+                f"--router-* flags ({' '.join(engine.router_args)}) are for the router before "
+                "engines on Ray (--rollout-num-gpus); otherwise agentenv train launches no "
+                "router (point --rollout-url at a running one)"
+            )
         if not self.uses_ray:
             return
         device = self.model.device
@@ -490,6 +502,12 @@ class TrainConfig(Group):
                 raise ConfigError(
                     "--rollout-num-gpus places engines on Ray, but --rollout-url names a "
                     "running server: pass one of them"
+                )
+            if engine.rollout_engine == "embedded":
+                raise ConfigError(
+                    "--rollout-num-gpus runs the engines as Ray actors, each a server: pass "
+                    "--rollout-engine serve (agentenv serve) or sglang; the embedded engine "
+                    "runs in this process"
                 )
         if p.colocate:
             given = [

@@ -128,6 +128,7 @@ def config_from_args(
     *,
     sglang_args: Sequence[str] = (),
     megatron_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
 ) -> TrainConfig:
     """The tree from parsed flags, over ``--config``'s settings (nested, flat or mixed);
     the pass-through flags, when given, replace the file's."""
@@ -144,5 +145,7 @@ def config_from_args(
         given["sglang_args"] = list(sglang_args)
     if megatron_args:
         given["megatron_args"] = list(megatron_args)
+    if router_args:
+        given["router_args"] = list(router_args)
     layers.append(nest(given, table, groups))
     return TrainConfig.model_validate(merge(*layers))

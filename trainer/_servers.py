@@ -37,11 +37,14 @@ async def rollout_engine(
     tokenizer: Tokenizer,
     weights_dir: Path,
     dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+    placed: Any = None,
 ) -> AsyncIterator[tuple[Any, WeightSync]]:
     """The policy that plays the episodes and how the trainer's weights reach it.
 
     ``dtypes``: the embedded or ``serve`` engine's ``(dtype, residual_dtype)``, those of the
-    trainer's numerics (:func:`engine_dtypes`); default: the engine's own."""
+    trainer's numerics (:func:`engine_dtypes`); default: the engine's own. ``placed``: the
+    run's Ray placement (:class:`trainer.distributed.Placed`); with engine bundles in it
+    (``--rollout-num-gpus``) the engines are Ray actors behind SGLang's router."""
     from agentenv.engine import Engine, resolve_model
     from agentenv.sglang import Launcher, SGLangClient, server_command
     from trainer._sync import InProcessSync
@@ -50,7 +53,10 @@ async def rollout_engine(
     device = engine.rollout_device or config.model.device
     dtype, residual_dtype = dtypes or (None, None)
     api_key = engine.api_key()
-    if engine.rollout_url is not None:
+    if placed is not None and placed.engines:
+        async with _engine_actors(config, placed, weights_dir, dtypes) as (group, sync):
+            yield group, sync
+    elif engine.rollout_url is not None:
         async with SGLangClient(engine.rollout_url, api_key=api_key) as client:
             await client.wait_healthy(timeout=60.0)
             async with server_sync(config, client, weights_dir) as sync:
@@ -84,6 +90,53 @@ async def rollout_engine(
             yield client, sync
 
 
+@contextlib.asynccontextmanager
+async def _engine_actors(
+    config: TrainConfig,
+    placed: Any,
+    weights_dir: Path,
+    dtypes: tuple[torch.dtype, torch.dtype] | None,
+) -> AsyncIterator[tuple[Any, WeightSync]]:
+    """One engine actor per engine of ``placed`` (in its first bundle, with the GPUs of all
+    its bundles), behind SGLang's router; the weights from disk (``weights_dir``, on a
+    path every node reaches) or broadcast from this process (``--weight-sync``)."""
+    import dataclasses
+
+    from trainer.distributed import EngineGroup, EngineSlot
+
+    placement = placed.placement
+    spec = dataclasses.replace(engine_spec(config, dtypes), cpus_per_engine=placement.share)
+    slots = [
+        EngineSlot(
+            placed.group,
+            bundles[0].index,
+            num_gpus=placement.share if placement.gpus else 0.0,
+            gpu_ids=tuple(str(g) for b in bundles for g in b.gpu_ids) or None,
+        )
+        for bundles in placed.engines
+    ]
+    engine = config.engine
+    print(
+        f"starting {len(slots)} engine actor(s) ({spec.kind}) behind sglang-router",
+        file=sys.stderr,
+        flush=True,
+    )
+    group = EngineGroup(
+        spec, len(slots), slots=slots, router_args=engine.router_args, api_key=engine.api_key()
+    )
+    async with group:
+        if engine.weight_sync == "disk":
+            sync = group.weight_sync("disk", directory=weights_dir)
+        else:
+            sync = group.weight_sync(
+                "distributed",
+                backend=config.weight_sync_backend(),
+                master_address=engine.weight_sync_master_address,
+                bucket_bytes=engine.update_weight_buffer_size,
+            )
+        yield group, sync
+
+
 def serve_args(
     config: TrainConfig, device: str, dtypes: tuple[torch.dtype, torch.dtype] | None = None
 ) -> list[str]:
@@ -98,8 +151,17 @@ async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
     """Episodes in flight: what the engines decode together. The embedded engine says
     itself (``None``: its ``max_running``); an ``agentenv serve`` worker was launched with
     ``--rollout-max-running``; an SGLang server takes ``--sglang-server-concurrency``
-    (slime's), times a router's workers."""
+    (slime's), times a router's workers (or the engine actors on Ray)."""
+    from trainer.distributed import EngineGroup
+
     engine = config.engine
+    if isinstance(policy, EngineGroup):  # engine actors behind a router
+        per_server = (
+            engine.rollout_max_running
+            if engine.rollout_engine == "serve"
+            else engine.sglang_server_concurrency
+        )
+        return per_server * len(policy.engines)
     if engine.rollout_url is not None:
         from agentenv.sglang import SGLangError
 

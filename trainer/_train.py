@@ -48,7 +48,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     n_eval = config.eval.n_eval
 
     async def run(weights: Path) -> tuple[float | None, float | None, list[dict[str, float]]]:
-        async with rollout_engine(config, tokenizer, weights, dtypes) as (policy, sync):
+        async with rollout_engine(config, tokenizer, weights, dtypes, placed) as (policy, sync):
             n = await rollout_concurrency(config, policy) or config.rollout.concurrency_for(policy)
             before = await evaluate(policy, n)
             report.held_out("before", before, n_eval)

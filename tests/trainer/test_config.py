@@ -151,3 +151,19 @@ def test_the_placement_flags_decide_whether_a_run_uses_ray() -> None:
         TrainConfig(env="x", rollout_num_gpus=1, rollout_url="http://10.0.0.2:30000")
     for good in ("auto", "local", "10.0.0.1:6379", "ray://head:10001"):
         assert TrainConfig(env="x", ray_address=good).placement.ray_address == good
+
+
+def test_engines_on_ray_are_servers_and_router_flags_need_them() -> None:
+    """``--rollout-num-gpus`` runs each engine as a Ray actor around a server, so the
+    embedded engine is refused; ``--router-*`` flags are for the router before them."""
+    from trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match="--rollout-num-gpus runs the engines as Ray actors"):
+        TrainConfig(env="arithmetic", rollout_num_gpus=1)
+    with pytest.raises(ConfigError, match=r"--router-\* flags \(--policy round_robin\)"):
+        TrainConfig(env="arithmetic", router_args=["--policy", "round_robin"])
+    config = TrainConfig(
+        env="arithmetic", rollout_num_gpus=1, rollout_engine="serve",
+        router_args=["--policy", "round_robin"],
+    )  # fmt: skip
+    assert config.uses_ray and config.engine.router_args == ["--policy", "round_robin"]

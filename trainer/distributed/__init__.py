@@ -14,7 +14,7 @@ without placement flags never gets here (``trainer._setup.build_backend``). See
 docs/distributed.md; needs the ``distributed`` extra (``ray``, ``sglang-router``).
 """
 
-from typing import TYPE_CHECKING
+import typing
 
 from trainer.distributed._cluster import connect
 from trainer.distributed._engine_actor import EngineInfo, EngineSpec
@@ -28,7 +28,7 @@ from trainer.distributed._engine_group import (
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from trainer.distributed._trainer import TorchRank, TrainerGroup
 
 __all__ = [
@@ -61,3 +61,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(_trainer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -36,7 +36,12 @@ def test_a_run_trains_on_two_ranks_and_resumes_from_its_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_agentenv_train_starts_a_ray_of_its_own_with_ray_address_local(tmp_path: Path) -> None:
+def test_agentenv_train_on_ray_two_trainer_actors_and_an_engine_actor_behind_the_router(
+    tmp_path: Path,
+) -> None:
+    """``--ray-address local`` starts a Ray of the run's own: two trainer ranks as actors,
+    one ``agentenv serve`` engine actor behind sglang-router, the weights synced from disk
+    every step."""
     import json
     import subprocess
     import sys
@@ -46,10 +51,12 @@ def test_agentenv_train_starts_a_ray_of_its_own_with_ray_address_local(tmp_path:
         [sys.executable, "-m", "agentenv", "train",
          "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
          "--ray-address", "local", "--actor-num-gpus-per-node", "2",
-         "--device", "cpu", "--num-rollout", "2", "--rollout-batch-size", "2",
+         "--rollout-num-gpus", "1", "--rollout-engine", "serve", "--device", "cpu", "--num-rollout", "2", "--rollout-batch-size", "2",
          "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--n-eval", "2",
          "--json"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.splitlines()[-1])["steps"] == 2
+    assert "starting 1 engine actor(s) (serve) behind sglang-router" in out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["steps"] == 2 and summary["eval_reward_after"] is not None
