@@ -14,7 +14,9 @@ actor behind sglang-router on a Ray of the run's own (``--ray-address local
 --rollout-num-gpus 1 --rollout-engine serve``), weights from disk. ``ray_2_ranks``: as
 ``ray`` with two data-parallel trainer ranks (``--actor-num-gpus-per-node 2``), for
 information. The steady step is the median of steps 2..N; the ratio ray / in_process is the
-overhead (target at most 1.10).
+overhead (target at most 1.10); the ratio of the fastest of steps 2..N is given beside it
+(other work on the machine only ever slows a step down), with the load before and after
+each run.
 
 ``start``: in a fresh process, the stages of placing a run as ``agentenv train`` does
 (``--ray-address local``, one trainer rank, two engines): joining Ray (``ray.init``), the
@@ -158,6 +160,7 @@ def _train_run(name: str, args: argparse.Namespace, model: str, tmp: Path) -> di
     save = tmp / name
     flags = _workload_argv(args, model, str(save)) + list(RUNS[name])
     command = [sys.executable, "-m", "agentenv", "train", *flags]
+    load = os.getloadavg()[0]
     out = _subprocess(name, command, tmp / f"{name}.log", args.threads)
     summary = json.loads(out.strip().splitlines()[-1])
     lines = (save / "metrics.jsonl").read_text().splitlines()
@@ -171,11 +174,14 @@ def _train_run(name: str, args: argparse.Namespace, model: str, tmp: Path) -> di
         "step_s": [round(s, 4) for s in steps],
         "steady_step_s": round(statistics.median(steady), 4),
         "steady_step_mean_s": round(statistics.fmean(steady), 4),
+        "fastest_step_s": round(min(steady), 4),
         **{
             f"{part}_s": _steady(history, f"time_{part}_s") for part in ("rollout", "train", "sync")
         },
         "wall_s": round(float(summary["wall_s"]), 2),
         "reward": [round(float(m["reward_mean"]), 4) for m in history],
+        # The machine's load (1 min) before and after: other work slows a run down.
+        "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -308,6 +314,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "mean_ray_over_in_process": _ratio(
                     runs["ray"]["steady_step_mean_s"], runs["in_process"]["steady_step_mean_s"]
                 ),
+                "fastest_ray_over_in_process": _ratio(
+                    runs["ray"]["fastest_step_s"], runs["in_process"]["fastest_step_s"]
+                ),
                 "target": TARGET_RATIO,
                 "met": ratio is not None and ratio <= TARGET_RATIO,
             }
@@ -327,18 +336,23 @@ def _table(result: dict[str, Any]) -> str:
     lines = []
     runs = result["runs"]
     if runs:
-        lines.append(f"{'run':<12} {'steady step':>12} {'rollout':>8} {'train':>8} {'sync':>8}")
+        lines.append(
+            f"{'run':<12} {'steady step':>12} {'fastest':>8} {'rollout':>8} {'train':>8} "
+            f"{'sync':>8}  load"
+        )
         for name, r in runs.items():
             lines.append(
-                f"{name:<12} {r['steady_step_s']:>11.3f}s {r['rollout_s']:>7.3f}s "
-                f"{r['train_s']:>7.3f}s {r['sync_s']:>7.3f}s"
+                f"{name:<12} {r['steady_step_s']:>11.3f}s {r['fastest_step_s']:>7.3f}s "
+                f"{r['rollout_s']:>7.3f}s {r['train_s']:>7.3f}s {r['sync_s']:>7.3f}s  "
+                f"{r['load_average'][0]:.1f} -> {r['load_average'][1]:.1f}"
             )
     if "ratio" in result:
         r = result["ratio"]
         verdict = "met" if r["met"] else "not met"
         lines.append(
             f"ray / in_process, steady step: {r['ray_over_in_process']} "
-            f"(target <= {r['target']}: {verdict})"
+            f"(target <= {r['target']}: {verdict}); fastest step: "
+            f"{r['fastest_ray_over_in_process']}"
         )
     if "start" in result:
         s = result["start"]
