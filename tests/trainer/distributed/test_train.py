@@ -51,8 +51,9 @@ def test_agentenv_train_on_ray_two_trainer_actors_and_an_engine_actor_behind_the
         [sys.executable, "-m", "agentenv", "train",
          "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
          "--ray-address", "local", "--actor-num-gpus-per-node", "2",
-         "--rollout-num-gpus", "1", "--rollout-engine", "serve", "--device", "cpu", "--num-rollout", "2", "--rollout-batch-size", "2",
-         "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--n-eval", "2",
+         "--rollout-num-gpus", "1", "--rollout-engine", "serve", "--device", "cpu",
+         "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "6", "--n-eval", "2",
          "--json"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
