@@ -31,11 +31,11 @@ def _run(base: dict[str, Any], save: Path, **flags: Any) -> list[dict[str, float
     return [json.loads(line) for line in lines]
 
 
-def _weights(save: Path) -> dict[str, torch.Tensor]:
+def _weights(save: Path, name: str = "model") -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
-    for f in sorted((save / "model").glob("*.safetensors")):
+    for f in sorted((save / name).glob("*.safetensors")):
         out |= load_file(f)
     return out
 
@@ -44,7 +44,7 @@ def _base(model: Path) -> dict[str, Any]:
     return dict(
         env="tests.trainer.test_loop:GoodTokensEnv", hf_checkpoint=str(model), device="cpu",
         rollout_engine="serve", rollout_batch_size=2, n_samples_per_prompt=4,
-        rollout_max_response_len=6, n_eval=2, lr=1e-2, num_rollout=2, seed=3,
+        rollout_max_response_len=6, n_eval=2, lr=1e-2, num_rollout=2, rollout_seed=3,
         use_tensorboard=False,
     )  # fmt: skip
 
@@ -71,6 +71,8 @@ def test_a_run_on_ray_gives_the_samples_and_updates_of_a_run_in_one_process(
             assert c[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
         assert b["rollout/engine_deaths"] == 0.0 and "rollout/engine_deaths" not in a
     want = _weights(tmp_path / "local")
+    start = _weights(tmp_path, "tiny")  # the model the runs began from
+    assert any(not torch.equal(start[name], w) for name, w in want.items())  # it trained
     for got in (_weights(tmp_path / "ray1"), _weights(tmp_path / "ray2")):
         assert got.keys() == want.keys()
         for name, w in want.items():
