@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         TrainConfig,
     )
     from trainer._data import load_prompt_data
-    from trainer._loop import SCHEDULES, GRPOConfig, run_grpo
+    from trainer._loop import SCHEDULES, GRPOConfig, StepHooks, run_grpo
     from trainer._losses import (
         AGGREGATIONS,
         KL_TYPES,
@@ -69,6 +69,7 @@ __all__ = [
     "OptimConfig",
     "ParallelismConfig",
     "Precision",
+    "StepHooks",
     "TorchBackend",
     "TrainConfig",
     "WeightSync",
@@ -106,6 +107,7 @@ _MODULES = {
     "OptimConfig": "trainer._backend",
     "ParallelismConfig": "trainer._config",
     "Precision": "trainer._precision",
+    "StepHooks": "trainer._loop",
     "TorchBackend": "trainer._torch",
     "TrainConfig": "trainer._config",
     "WeightSync": "trainer._sync",

@@ -509,6 +509,13 @@ class TrainConfig(Group):
                     "--rollout-engine serve (agentenv serve) or sglang; the embedded engine "
                     "runs in this process"
                 )
+        if p.colocate and self.rollout.schedule != "sync":
+            raise ConfigError(
+                f"--colocate with --schedule {self.rollout.schedule}: rollouts would run "
+                "while the trainer trains on the same GPUs (colocated engines release their "
+                "memory for each training step); pass --schedule sync, or drop --colocate "
+                "and give the engines GPUs of their own (--rollout-num-gpus)"
+            )
         if p.colocate:
             given = [
                 flag for flag, on in (

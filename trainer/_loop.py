@@ -27,7 +27,7 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import torch
@@ -41,7 +41,23 @@ from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._rollout import SCHEDULES, GRPOConfig
 from trainer._sync import InProcessSync, WeightSync
 
-__all__ = ["SCHEDULES", "GRPOConfig", "run_grpo"]
+__all__ = ["SCHEDULES", "GRPOConfig", "StepHooks", "run_grpo"]
+
+
+class StepHooks(Protocol):
+    """What the driver does around each training step, beside the loop's own work (the
+    engines of a run on Ray: :class:`~trainer.distributed.EngineHooks`)."""
+
+    async def before_train(self, step: int) -> None:
+        """Before step ``step``'s optimizer steps, after its rollout (e.g. engines that
+        share the trainer's GPUs give their memory back)."""
+
+    async def after_train(self, step: int) -> None:
+        """After the optimizer steps, before the weight sync (e.g. the engines take their
+        memory back, so that they can load the new weights)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics added to each step's (e.g. the engines' deaths and replacements)."""
 
 
 async def run_grpo(
@@ -58,6 +74,7 @@ async def run_grpo(
     save_interval: int = 10,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
+    hooks: StepHooks | None = None,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (any generator:
     an embedded :class:`~agentenv.engine.Engine` or an
@@ -76,7 +93,8 @@ async def run_grpo(
     pass over the data. Resuming with another batch schedule is refused. ``evaluate`` (e.g.
     the reward on held-out tasks) runs every ``eval_interval`` steps, into that step's
     ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
-    that a report's file writes do not hold up the episodes in flight.
+    that a report's file writes do not hold up the episodes in flight. ``hooks`` run around
+    each step's training (:class:`StepHooks`), and their metrics join the step's.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -130,7 +148,11 @@ async def run_grpo(
                 metrics = _rollout_metrics(step, rounds, samples)
                 metrics["rollout/concurrency"] = float(concurrency)
                 if samples:
+                    if hooks is not None:
+                        await hooks.before_train(step)
                     metrics.update(await _train_on(backend, samples, config, step))
+                    if hooks is not None:
+                        await hooks.after_train(step)
                 t2 = time.perf_counter()
                 if ahead is not None:
                     await ahead.wait()  # one_step_off: weights change between rollouts only
@@ -149,6 +171,7 @@ async def run_grpo(
                     time_step_s=t4 - t0,
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
                     **_peak_memory(backend.device),
+                    **(hooks.metrics() if hooks is not None else {}),
                 )
                 if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                     held_out = await evaluate()

@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from agentenv import Tokenizer
     from trainer._backend import Backend
     from trainer._config import TrainConfig
+    from trainer._loop import StepHooks
     from trainer._sync import WeightSync
     from trainer.distributed import EngineSpec
 
 __all__ = [
     "engine_dtypes",
+    "engine_hooks",
     "engine_spec",
     "rollout_concurrency",
     "rollout_engine",
@@ -135,6 +137,17 @@ async def _engine_actors(
                 bucket_bytes=engine.update_weight_buffer_size,
             )
         yield group, sync
+
+
+def engine_hooks(config: TrainConfig, policy: Any) -> StepHooks | None:
+    """What the loop does around each step for ``policy``: for engine actors on Ray
+    (:class:`~trainer.distributed.EngineGroup`), their health in each step's metrics and,
+    with ``--colocate``, their memory released while the trainer runs; else nothing."""
+    from trainer.distributed import EngineGroup, EngineHooks
+
+    if not isinstance(policy, EngineGroup):
+        return None
+    return EngineHooks(policy, colocated=config.placement.colocate)
 
 
 def serve_args(

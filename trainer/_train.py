@@ -24,7 +24,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from trainer._evaluation import Evaluator
     from trainer._loop import run_grpo
     from trainer._reporting import Reporter, plot, summary
-    from trainer._servers import engine_dtypes, rollout_concurrency, rollout_engine
+    from trainer._servers import engine_dtypes, engine_hooks, rollout_concurrency, rollout_engine
     from trainer._setup import (
         build_backend,
         checkpoint_dir,
@@ -58,6 +58,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 on_step=report, checkpoint=checkpoint,
                 save_interval=config.checkpoint.save_interval,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
+                hooks=engine_hooks(config, policy),
             )  # fmt: skip
             after = await evaluate(policy, n)
             report.held_out("after", after, n_eval)

@@ -25,6 +25,7 @@ from trainer.distributed._engine_group import (
     EngineStatistics,
     GroupSync,
 )
+from trainer.distributed._engine_hooks import EngineHooks
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 
@@ -35,6 +36,7 @@ __all__ = [
     "Bundle",
     "EngineGroup",
     "EngineGroupError",
+    "EngineHooks",
     "EngineInfo",
     "EngineSlot",
     "EngineSpec",

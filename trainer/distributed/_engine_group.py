@@ -299,14 +299,14 @@ class EngineGroup:
         )
 
     def metrics(self) -> dict[str, float]:
-        """The statistics as the run's metrics (``engines/...``)."""
+        """The statistics as the run's step metrics (``rollout/engine_...``)."""
         s = self.statistics()
         return {
-            "engines/routed": float(s.routed),
-            "engines/deaths": float(s.deaths),
-            "engines/replacements": float(s.replacements),
-            "engines/retried_requests": float(s.retried_requests),
-            "engines/failed_requests": float(s.failed_requests),
+            "rollout/engine_routed": float(s.routed),
+            "rollout/engine_deaths": float(s.deaths),
+            "rollout/engine_replacements": float(s.replacements),
+            "rollout/engine_retried_requests": float(s.retried_requests),
+            "rollout/engine_failed_requests": float(s.failed_requests),
         }
 
     async def wait_ready(self, timeout: float = 600.0) -> None:  # noqa: ASYNC109
@@ -377,12 +377,37 @@ class EngineGroup:
 
     # -- colocated training ----------------------------------------------------------------
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Every engine gives its memory back while training runs (``--colocate``)."""
-        await _each([m.client for m in self._live()], "release_memory_occupation", tags)
+        """Every engine gives its memory back while training runs (``--colocate``). An
+        engine that cannot be reached (it died since the last check) is checked and
+        replaced; its replacement starts with its memory held."""
+        await self._on_each("release_memory_occupation", tags)
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Every engine takes its memory back after training."""
-        await _each([m.client for m in self._live()], "resume_memory_occupation", tags)
+        """Every engine takes its memory back after training (one that cannot be reached:
+        as :meth:`release_memory`)."""
+        await self._on_each("resume_memory_occupation", tags)
+
+    async def _on_each(self, method: str, tags: Sequence[str] | None) -> None:
+        from agentenv.sglang import SGLangError
+
+        failed: list[str] = []
+
+        async def one(m: _Member) -> None:
+            try:
+                await getattr(m.client, method)(tags)
+            except Exception as e:
+                refused = isinstance(e, SGLangError) and e.status is not None and e.status < 500
+                if not m.dead and (refused or not isinstance(e, SGLangError)):
+                    raise  # refused (e.g. requests still running): the caller's mistake
+                # Unreachable, or found dead (its client closed) while the call ran.
+                failed.append(f"engine {m.index} at {m.info.url}: {e}")
+
+        async with anyio.create_task_group() as tg:
+            for m in self._live():
+                tg.start_soon(one, m)
+        if failed:
+            log.warning("%s failed on %s; checking the engines", method, "; ".join(failed))
+            await self.check()
 
     # -- weights ---------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -732,9 +757,3 @@ async def _listening(url: str) -> bool:
 async def _quietly(call: Callable[..., Awaitable[object]], *args: Any) -> None:
     with contextlib.suppress(Exception):
         await call(*args)
-
-
-async def _each(clients: Sequence[SGLangClient], method: str, *args: Any) -> None:
-    async with anyio.create_task_group() as tg:
-        for c in clients:
-            tg.start_soon(getattr(c, method), *args)

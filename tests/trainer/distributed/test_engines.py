@@ -157,7 +157,7 @@ async def test_a_killed_engine_mid_rollout_is_replaced_and_the_rollout_completes
     stats = group.statistics()
     assert stats.deaths == 1 and stats.replacements == 1 and stats.routed == 2
     assert stats.retried_requests >= 1 and stats.failed_requests == 0
-    assert group.metrics()["engines/replacements"] == 1.0
+    assert group.metrics()["rollout/engine_replacements"] == 1.0
     fresh = group.engines[0]
     assert fresh.url != victim.url
     assert await _versions(group) == [version, version]  # caught up from the last sync
