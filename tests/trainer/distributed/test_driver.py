@@ -96,7 +96,9 @@ def test_a_run_on_ray_gives_the_samples_and_updates_of_a_run_in_one_process(
     assert len(local) == len(one) == len(two) == 2
     for a, b, c in zip(local, one, two, strict=True):
         for name in SAMPLED:  # the same samples: the seeds are the episodes', not the engine's
-            assert a[name] == b[name] == c[name], (name, a[name], b[name], c[name])
+            # (means of the same numbers, summed in the order the episodes finished)
+            assert b[name] == pytest.approx(a[name], rel=1e-12), (name, a[name], b[name])
+            assert c[name] == pytest.approx(a[name], rel=1e-12), (name, a[name], c[name])
         for name in TRAINED:
             assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
             assert c[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
