@@ -69,6 +69,7 @@ class InstantEngine:
     vocab_size = 49152
     healthy = True
     tokenizer = _NoText()
+    released: frozenset[str] = frozenset()  # its memory is never released for training
 
     def check(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         return None
