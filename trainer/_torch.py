@@ -206,9 +206,18 @@ class TorchBackend(MicroBatchBackend):
         complete HF model directory (config, safetensors and the source model's
         tokenizer, chat template and generation config), e.g. for a server's
         ``/update_weights_from_disk`` or ``--save``."""
+        from transformers.utils import logging as hf_logging
+
         from trainer._files import copy_model_files
 
-        self.model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        # No "Writing model shards" bar: a sync writes the weights every step.
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        try:
+            self.model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
         copy_model_files(self.path, directory)
 
     # -- checkpoints ----------------------------------------------------------------------
