@@ -40,6 +40,7 @@ __all__ = [
     "Item",
     "MicroBatchBackend",
     "OptimConfig",
+    "StepCore",
     "StepPlan",
     "Tally",
     "pad",
@@ -97,9 +98,12 @@ def response_positions(
     return torch.cat(rows), torch.cat(cols), torch.cat(targets), sizes
 
 
-class Backend(abc.ABC):
-    """A model being trained with the GRPO loss: the interface the loop uses, and what
-    every backend's step shares (:meth:`_plan`, :meth:`_micro_loss`, :class:`Tally`).
+class StepCore(abc.ABC):
+    """A model trained with the GRPO loss, one step at a time: the step's interface and
+    what every implementation of it shares (:meth:`_plan`, :meth:`_micro_loss`,
+    :class:`Tally`). :class:`Backend` adds checkpoints; one megatron rank
+    (:class:`~trainer.megatron.MegatronWorker`) is a ``StepCore`` whose shards the
+    backend's checkpoint gathers.
 
     Attributes set by :meth:`_configure` (subclasses call it): ``optim_config``,
     ``loss_config``, ``max_tokens`` (the micro-batch token budget), ``entropy_metric``,
@@ -177,23 +181,6 @@ class Backend(abc.ABC):
         the source model's tokenizer, chat template and generation config
         (:func:`trainer._files.copy_model_files`), loadable wherever the source was."""
 
-    @abc.abstractmethod
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
-        """Model, optimizer, RNG states and ``extra`` into ``directory``, atomically."""
-
-    def checkpoint_snapshot(
-        self, extra: dict[str, Any]
-    ) -> Callable[[str | os.PathLike[str]], None] | None:
-        """What :meth:`save_checkpoint` would save, copied now (to CPU memory), as a
-        function that writes it into a directory, atomically, on any thread while
-        training goes on (the loop writes checkpoints in the background with it).
-        ``None``: this backend saves in the foreground only (:meth:`save_checkpoint`)."""
-        return None
-
-    @abc.abstractmethod
-    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore :meth:`save_checkpoint`'s state; returns its ``extra``."""
-
     def _plan(
         self,
         samples: Sequence[Sample],
@@ -257,6 +244,28 @@ class Backend(abc.ABC):
             else None,
             entropy=cat(ents) if ents is not None else None,
         )
+
+
+class Backend(StepCore):
+    """A model being trained with the GRPO loss: the interface the loop uses (the step's,
+    and checkpoints)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
+        """Model, optimizer, RNG states and ``extra`` into ``directory``, atomically."""
+
+    def checkpoint_snapshot(
+        self, extra: dict[str, Any]
+    ) -> Callable[[str | os.PathLike[str]], None] | None:
+        """What :meth:`save_checkpoint` would save, copied now (to CPU memory), as a
+        function that writes it into a directory, atomically, on any thread while
+        training goes on (the loop writes checkpoints in the background with it).
+        ``None``: this backend saves in the foreground only (:meth:`save_checkpoint`)."""
+        return None
+
+    @abc.abstractmethod
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore :meth:`save_checkpoint`'s state; returns its ``extra``."""
 
 
 class MicroBatchBackend(Backend):

@@ -7,7 +7,7 @@ data-parallel replicas; megatron's forward-backward schedule (``get_forward_back
 1F1B across pipeline stages, a plain loop without) runs them through the model wrapped in
 megatron's ``DistributedDataParallel``; on the last stage each micro-batch's vocab-parallel
 logits give the log-probs (padding columns masked, fp32) and the shared GRPO loss
-(:meth:`trainer.Backend._micro_loss`, weighted for the whole step, so neither the packing
+(:meth:`trainer._backend.StepCore._micro_loss`, weighted for the whole step, so neither the packing
 nor the layout changes the gradient). ``finalize_model_grads`` reduces the gradients
 (data-parallel replicas, tied embeddings across stages, sequence-parallel norms); megatron's
 optimizer (``get_megatron_optimizer``: fp32 main weights, clipping by the global norm, the
@@ -35,8 +35,8 @@ import torch
 
 from agentenv import ConfigError, Sample
 from trainer._backend import (
-    Backend,
     Item,
+    StepCore,
     StepPlan,
     Tally,
     pad,
@@ -63,13 +63,13 @@ from trainer.megatron._setup import (
 __all__ = ["MegatronWorker"]
 
 
-class MegatronWorker(Backend):
+class MegatronWorker(StepCore):
     """One rank's model, reference model and optimizer on its CUDA device, and the
     collective work (:meth:`train_step`, :meth:`logprobs`, :meth:`state_dict`,
     :meth:`save_hf`, :meth:`save_shards`, :meth:`load_shards`): every rank runs each
     call together, driven by :class:`~trainer.megatron.MegatronBackend` through its
-    ranks. Checkpoint directories are the backend's (:meth:`save_checkpoint` here is
-    not a whole checkpoint).
+    ranks. Checkpoint directories are the backend's: a rank writes and reads only its
+    shards.
 
     Args:
         options: the backend's checked settings (every rank the same).
@@ -451,16 +451,3 @@ class MegatronWorker(Backend):
         torch.cuda.set_rng_state(rng["cuda_rng"])
         require_megatron().tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
         self.steps = steps
-
-    # -- checkpoint directories are the backend's --------------------------------------------
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
-        raise NotImplementedError(
-            "a rank writes its shards (save_shards); MegatronBackend.save_checkpoint "
-            "writes the checkpoint"
-        )
-
-    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        raise NotImplementedError(
-            "a rank loads its shards (load_shards); MegatronBackend.load_checkpoint "
-            "reads the checkpoint"
-        )
