@@ -38,6 +38,7 @@ __all__ = [
     "PauseBody",
     "UpdateFromDiskBody",
     "UpdateFromDistributedBody",
+    "UpdateFromTensorBody",
     "UpdateVersionBody",
     "parse",
 ]
@@ -359,6 +360,32 @@ class UpdateFromDistributedBody(Body):
     weight_version: str | None = None
     load_format: str | None = None
     abort_all_requests: bool = False
+
+    @pydantic.field_validator("weight_version", mode="plain")
+    @classmethod
+    def _weight_version(cls, value: Any) -> str | None:
+        return None if value is None else _version(value, "weight_version")
+
+
+class UpdateFromTensorBody(Body):
+    """``/update_weights_from_tensor``: the tensors as handles to the sender's memory on
+    this machine (:mod:`agentenv.engine._ipc`), one payload per tensor-parallel rank."""
+
+    serialized_named_tensors: list[str]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+    @pydantic.field_validator("serialized_named_tensors")
+    @classmethod
+    def _one(cls, value: list[str]) -> list[str]:
+        if len(value) != 1:
+            raise _invalid(
+                "serialized_named_tensors must hold one payload (this server runs on one "
+                f"device: tensor-parallel rank 0 only), got {len(value)}"
+            )
+        return value
 
     @pydantic.field_validator("weight_version", mode="plain")
     @classmethod

@@ -19,6 +19,8 @@ and any other SGLang client talk to it unchanged::
     POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
                                            "weight_version", ...}
     POST /destroy_weights_update_group    {"group_name"}
+    POST /update_weights_from_tensor      {"serialized_named_tensors": [payload],
+                                           "weight_version", ...}
     POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
     POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
 
@@ -78,6 +80,7 @@ from agentenv._http import (
 )
 from agentenv.engine._engine import Engine
 from agentenv.engine._group import WeightUpdateGroup, parse_dtype
+from agentenv.engine._ipc import load_named_tensors
 from agentenv.engine._model import weight_mismatch
 from agentenv.engine._requests import (
     MAX_PROMPTS,
@@ -90,6 +93,7 @@ from agentenv.engine._requests import (
     PauseBody,
     UpdateFromDiskBody,
     UpdateFromDistributedBody,
+    UpdateFromTensorBody,
     UpdateVersionBody,
     parse,
 )
@@ -222,6 +226,7 @@ class EngineServer:
             ("POST", "/init_weights_update_group", self._init_group, False),
             ("POST", "/update_weights_from_distributed", self._update_from_distributed, False),
             ("POST", "/destroy_weights_update_group", self._destroy_group, False),
+            ("POST", "/update_weights_from_tensor", self._update_from_tensor, True),
             ("POST", "/release_memory_occupation", self._release_memory, True),
             ("GET", "/release_memory_occupation", self._release_memory, True),
             ("POST", "/resume_memory_occupation", self._resume_memory, True),
@@ -494,6 +499,43 @@ class EngineServer:
         if version is not None:
             message += f" Weight version updated to {version}."
         return Response.json({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def _update_from_tensor(self, request: Request) -> Response:
+        """SGLang's same-machine handover: the payload holds handles to the sender's
+        tensors (CUDA IPC on a GPU, shared memory on CPU), copied into the model in place;
+        the sender keeps them alive until this answers."""
+        try:
+            body = parse(UpdateFromTensorBody, request)
+            if body.load_format not in (None, "auto"):
+                raise ConfigError(
+                    f"load_format {body.load_format!r} is not supported here; send the "
+                    "tensors as they are (load_format null)"
+                )
+            tensors = await anyio.to_thread.run_sync(
+                load_named_tensors, body.serialized_named_tensors[0]
+            )
+        except ConfigError as e:
+            return _failure(f"Failed to update weights: {e}")
+        problem = weight_mismatch(
+            {n: tuple(t.shape) for n, t in tensors.items()}, self.engine.weight_shapes()
+        )
+        if problem is not None:
+            return _failure(f"Failed to update weights: {problem}; the model is unchanged")
+        if body.abort_all_requests:
+            self.engine.abort(all=True)
+        version = body.weight_version
+        try:
+            await self.engine.update_weights(tensors, weight_version=version, partial=True)
+        except ClosedResourceError:
+            raise
+        except AgentEnvError as e:
+            return _failure(f"Failed to update weights: {e}")
+        finally:
+            tensors.clear()  # the sender's memory is its own again
+        message = "Succeeded to update model weights."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        return Response.json({"success": True, "message": message})
 
     async def _update_version(self, request: Request) -> Response:
         try:
