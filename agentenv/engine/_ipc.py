@@ -50,11 +50,10 @@ def serialize_named_tensors(tensors: Iterable[tuple[str, Any]]) -> str:
     from torch.multiprocessing.reductions import init_reductions
 
     pairs = [(str(name), t.detach()) for name, t in tensors]
-    if any(t.device.type == "cpu" for _, t in pairs) and mp.get_sharing_strategy() != (
-        "file_system"
-    ):
-        mp.set_sharing_strategy("file_system")
-    init_reductions()
+    strategy = mp.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    if any(t.device.type == "cpu" for _, t in pairs) and strategy != "file_system":
+        mp.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
+    init_reductions()  # type: ignore[no-untyped-call]
     from multiprocessing.reduction import ForkingPickler
 
     for name, t in pairs:
@@ -91,7 +90,7 @@ def load_named_tensors(payload: str) -> dict[str, Any]:
     import torch
     from torch.multiprocessing.reductions import init_reductions
 
-    init_reductions()
+    init_reductions()  # type: ignore[no-untyped-call]
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as e:
