@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         token_weights,
     )
     from trainer._precision import PRECISIONS, Precision
-    from trainer._sync import DiskSync, DistributedSync, InProcessSync, WeightSync
+    from trainer._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
     from trainer._torch import TorchBackend
     from trainer._train import train
 
@@ -70,6 +70,7 @@ __all__ = [
     "ParallelismConfig",
     "Precision",
     "StepHooks",
+    "TensorSync",
     "TorchBackend",
     "TrainConfig",
     "WeightSync",
@@ -97,6 +98,7 @@ _MODULES = {
     "DataConfig": "trainer._config",
     "DiskSync": "trainer._sync",
     "DistributedSync": "trainer._sync",
+    "TensorSync": "trainer._sync",
     "EngineConfig": "trainer._config",
     "EvalConfig": "trainer._config",
     "GRPOConfig": "trainer._loop",

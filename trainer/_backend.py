@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from trainer._batching import pack_by_tokens
 from trainer._data_parallel import DataParallel
 from trainer._losses import LossConfig, policy_loss, token_weights
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
+
+if TYPE_CHECKING:
+    from trainer._sender import WeightSender
 
 __all__ = [
     "LR_DECAY_STYLES",
@@ -174,6 +177,13 @@ class StepCore(abc.ABC):
     @abc.abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights (for an engine's in-process update)."""
+
+    def weight_sender(self) -> WeightSender:
+        """The end a weight update leaves from (:mod:`trainer._sender`): by default this
+        process, reading :meth:`state_dict`; ranks elsewhere send from there."""
+        from trainer._sender import LocalSender
+
+        return LocalSender(self.state_dict)
 
     @abc.abstractmethod
     def save_hf(self, directory: str | os.PathLike[str]) -> None:

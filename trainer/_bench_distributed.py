@@ -23,7 +23,10 @@ each run.
 placement group ready and measured, the trainer rank's actor with the model loaded, the two
 engine actors serving behind the router. ``sync``: the trainer rank's weights into both
 engines, ``--sync-repeats`` times each: from disk (saved by rank 0, loaded by each engine)
-and broadcast over a gloo process group from the driver (``--weight-sync distributed``).
+and broadcast over a gloo process group from the rank's actor (``--weight-sync
+distributed``). ``sync_colocated``: two trainer ranks with an engine beside each
+(``--colocate``), the weights into both from disk and handed over by handle from the rank
+beside each (``--weight-sync tensor``).
 
 Every process computes on ``--threads`` threads (``OMP_NUM_THREADS``, default 1: what Ray
 gives a one-CPU actor; left to torch, the in-process trainer and its engine would each take
@@ -263,6 +266,56 @@ def _start_and_sync(model: str, device: str, repeats: int, weights: Path) -> dic
     finally:
         backend.close()
         placed.release()
+    out["sync_colocated"] = _colocated_sync(flat, repeats, weights)
+    return out
+
+
+async def _timed(sync: Any, backend: Any, repeats: int, first: int) -> dict[str, Any]:
+    times = []
+    try:
+        for version in range(first, first + repeats):
+            s = time.perf_counter()
+            await sync(backend, version)
+            times.append(time.perf_counter() - s)
+    finally:
+        await sync.aclose()
+    return {
+        "s": [round(t, 4) for t in times],
+        "median_s": round(statistics.median(times), 4),
+        "first_s": round(times[0], 4),
+    }
+
+
+def _colocated_sync(flat: dict[str, Any], repeats: int, weights: Path) -> dict[str, Any]:
+    """Two trainer ranks with an engine beside each (``--colocate``): the weights into
+    both engines from disk and by handle from the rank beside each (``tensor``)."""
+    import anyio
+
+    from trainer._config import TrainConfig
+    from trainer._servers import _engine_actors, engine_dtypes
+    from trainer._setup import build_backend, place_run
+
+    colocated = {**flat, "colocate": True, "actor_num_gpus_per_node": 2}
+    colocated.pop("rollout_num_gpus")
+    config = TrainConfig(**colocated)
+    placed = place_run(config)
+    assert placed is not None
+    backend: Any = build_backend(config, placed)
+    out: dict[str, Any] = {"trainer_ranks": 2}
+    try:
+        dtypes = engine_dtypes(backend, config.model.device)
+
+        async def engines() -> None:
+            async with _engine_actors(config, placed, weights / "colocated", dtypes) as (g, _):
+                out["engines"] = len(g.engines)
+                disk = g.weight_sync("disk", directory=weights / "colocated-disk")
+                out["disk"] = await _timed(disk, backend, repeats, 1)
+                out["tensor"] = await _timed(g.weight_sync("tensor"), backend, repeats, 100)
+
+        anyio.run(engines)
+    finally:
+        backend.close()
+        placed.release()
     return out
 
 
@@ -366,6 +419,13 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(
             f"weight sync into {s['engines']} engines ({s['parameters']:,} parameters): "
             f"disk {s['disk']['median_s']:.3f}s, gloo {s['distributed']['median_s']:.3f}s "
+            "(median)"
+        )
+    if "sync_colocated" in result:
+        s = result["sync_colocated"]
+        lines.append(
+            f"colocated ({s['trainer_ranks']} ranks, an engine beside each): disk "
+            f"{s['disk']['median_s']:.3f}s, tensor (by handle) {s['tensor']['median_s']:.3f}s "
             "(median)"
         )
     return "\n".join(lines)

@@ -117,10 +117,11 @@ class EngineConfig(Group):
         "--rollout-num-gpus-per-engine", 1, "--rollout-engine sglang: GPUs of the launched "
         "server (its --tp-size)", ge=1,
     )  # fmt: skip
-    weight_sync: Literal["disk", "distributed"] = setting(
+    weight_sync: Literal["disk", "distributed", "tensor"] = setting(
         "--weight-sync", "disk", "how servers get the weights: disk "
-        "(/update_weights_from_disk, a shared filesystem) or distributed (broadcast over "
-        "NCCL on CUDA, gloo on CPU)",
+        "(/update_weights_from_disk, a shared filesystem), distributed (broadcast over "
+        "NCCL on CUDA, gloo on CPU) or tensor (handed over by handle to servers on the "
+        "trainer's own GPU, /update_weights_from_tensor: with --colocate)",
     )  # fmt: skip
     update_weight_buffer_size: int = setting(
         "--update-weight-buffer-size", 512 << 20,
@@ -157,10 +158,11 @@ class EngineConfig(Group):
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
             raise ConfigError(f"--rollout-url must start with http:// or https://, got {url!r}")
-        if self.weight_sync == "distributed" and embedded:
+        if self.weight_sync != "disk" and embedded:
             raise ConfigError(
-                "--weight-sync distributed needs servers (--rollout-engine serve or sglang, "
-                "or --rollout-url); the embedded engine gets the weights in this process"
+                f"--weight-sync {self.weight_sync} needs servers (--rollout-engine serve or "
+                "sglang, or --rollout-url); the embedded engine gets the weights in this "
+                "process"
             )
         gpus = self.rollout_num_gpus_per_engine
         if gpus > 1 and (self.rollout_engine != "sglang" or url is not None):
@@ -442,7 +444,44 @@ class TrainConfig(Group):
             )
         self._check_placement()
         self._check_gpus()
+        self._check_tensor_sync()
         return self
+
+    def _check_tensor_sync(self) -> None:
+        """``--weight-sync tensor`` hands the weights over by handle: every server must be
+        on the GPU (or CPU machine) of a trainer rank that holds all the weights."""
+        engine, p = self.engine, self.placement
+        if engine.weight_sync != "tensor":
+            return
+        if not self.uses_ray:
+            server = self.server_device()
+            if server is not None and server != self.model.device:
+                raise ConfigError(
+                    f"--weight-sync tensor hands the weights to a server on the trainer's "
+                    f"device ({self.model.device}), but the server is on {server}: drop "
+                    "--rollout-device, or use --weight-sync distributed or disk"
+                )
+            return
+        if not p.colocate:
+            raise ConfigError(
+                "--weight-sync tensor on Ray hands each engine the weights from the trainer "
+                "rank on its GPU: it needs --colocate (engines on GPUs of their own: "
+                "--weight-sync distributed or disk)"
+            )
+        if self.parallel.backend == "megatron":
+            raise ConfigError(
+                "--weight-sync tensor with --backend megatron: megatron's ranks hold shards "
+                "and gather the weights on rank 0, so no rank can hand them to the engine on "
+                "its GPU; use --weight-sync distributed or disk"
+            )
+        rollout = p.rollout_num_gpus if p.rollout_num_gpus is not None else self.trainer_ranks
+        if rollout > self.trainer_ranks or engine.rollout_num_gpus_per_engine > 1:
+            raise ConfigError(
+                f"--weight-sync tensor needs a trainer rank on every engine's GPU, one GPU "
+                f"per engine: --rollout-num-gpus {rollout} (per engine "
+                f"{engine.rollout_num_gpus_per_engine}) against {self.trainer_ranks} trainer "
+                "GPUs; use --weight-sync disk"
+            )
 
     @property
     def trainer_ranks(self) -> int:

@@ -129,6 +129,8 @@ async def _engine_actors(
     async with group:
         if engine.weight_sync == "disk":
             sync = group.weight_sync("disk", directory=weights_dir)
+        elif engine.weight_sync == "tensor":
+            sync = group.weight_sync("tensor")
         else:
             sync = group.weight_sync(
                 "distributed",
@@ -214,11 +216,14 @@ async def server_sync(
     config: TrainConfig, client: Any, weights_dir: Path
 ) -> AsyncIterator[WeightSync]:
     """How a server gets the trainer's weights (``--weight-sync``)."""
-    from trainer._sync import DiskSync, DistributedSync
+    from trainer._sync import DiskSync, DistributedSync, TensorSync
 
     engine = config.engine
     if engine.weight_sync == "disk":
         yield DiskSync([client], weights_dir)
+        return
+    if engine.weight_sync == "tensor":
+        yield TensorSync([client], api_key=engine.api_key())
         return
     backend = config.weight_sync_backend()
     print(

@@ -1,6 +1,6 @@
 """Weight sync: after each update, the engines generate with the trainer's new weights.
 
-Three ways, one interface (``await sync(backend, version)``):
+Four ways, one interface (``await sync(backend, version)``):
 
 * :class:`InProcessSync` -- the embedded :class:`~agentenv.engine.Engine` in this process
   receives the HF-named tensors directly (a copy between two decode steps).
@@ -10,6 +10,8 @@ Three ways, one interface (``await sync(backend, version)``):
 * :class:`DistributedSync` -- the trainer broadcasts the tensors to every server over a
   process group of their own (SGLang's ``/update_weights_from_distributed``; NCCL between
   GPUs, gloo on CPU): no disk, and the servers may be on other machines.
+* :class:`TensorSync` -- servers on the trainer's own GPU map its tensors by handle
+  (SGLang's ``/update_weights_from_tensor``; CUDA IPC, shared memory on CPU): colocated.
 
 Either way the new weight version (the trainer's step) is stamped on every token generated
 afterwards, so samples say which policy produced them.
@@ -21,22 +23,18 @@ import contextlib
 import functools
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 
 from agentenv import ClosedResourceError, ConfigError
 from trainer._backend import Backend
-from trainer._files import free_port, replace_dir
+from trainer._files import replace_dir
+from trainer._sender import LocalSender, TensorMeta, WeightSender
 
-if TYPE_CHECKING:
-    import torch
-
-    from agentenv.engine import WeightUpdateGroup
-
-__all__ = ["DiskSync", "DistributedSync", "InProcessSync", "WeightSync"]
+__all__ = ["DiskSync", "DistributedSync", "InProcessSync", "TensorSync", "WeightSync"]
 
 
 class WeightSync(Protocol):
@@ -95,14 +93,61 @@ async def _load(client: Any, path: str, version: str) -> None:
     await client.update_weights_from_disk(path, weight_version=version)
 
 
+class TensorSync:
+    """Hands the weights to servers on the trainer's own GPU (or, on CPU, its machine) by
+    handle, SGLang's ``/update_weights_from_tensor``: no disk, no broadcast, no copy
+    beyond the server's own into its weights. For colocated engines (``--colocate``).
+
+    ``senders(backend, clients)`` says which of the backend's weight senders serves which
+    servers (default: the backend's one sender serves them all); on Ray each engine gets
+    the weights from the trainer rank on its GPU.
+
+    Args:
+        clients: :class:`~agentenv.sglang.SGLangClient` s of servers that can map the
+            trainer's memory (the same GPU, or the same machine on CPU).
+        api_key: the servers' API key.
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[Any],
+        *,
+        api_key: str | None = None,
+        senders: Callable[[Backend, Sequence[Any]], list[tuple[WeightSender, list[Any]]]]
+        | None = None,
+    ) -> None:
+        if not clients:
+            raise ConfigError("TensorSync needs at least one client")
+        self.clients = list(clients)
+        self.api_key = api_key
+        self._senders = senders or _one_sender
+
+    async def __call__(self, backend: Backend, version: int) -> None:
+        async def post(sender: WeightSender, clients: list[Any]) -> None:
+            urls = [c.url for c in clients]
+            await anyio.to_thread.run_sync(sender.post_tensors, urls, str(version), self.api_key)
+
+        plan = self._senders(backend, self.clients)
+        await _all([functools.partial(post, sender, clients) for sender, clients in plan])
+
+
+def _one_sender(backend: Backend, clients: Sequence[Any]) -> list[tuple[WeightSender, list[Any]]]:
+    own = getattr(backend, "weight_sender", None)
+    sender = own() if own is not None else LocalSender(backend.state_dict)
+    return [(sender, list(clients))]
+
+
 class DistributedSync:
     """Broadcasts the weights to every server over a process group: SGLang's distributed
     weight update, which ``agentenv serve`` speaks too.
 
-    The first call forms the group: this process is rank 0 and hosts the rendezvous at
-    ``master_address:master_port``; server ``i`` (in ``clients`` order) joins as rank
-    ``i + 1`` of ``1 + len(clients)`` (``POST /init_weights_update_group``, sent while this
-    process waits for them). Each call then pauses generation on the servers (mode
+    The tensors leave from where the weights are, the backend's
+    :meth:`~trainer.Backend.weight_sender`: this process for a backend in it, trainer rank
+    0's actor on Ray (never through the driver). The first call forms the group: the sender
+    is rank 0 and hosts the rendezvous (at ``master_address:master_port`` in this process,
+    at its node's address on Ray); server ``i`` (in ``clients`` order) joins as rank
+    ``i + 1`` of ``1 + len(clients)`` (``POST /init_weights_update_group``, sent while the
+    sender waits for them). Each call then pauses generation on the servers (mode
     ``retract``: requests wait, none is lost), and sends the state dict in buckets of about
     ``bucket_bytes``: for each bucket it posts the names, dtypes and shapes to every server
     (``POST /update_weights_from_distributed``, stamped with the version) while a worker
@@ -161,7 +206,9 @@ class DistributedSync:
         self.group_name = group_name
         self.timeout = timeout
         self.pause = pause
-        self._group: WeightUpdateGroup | None = None
+        self._sender: WeightSender | None = None  # the backend's, and which backend
+        self._sender_of: Backend | None = None
+        self._formed = False
         self._closed = False
         self._busy = anyio.Lock()  # one sync at a time: a group's broadcasts go in order
 
@@ -178,22 +225,20 @@ class DistributedSync:
     async def _sync(self, backend: Backend, version: int) -> None:
         if self._closed:
             raise ClosedResourceError("the DistributedSync is closed")
-        state = await anyio.to_thread.run_sync(backend.state_dict)
-        if self.backend == "nccl":
-            where = {str(t.device) for t in state.values() if t.device.type != "cuda"}
-            if where:
-                raise ConfigError(
-                    f"the nccl backend broadcasts CUDA tensors, but the trainer's weights are "
-                    f"on {', '.join(sorted(where))} (use backend gloo)"
-                )
-        buckets = _buckets(state, self.bucket_bytes)
+        if self._sender is None or self._sender_of is not backend:
+            await self._teardown()  # another backend's group, if any
+            own = getattr(backend, "weight_sender", None)  # a duck-typed backend: its state_dict
+            self._sender = own() if own is not None else LocalSender(backend.state_dict)
+            self._sender_of = backend
+        sender = self._sender
+        buckets = await anyio.to_thread.run_sync(sender.prepare, self.bucket_bytes, self.backend)
         try:
-            if self._group is None:
-                self._group = await self._form()
+            if not self._formed:
+                await self._form(sender)
             if self.pause:
                 await _all([functools.partial(c.pause, "retract") for c in self.clients])
             for i, bucket in enumerate(buckets):
-                await self._send(self._group, bucket, str(version), i, len(buckets))
+                await self._send(sender, bucket, str(version), i, len(buckets))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if self.pause:
@@ -202,6 +247,8 @@ class DistributedSync:
                 # server that refused its bucket or went away.
                 await self._teardown(abort=True)
             raise
+        finally:
+            await anyio.to_thread.run_sync(sender.finish)
         if self.pause:
             await _all([c.resume for c in self.clients])
 
@@ -215,28 +262,27 @@ class DistributedSync:
             async with self._busy:
                 await self._teardown()
 
-    async def _form(self) -> WeightUpdateGroup:
-        from agentenv.engine import WeightUpdateGroup
-
-        port = self.master_port or free_port()
+    async def _form(self, sender: WeightSender) -> None:
+        address, port = await anyio.to_thread.run_sync(sender.rendezvous, self.master_address)
+        if self.master_port is not None:
+            port = self.master_port
         world = 1 + len(self.clients)
-        formed: list[WeightUpdateGroup] = []
         join = functools.partial(
-            WeightUpdateGroup.join, self.master_address, port, rank=0, world_size=world,
-            name=self.group_name, backend=self.backend, timeout=self.timeout,
-            transfer_timeout=self.timeout,
+            sender.join, address, port, world_size=world, name=self.group_name,
+            backend=self.backend, timeout=self.timeout,
         )  # fmt: skip
+        formed: list[bool] = []
 
         async def own() -> None:
             # Abandoned (it ends at its own timeout) when a server refuses to join.
-            formed.append(await anyio.to_thread.run_sync(join, abandon_on_cancel=True))
+            await anyio.to_thread.run_sync(join, abandon_on_cancel=True)
+            formed.append(True)
 
         joined: list[Any] = []  # the servers that said they joined
 
         async def invite(client: Any, rank: int) -> None:
             await client.init_weights_update_group(
-                self.master_address, port, rank, world, group_name=self.group_name,
-                backend=self.backend,
+                address, port, rank, world, group_name=self.group_name, backend=self.backend,
             )  # fmt: skip
             joined.append(client)
 
@@ -246,39 +292,32 @@ class DistributedSync:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if formed:
-                    await anyio.to_thread.run_sync(formed[0].destroy)
+                    await anyio.to_thread.run_sync(sender.destroy)
                 # Only where it was formed: a server that refused may hold another
                 # trainer's group of that name.
                 await self._leave_servers(joined)
             raise
-        return formed[0]
+        self._formed = True
 
     async def _send(
-        self,
-        group: WeightUpdateGroup,
-        bucket: list[tuple[str, torch.Tensor]],
-        version: str,
-        index: int,
+        self, sender: WeightSender, bucket: list[TensorMeta], version: str, index: int,
         count: int,
-    ) -> None:
-        names = [name for name, _ in bucket]
-        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
-        shapes = [list(t.shape) for _, t in bucket]
+    ) -> None:  # fmt: skip
         flush = index == count - 1  # the servers' caches hold old keys and values: drop once
         post = functools.partial(
-            _post, names=names, dtypes=dtypes, shapes=shapes, name=self.group_name,
-            version=version, flush=flush,
+            _post, names=[m.name for m in bucket], dtypes=[m.dtype for m in bucket],
+            shapes=[list(m.shape) for m in bucket], name=self.group_name, version=version,
+            flush=flush,
         )  # fmt: skip
         posts = [functools.partial(post, c) for c in self.clients]
-        tensors = [t for _, t in bucket]
 
         async def broadcast() -> None:
             # Abandoned when a server answers first with a refusal: this call raises the
             # server's message at once, and the broadcast ends when the group is aborted
             # (NCCL) or the servers leave it (gloo).
-            await anyio.to_thread.run_sync(_broadcast, group, tensors, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(sender.broadcast, index, abandon_on_cancel=True)
 
-        size = sum(t.numel() * t.element_size() for t in tensors) / 2**20
+        size = sum(_nbytes(m) for m in bucket) / 2**20
         try:
             with anyio.fail_after(self.timeout):
                 await _all([*posts, broadcast])
@@ -289,16 +328,17 @@ class DistributedSync:
             ) from None
 
     async def _teardown(self, *, abort: bool = False) -> None:
-        group, self._group = self._group, None
-        if group is None:
+        sender, formed = self._sender, self._formed
+        self._formed = False
+        if sender is None or not formed:
             return
 
         async def leave_here() -> None:
             if abort:
-                await anyio.to_thread.run_sync(group.abort)
+                await anyio.to_thread.run_sync(sender.abort)
                 return
             with anyio.move_on_after(self.timeout):
-                await anyio.to_thread.run_sync(group.destroy, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(sender.destroy, abandon_on_cancel=True)
 
         # Both ends at once: NCCL's communicator shutdown may wait for every rank.
         async with anyio.create_task_group() as tg:
@@ -312,30 +352,13 @@ class DistributedSync:
         await _settle([leave(c) for c in clients], self.timeout)
 
 
-def _buckets(
-    tensors: Mapping[str, torch.Tensor], limit: int
-) -> list[list[tuple[str, torch.Tensor]]]:
-    """``tensors`` in order, cut into runs of at most ``limit`` bytes (a larger tensor goes
-    alone). A tensor that is a view of one already taken (tied embeddings: ``lm_head.weight``)
-    is left out: the servers tie it themselves."""
-    out: list[list[tuple[str, torch.Tensor]]] = []
-    seen: set[tuple[Any, ...]] = set()
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in tensors.items():
-        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-        if t.numel() and key in seen:
-            continue
-        seen.add(key)
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > limit:
-            out.append(bucket)
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        out.append(bucket)
-    return out
+def _nbytes(meta: TensorMeta) -> int:
+    import torch
+
+    n = 1
+    for d in meta.shape:
+        n *= d
+    return n * getattr(torch, meta.dtype).itemsize  # type: ignore[no-any-return]
 
 
 async def _post(
@@ -351,12 +374,6 @@ async def _post(
     await client.update_weights_from_distributed(
         names, dtypes, shapes, group_name=name, weight_version=version, flush_cache=flush
     )
-
-
-def _broadcast(group: WeightUpdateGroup, tensors: list[torch.Tensor]) -> None:
-    if group.backend == "gloo":
-        tensors = [t.detach().to("cpu") for t in tensors]
-    group.broadcast([t.detach().contiguous() for t in tensors])
 
 
 async def _all(calls: Sequence[Callable[[], Awaitable[object]]]) -> None:

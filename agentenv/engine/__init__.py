@@ -2,11 +2,14 @@
 
 ``Engine``, ``EngineServer`` and ``WeightUpdateGroup`` (one rank of the process group that
 carries SGLang's distributed weight updates) import torch, so they load on first use:
-resolving a model name (``resolve_model``) stays light.
+resolving a model name (``resolve_model``) stays light, and so does importing
+``serialize_named_tensors`` / ``load_named_tensors`` (SGLang's ``/update_weights_from_tensor``
+payload; they import torch when called).
 """
 
 from typing import TYPE_CHECKING, Any
 
+from agentenv.engine._ipc import load_named_tensors, serialize_named_tensors
 from agentenv.engine._models import SMOLLM2_NAME, cache_dir, resolve_model
 
 if TYPE_CHECKING:
@@ -21,7 +24,9 @@ __all__ = [
     "EngineServer",
     "WeightUpdateGroup",
     "cache_dir",
+    "load_named_tensors",
     "resolve_model",
+    "serialize_named_tensors",
 ]
 
 

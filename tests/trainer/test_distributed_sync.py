@@ -21,7 +21,7 @@ from agentenv.engine import Engine, EngineServer
 from agentenv.sglang import SGLangClient, SGLangError
 from tests.trainer.test_loop import tiny_llama
 from trainer import DistributedSync, OptimConfig, TorchBackend, TrainConfig
-from trainer._sync import _buckets
+from trainer._sender import buckets as _buckets
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -28,6 +28,7 @@ from trainer.distributed._engine_group import (
 from trainer.distributed._engine_hooks import EngineHooks
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
+from trainer.distributed._sender import RankSender
 
 if typing.TYPE_CHECKING:
     from trainer.distributed._trainer import TorchRank, TrainerGroup
@@ -46,6 +47,7 @@ __all__ = [
     "Placement",
     "PlacementTimeoutError",
     "RankGroup",
+    "RankSender",
     "Ranks",
     "Rendezvous",
     "TorchRank",

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agentenv import Completion, SamplingParams
     from agentenv.sglang import Launcher, SGLangClient
     from trainer._backend import Backend
+    from trainer._sender import WeightSender
     from trainer._sync import WeightSync
 
 __all__ = ["EngineGroup", "EngineGroupError", "EngineSlot", "EngineStatistics"]
@@ -426,9 +427,16 @@ class EngineGroup:
                 if not m.routed and not m.dead:
                     await self._route(m)
 
+    def bundle_of(self, client: SGLangClient) -> int | None:
+        """The placement bundle of the engine ``client`` talks to (None: not placed)."""
+        for m in self._members:
+            if m.client is client and self.slots is not None:
+                return self.slots[m.index].bundle_index
+        return None
+
     def weight_sync(
         self,
-        kind: Literal["disk", "distributed"],
+        kind: Literal["disk", "distributed", "tensor"],
         *,
         directory: str | Path | None = None,
         backend: Literal["nccl", "gloo"] = "nccl",
@@ -439,10 +447,12 @@ class EngineGroup:
     ) -> GroupSync:
         """A :class:`~trainer.WeightSync` (``await sync(backend, version)``) into every
         engine: ``disk`` saves under ``directory`` (shared by every node) and has each
-        engine load it; ``distributed`` broadcasts from this process (rank 0) over
-        ``backend``. A sync that fails because an engine died is retried ``retries`` times
-        once the engine is replaced; a replaced engine gets the last weights from disk at
-        once, or, distributed, with the next sync."""
+        engine load it; ``distributed`` broadcasts from the backend's weight sender
+        (trainer rank 0's actor on Ray) over ``backend``; ``tensor`` hands each engine the
+        weights by handle from the trainer rank on its GPU (``--colocate``). A sync that
+        fails because an engine died is retried ``retries`` times once the engine is
+        replaced; a replaced engine gets the last weights from disk at once, or, otherwise,
+        with the next sync."""
         return GroupSync(
             self, kind, directory=directory, backend=backend, master_address=master_address,
             bucket_bytes=bucket_bytes, timeout=timeout, retries=retries,
@@ -643,7 +653,7 @@ class GroupSync:
     def __init__(
         self,
         group: EngineGroup,
-        kind: Literal["disk", "distributed"],
+        kind: Literal["disk", "distributed", "tensor"],
         *,
         directory: str | Path | None,
         backend: Literal["nccl", "gloo"],
@@ -652,8 +662,8 @@ class GroupSync:
         timeout: float,
         retries: int,
     ) -> None:
-        if kind not in ("disk", "distributed"):
-            raise ConfigError(f"kind must be disk or distributed, got {kind!r}")
+        if kind not in ("disk", "distributed", "tensor"):
+            raise ConfigError(f"kind must be disk, distributed or tensor, got {kind!r}")
         if kind == "disk" and directory is None:
             raise ConfigError("a disk weight sync needs a directory that every node sees")
         if retries < 0:
@@ -702,7 +712,10 @@ class GroupSync:
         )  # fmt: skip
 
     async def _sync_for(self, clients: list[SGLangClient]) -> WeightSync:
-        from trainer._sync import DiskSync, DistributedSync
+        from trainer._sync import DiskSync, DistributedSync, TensorSync
+
+        if self.kind == "tensor":
+            return TensorSync(clients, api_key=self.group.api_key, senders=self._colocated)
 
         if self.kind == "disk":
             assert self.directory is not None
@@ -719,6 +732,31 @@ class GroupSync:
             )  # fmt: skip
             self._targets = list(clients)
         return self._inner  # type: ignore[no-any-return]
+
+    def _colocated(
+        self, backend: Backend, clients: Sequence[SGLangClient]
+    ) -> list[tuple[WeightSender, list[SGLangClient]]]:
+        """Each engine's weights from the trainer rank in its (first) bundle."""
+        rank_on = getattr(backend, "rank_on", None)
+        if rank_on is None:
+            raise ConfigError(
+                f"a tensor weight sync hands the weights over from the trainer rank on each "
+                f"engine's GPU, but {type(backend).__name__} has no ranks on the placement "
+                "(the torch backend's ranks on Ray have); use --weight-sync disk"
+            )
+        plan: dict[int, list[SGLangClient]] = {}
+        for client in clients:
+            bundle = self.group.bundle_of(client)
+            rank = None if bundle is None else rank_on(bundle)
+            if rank is None:
+                raise ConfigError(
+                    f"the engine at {client.url} shares no GPU with a trainer rank (bundle "
+                    f"{bundle}): a tensor weight sync needs --colocate with no more engine "
+                    "GPUs than trainer GPUs; use --weight-sync disk"
+                )
+            plan.setdefault(rank, []).append(client)
+        sender_of: Any = backend.weight_sender  # the ranks': one per rank
+        return [(sender_of(rank), mine) for rank, mine in sorted(plan.items())]
 
     async def _drop(self) -> None:
         if self.kind == "distributed" and self._inner is not None:

@@ -112,6 +112,7 @@ class RankActor:
 
     def __init__(self) -> None:
         self.worker: Any = None
+        self.sender: Any = None  # the rank's weight sender, made at its first use
 
     def address(self) -> tuple[str, int]:
         """This node's address and a port free on it (rank 0 publishes these)."""
@@ -137,6 +138,18 @@ class RankActor:
         if method.__qualname__.endswith("." + name) and "<locals>" not in method.__qualname__:
             return getattr(self.worker, name)(*args, **kwargs)
         return method(self.worker, *args, **kwargs)
+
+    def weights(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of this rank's weight sender (:class:`trainer._sender.LocalSender`
+        over the worker's ``state_dict``): the weights leave from here. ``rendezvous``:
+        this node's address and a free port."""
+        if op == "rendezvous":
+            return self.address()
+        if self.sender is None:
+            from trainer._sender import LocalSender
+
+            self.sender = LocalSender(self.worker.state_dict)
+        return getattr(self.sender, op)(*args, **kwargs)
 
     def pid(self) -> int:
         import os
@@ -180,8 +193,11 @@ class RankGroup(Generic[V]):
         kind = device or ("cuda" if placed.placement.gpus else "cpu")
         self.bundles: tuple[Bundle, ...] = placed.trainer
         remote: Any = ray.remote(RankActor)
+        # Two threads: a weight broadcast waiting on a server can be aborted by a second
+        # call (the driver makes one call at a time otherwise).
         self.actors: list[Any] = [
-            remote.options(**placed.actor_options(b)).remote() for b in self.bundles
+            remote.options(max_concurrency=2, **placed.actor_options(b)).remote()
+            for b in self.bundles
         ]
         try:
             host, port = ray.get(self.actors[0].address.remote(), timeout=start_timeout)
@@ -236,6 +252,31 @@ class RankGroup(Generic[V]):
             for a, (args, kwargs) in zip(self.actors, per_rank, strict=True)
         ]
         return self._wait(refs, timeout=timeout, doing=f"running {name}")
+
+    def weights(self, op: str, *args: Any, on: Sequence[int] = (0,), **kwargs: Any) -> Any:
+        """``op(*args, **kwargs)`` of the weight sender of each rank of ``on``
+        (:meth:`RankActor.weights`);
+        the first's result. The sender's own errors (a server that refused the weights,
+        a broadcast that timed out) are raised as they are and leave the ranks running;
+        a rank that died stops the group."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if self._closed:
+            raise ClosedResourceError(f"cannot send the weights ({op}): the ranks were closed")
+        refs = [self.actors[r].weights.remote(op, args, kwargs) for r in on]
+        out = []
+        for rank, ref in zip(on, refs, strict=True):
+            try:
+                out.append(self._ray.get(ref))
+            except RayTaskError as e:
+                cause = e.cause if isinstance(e.cause, BaseException) else e
+                raise cause from None
+            except RayActorError as e:
+                self._kill()
+                raise TrainerRankError(
+                    rank, self.where(rank), f"died sending the weights ({type(e).__name__})"
+                ) from None
+        return out[0] if out else None
 
     def _wait(self, refs: list[Any], *, timeout: float | None, doing: str) -> list[Any]:
         """Every result; the first rank to fail decides: bad input (every rank's

@@ -27,6 +27,7 @@ from trainer._losses import LossConfig
 from trainer._precision import resolve_precision
 from trainer._torch import TorchBackend
 from trainer.distributed._ranks import RankGroup, Rendezvous
+from trainer.distributed._sender import RankSender
 
 if TYPE_CHECKING:
     from trainer.distributed._placement import Placed
@@ -159,6 +160,18 @@ class TrainerGroup(Backend):
         return self.ranks.call_each(
             _on_rank0, [((method, args), {})] + [idle] * (self.world_size - 1)
         )[0]
+
+    def weight_sender(self, rank: int = 0) -> RankSender:
+        """Rank ``rank``'s weight sender: weight updates leave from its actor (every rank
+        holds the same weights)."""
+        return RankSender(self.ranks, rank)
+
+    def rank_on(self, bundle_index: int) -> int | None:
+        """The rank in placement bundle ``bundle_index`` (None: no rank there)."""
+        for rank, bundle in enumerate(self.ranks.bundles):
+            if bundle.index == bundle_index:
+                return rank
+        return None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's HF-named weights (on CPU)."""

@@ -43,6 +43,7 @@ from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 
 if TYPE_CHECKING:
+    from trainer._sender import WeightSender
     from trainer.distributed import Placed
 
 __all__ = ["Launcher", "MegatronBackend", "launch_ranks", "ray_launcher"]
@@ -212,6 +213,15 @@ class MegatronBackend(Backend):
         """HF-named weights, merged from megatron's layout (vocabulary padding stripped);
         gathered on rank 0."""
         return self.ranks.call(MegatronWorker.state_dict)
+
+    def weight_sender(self) -> WeightSender:
+        """Ranks on Ray: the weights are gathered on rank 0 (a collective of every rank)
+        and leave from its actor; one rank here: from this process."""
+        from trainer.distributed import RankGroup, RankSender
+
+        if isinstance(self.ranks, RankGroup):
+            return RankSender(self.ranks, 0, collective=True)
+        return super().weight_sender()
 
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
         self.ranks.call(MegatronWorker.save_hf, directory)

@@ -16,8 +16,7 @@ import anyio
 import pytest
 import torch
 
-from agentenv.engine import Engine, EngineServer
-from agentenv.engine._ipc import load_named_tensors, serialize_named_tensors
+from agentenv.engine import Engine, EngineServer, load_named_tensors, serialize_named_tensors
 from agentenv.sglang import SGLangClient, SGLangError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

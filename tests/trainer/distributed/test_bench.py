@@ -63,3 +63,7 @@ def test_the_quick_bench_reports_every_measurement(capsys: pytest.CaptureFixture
     assert sync["engines"] == 2 and sync["parameters"] > 0
     for kind in ("disk", "distributed"):
         assert len(sync[kind]["s"]) == 1 and sync[kind]["median_s"] > 0
+    colocated = result["sync_colocated"]
+    assert colocated["engines"] == 2 and colocated["trainer_ranks"] == 2
+    for kind in ("disk", "tensor"):
+        assert len(colocated[kind]["s"]) == 1 and colocated[kind]["median_s"] > 0

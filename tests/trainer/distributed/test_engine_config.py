@@ -45,3 +45,22 @@ def test_sglang_engines_pass_the_sglang_flags_and_their_tp_size() -> None:
 def test_the_embedded_engine_is_refused() -> None:
     with pytest.raises(ConfigError, match="need --rollout-engine serve or sglang"):
         engine_spec(TrainConfig(env="x"))
+
+
+def test_a_tensor_weight_sync_needs_a_trainer_rank_on_every_engines_gpu() -> None:
+    base = dict(env="x", rollout_engine="serve", weight_sync="tensor", device="cpu")
+    TrainConfig(**base, colocate=True, actor_num_gpus_per_node=2)  # engines on both ranks
+    TrainConfig(**base)  # one process: the launched server on the trainer's device
+    refusals = {
+        "needs --colocate": dict(rollout_num_gpus=1),
+        "but the server is on cpu:1": dict(rollout_device="cpu:1"),
+        r"--rollout-num-gpus 3 \(per engine 1\) against 2 trainer GPUs": dict(
+            colocate=True, actor_num_gpus_per_node=2, rollout_num_gpus=3
+        ),
+        "needs servers": dict(rollout_engine="embedded"),
+    }
+    for message, extra in refusals.items():
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(**{**base, **extra})
+    with pytest.raises(ConfigError, match="megatron's ranks hold shards"):
+        TrainConfig(**base, colocate=True, backend="megatron", actor_num_gpus_per_node=2)
