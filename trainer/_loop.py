@@ -318,6 +318,9 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         "rollout/completion_tokens": float(rounds.completion_tokens),
         "rollout/peak_requests": float(rounds.peak_requests),
         "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
+        # The oldest policy that generated a token of the batch (-1: none was stamped with
+        # a version of the trainer's, e.g. an engine that never got the trainer's weights).
+        "rollout/weight_version_min": float(min(versions)) if versions else -1.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
     }
 

@@ -223,6 +223,12 @@ async def server_sync(
         yield DiskSync([client], weights_dir)
         return
     if engine.weight_sync == "tensor":
+        print(
+            "weight sync: handed to the server by handle on the trainer's device "
+            "(/update_weights_from_tensor)",
+            file=sys.stderr,
+            flush=True,
+        )
         yield TensorSync([client], api_key=engine.api_key())
         return
     backend = config.weight_sync_backend()

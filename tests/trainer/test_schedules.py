@@ -202,6 +202,26 @@ def test_agentenv_train_with_a_config_file_a_served_engine_and_tensorboard(
     assert not (tmp_path / "run" / "weights").exists()  # the sync directories are gone
 
 
+def test_a_served_engine_on_the_trainers_device_gets_the_weights_by_handle(
+    model: Path, tmp_path: Path
+) -> None:
+    out = _train(
+        "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
+        "--rollout-engine", "serve", "--weight-sync", "tensor", "--num-rollout", "3",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "4", "--n-eval", "0", "--save", str(tmp_path / "run"),
+        "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "/update_weights_from_tensor" in out.stderr
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # Each step's samples came from the weights of the step before (the sync schedule).
+    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 0.0, 0.0]
+    assert [m["rollout/weight_version_min"] for m in metrics] == [0.0, 1.0, 2.0]
+    assert all(m["time_sync_s"] > 0 for m in metrics)
+    assert not (tmp_path / "run" / "weights").exists()  # nothing went through the disk
+
+
 def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     model: Path, tmp_path: Path
 ) -> None:
