@@ -129,6 +129,9 @@ class RolloutConfig:
             name), e.g. Qwen3's ``{"enable_thinking": False}``; an environment's own
             ``chat_template_kwargs`` are laid over them.
         progress: show a progress bar on stderr (``None``: when stderr is a terminal).
+        run_id: names the run's groups (``{task id}@{run_id}``); default a random one. The
+            same ``run_id`` and ``seed`` play the same groups again -- what a round re-run
+            after its worker died gives, so the Buffer can take each group once.
     """
 
     n_samples_per_prompt: int = 1
@@ -139,6 +142,7 @@ class RolloutConfig:
     on_history_rewrite: HistoryPolicy = "new_sample"
     chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     progress: bool | None = None
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         kwargs = check_template_kwargs(self.chat_template_kwargs)
@@ -389,7 +393,7 @@ async def run_rollouts(
         dupes = sorted(k for k, v in Counter(ids).items() if v > 1)[:5]
         raise ConfigError(f"task ids must be unique within a run; duplicated: {dupes}")
     n = config.n_samples_per_prompt
-    run = uuid.uuid4().hex[:8]
+    run = config.run_id or uuid.uuid4().hex[:8]
     groups = [_Group(task, f"{task.id}@{run}", n) for task in tasks]
     stats = RolloutStats()
     start = time.perf_counter()

@@ -324,6 +324,28 @@ class PlacementConfig(Group):
         "placement's resources before the run stops, saying what it asked for and what the "
         "cluster has", gt=0.0,
     )  # fmt: skip
+    rollout_num_workers: int = setting(
+        "--rollout-num-workers", 0, "rollout workers: CPU-only Ray actors, spread over the "
+        "nodes, that run the environments and put their groups into the run's Buffer "
+        "(served by the driver); 0: the episodes run in the driver", ge=0,
+    )  # fmt: skip
+    rollout_num_cpus_per_worker: float = setting(
+        "--rollout-num-cpus-per-worker", 1.0, "CPUs each rollout worker asks Ray for", gt=0.0,
+    )  # fmt: skip
+    rollout_worker_resource: str | None = setting(
+        "--rollout-worker-resource", None, "a custom Ray resource every rollout worker also "
+        "asks for one of (e.g. sandbox: workers only on the nodes started with "
+        "--resources '{\"sandbox\": N}')", metavar="NAME",
+    )  # fmt: skip
+    rollout_worker_retries: int = setting(
+        "--rollout-worker-retries", 2, "times a part of a round is played again on another "
+        "worker after its worker died (then its groups are failed samples saying so)", ge=0,
+    )  # fmt: skip
+    rollout_worker_max_rss_mb: float | None = setting(
+        "--rollout-worker-max-rss-mb", None, "a rollout worker whose process grows beyond "
+        "this many MB (an environment that leaks) is replaced after the round", gt=0.0,
+        metavar="MB",
+    )  # fmt: skip
 
     @pydantic.field_validator("ray_address")
     @classmethod
@@ -497,6 +519,7 @@ class TrainConfig(Group):
             p.ray_address is not None
             or p.rollout_num_gpus is not None
             or p.colocate
+            or p.rollout_num_workers > 0
             or self.trainer_ranks > 1
         )
 
@@ -522,6 +545,12 @@ class TrainConfig(Group):
             )
         if not self.uses_ray:
             return
+        if p.rollout_num_workers and p.rollout_num_gpus is None and engine.rollout_url is None:
+            raise ConfigError(
+                f"--rollout-num-workers {p.rollout_num_workers}: the workers generate through "
+                "servers they reach over the network -- engines placed on Ray "
+                "(--rollout-num-gpus, behind the router) or a running server (--rollout-url)"
+            )
         device = self.model.device
         if device.startswith("cuda:"):
             raise ConfigError(

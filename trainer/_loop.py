@@ -75,6 +75,7 @@ async def run_grpo(
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
     hooks: StepHooks | None = None,
+    workers: Any = None,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (any generator:
     an embedded :class:`~agentenv.engine.Engine` or an
@@ -95,6 +96,8 @@ async def run_grpo(
     ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
     that a report's file writes do not hold up the episodes in flight. ``hooks`` run around
     each step's training (:class:`StepHooks`), and their metrics join the step's.
+    ``workers`` (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray
+    instead of this process: the Buffer is served to them, they put the groups.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -121,7 +124,11 @@ async def run_grpo(
     # The producer runs in a task group: an error of its own or of a step surfaces as
     # itself (a ConfigError found at run time reads like one found before the start).
     with _lone_error():
-        async with Buffer(config.buffer_config()) as buffer, anyio.create_task_group() as tg:
+        async with contextlib.AsyncExitStack() as stack:
+            buffer = await stack.enter_async_context(Buffer(config.buffer_config()))
+            if workers is not None:
+                await stack.enter_async_context(workers.serving(buffer))
+            tg = await stack.enter_async_context(anyio.create_task_group())
             writer = CheckpointWriter(tg)
             await buffer.set_policy_version(first)
             producer = Producer(
@@ -129,6 +136,7 @@ async def run_grpo(
                 round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
                 sampling=config.sampling, concurrency=concurrency, seed=config.seed,
                 max_rounds=config.max_rounds, chat_template_kwargs=config.chat_template_kwargs,
+                players=workers,
             )  # fmt: skip
             if config.schedule == "async":
                 tg.start_soon(producer.run_forever, first)
@@ -172,6 +180,7 @@ async def run_grpo(
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
                     **_peak_memory(backend.device),
                     **(hooks.metrics() if hooks is not None else {}),
+                    **(workers.metrics() if workers is not None else {}),
                 )
                 if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                     held_out = await evaluate()

@@ -115,6 +115,7 @@ class Producer:
         seed: int,
         max_rounds: int = 8,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        players: Any = None,
     ) -> None:
         self.env, self.stream, self.tokenizer = env, stream, tokenizer
         self.policy = _InFlight(policy, self)
@@ -126,6 +127,9 @@ class Producer:
         self.seed = seed
         self.max_rounds = max_rounds
         self.chat_template_kwargs: Mapping[str, Any] = chat_template_kwargs or {}
+        # Rollout workers (trainer.distributed.RolloutWorkers) that play the rounds and put
+        # their groups into the Buffer themselves; None: the rounds run here.
+        self.players = players
         self.stats = RoundStats()
         self.groups_per_prompt = 1  # the Buffer keeps one group per role of an episode
         self.first_put = anyio.Event()
@@ -166,22 +170,28 @@ class Producer:
         if self._running == 0:
             self._busy_since = time.perf_counter()
         self._running += 1
+        config = RolloutConfig(
+            n_samples_per_prompt=self.n_samples_per_prompt,
+            sampling=self.sampling,
+            concurrency=self.concurrency,
+            seed=seed,
+            chat_template_kwargs=self.chat_template_kwargs,
+            progress=False,
+        )
         try:
-            result = await run_rollouts(
-                self.env,
-                tasks,
-                self.policy,
-                tokenizer=self.tokenizer,
-                sink=round_sink,
-                config=RolloutConfig(
-                    n_samples_per_prompt=self.n_samples_per_prompt,
-                    sampling=self.sampling,
-                    concurrency=self.concurrency,
-                    seed=seed,
-                    chat_template_kwargs=self.chat_template_kwargs,
-                    progress=False,
-                ),
-            )
+            if self.players is None:
+                result = await run_rollouts(
+                    self.env, tasks, self.policy, tokenizer=self.tokenizer, sink=round_sink,
+                    config=config,
+                )  # fmt: skip
+            else:  # the workers put the groups; the round's name (its seed) makes a re-run's
+                # groups the same groups, which the Buffer takes once
+                played = await self.players.play(tasks, config)
+                result = played.stats
+                round_sink.put += played.groups_put
+                self.groups_per_prompt = max(self.groups_per_prompt, played.roles)
+                if played.groups_put:
+                    self.first_put.set()
         finally:
             self._running -= 1
             if self._running == 0:

@@ -123,9 +123,15 @@ async def _engine_actors(
         file=sys.stderr,
         flush=True,
     )
+    router_host = "127.0.0.1"
+    if config.placement.rollout_num_workers:  # rollout workers on other nodes reach it
+        from trainer.distributed import node_address
+
+        router_host = node_address()
     group = EngineGroup(
-        spec, len(slots), slots=slots, router_args=engine.router_args, api_key=engine.api_key()
-    )
+        spec, len(slots), slots=slots, router_args=engine.router_args, api_key=engine.api_key(),
+        router_host=router_host,
+    )  # fmt: skip
     async with group:
         if engine.weight_sync == "disk":
             sync = group.weight_sync("disk", directory=weights_dir)
@@ -139,6 +145,45 @@ async def _engine_actors(
                 bucket_bytes=engine.update_weight_buffer_size,
             )
         yield group, sync
+
+
+def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrency: int) -> Any:
+    """The run's rollout workers (:class:`~trainer.distributed.RolloutWorkers`,
+    ``--rollout-num-workers``), generating through ``policy``'s router or server; None
+    without them."""
+    p = config.placement
+    if not p.rollout_num_workers:
+        return None
+    from agentenv import ConfigError
+    from trainer.distributed import RolloutWorkers, WorkerSpec
+
+    url = getattr(policy, "router_url", None) or getattr(policy, "url", None)
+    if not isinstance(url, str):
+        raise ConfigError(
+            "rollout workers generate through a server they reach over the network; this "
+            f"run's policy is a {type(policy).__name__}"
+        )
+    resources = {p.rollout_worker_resource: 1.0} if p.rollout_worker_resource else {}
+    from agentenv.engine import resolve_model
+
+    spec = WorkerSpec(
+        config.data.env, dict(config.data.env_args), str(resolve_model(config.model.hf_checkpoint)),
+        url, chat_template=config.data.apply_chat_template, api_key=config.engine.api_key(),
+        concurrency=concurrency,
+        num_cpus=p.rollout_num_cpus_per_worker, resources=resources,
+        max_worker_rss_mb=p.rollout_worker_max_rss_mb,
+    )  # fmt: skip
+    print(
+        f"starting {p.rollout_num_workers} rollout worker(s) on Ray "
+        f"({p.rollout_num_cpus_per_worker:g} CPU each"
+        f"{', 1 ' + p.rollout_worker_resource if p.rollout_worker_resource else ''})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return RolloutWorkers(
+        spec, p.rollout_num_workers, max_task_retries=p.rollout_worker_retries,
+        start_timeout=p.placement_timeout,
+    )  # fmt: skip
 
 
 def engine_hooks(config: TrainConfig, policy: Any) -> StepHooks | None:

@@ -24,7 +24,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from trainer._evaluation import Evaluator
     from trainer._loop import run_grpo
     from trainer._reporting import Reporter, plot, summary
-    from trainer._servers import engine_dtypes, engine_hooks, rollout_concurrency, rollout_engine
+    from trainer._servers import (
+        engine_dtypes,
+        engine_hooks,
+        rollout_concurrency,
+        rollout_engine,
+        rollout_workers,
+    )
     from trainer._setup import (
         build_backend,
         checkpoint_dir,
@@ -59,6 +65,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 save_interval=config.checkpoint.save_interval,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
                 hooks=engine_hooks(config, policy),
+                workers=rollout_workers(config, tokenizer, policy, n),
             )  # fmt: skip
             after = await evaluate(policy, n)
             report.held_out("after", after, n_eval)

@@ -271,10 +271,10 @@ class Buffer:
         # written, cancelling the caller must not leave them stored but not ready.
         with anyio.CancelScope(shield=True):
             new = await self._commit(records, [])
-            self._stats.in_flight = max(0, self._stats.in_flight - 1)
-            if not any(new):
+            if not any(new):  # a group re-put (a retried round): its reservation went already
                 self._stats.duplicate_groups += 1
                 return
+            self._stats.in_flight = max(0, self._stats.in_flight - 1)
             self._stats.groups_put += 1
             self._stats.samples_put += n_samples
             for record, is_new in zip(records, new, strict=True):

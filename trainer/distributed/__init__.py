@@ -16,7 +16,7 @@ docs/distributed.md; needs the ``distributed`` extra (``ray``, ``sglang-router``
 
 import typing
 
-from trainer.distributed._cluster import connect
+from trainer.distributed._cluster import connect, node_address
 from trainer.distributed._engine_actor import EngineInfo, EngineSpec
 from trainer.distributed._engine_group import (
     EngineGroup,
@@ -29,6 +29,7 @@ from trainer.distributed._engine_hooks import EngineHooks
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 from trainer.distributed._sender import RankSender
+from trainer.distributed._workers import PlayResult, RolloutWorkers, WorkerSpec
 
 if typing.TYPE_CHECKING:
     from trainer.distributed._trainer import TorchRank, TrainerGroup
@@ -46,15 +47,19 @@ __all__ = [
     "Placed",
     "Placement",
     "PlacementTimeoutError",
+    "PlayResult",
     "RankGroup",
     "RankSender",
     "Ranks",
     "Rendezvous",
+    "RolloutWorkers",
     "TorchRank",
     "TrainerGroup",
     "TrainerRankError",
     "Worker",
+    "WorkerSpec",
     "connect",
+    "node_address",
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentenv import ConfigError
 
-__all__ = ["connect"]
+__all__ = ["connect", "node_address"]
 
 #: Seconds an address given as ``HOST:PORT`` has to accept a connection.
 ANSWER_TIMEOUT_S = 5.0
@@ -51,3 +51,11 @@ def _check_answers(address: str) -> None:
             f"({e}); start the cluster's head there (ray start --head --port {port}), pass "
             "the address `ray start` printed, or --ray-address local"
         ) from None
+
+
+def node_address() -> str:
+    """This node's address as Ray knows it (the one other nodes reach it at)."""
+    import ray
+
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return ip
