@@ -76,6 +76,7 @@ async def run_grpo(
     eval_interval: int = 0,
     hooks: StepHooks | None = None,
     workers: Any = None,
+    on_batch: Callable[[int, Batch], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (any generator:
     an embedded :class:`~agentenv.engine.Engine` or an
@@ -98,6 +99,7 @@ async def run_grpo(
     each step's training (:class:`StepHooks`), and their metrics join the step's.
     ``workers`` (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray
     instead of this process: the Buffer is served to them, they put the groups.
+    ``on_batch(step, batch)`` runs once each step's batch is acknowledged.
     """
     config = config or GRPOConfig()
     config.check_tasks(tasks)
@@ -169,6 +171,8 @@ async def run_grpo(
                 await buffer.set_policy_version(step + 1)
                 if batch is not None:
                     await buffer.ack(batch, step=step)
+                    if on_batch is not None:
+                        on_batch(step, batch)
                 t4 = time.perf_counter()
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
                 metrics.update(

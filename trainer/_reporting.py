@@ -21,10 +21,12 @@ class Reporter:
     def __init__(self, config: TrainConfig, save: Path | None, resuming: bool) -> None:
         self.total = config.rollout.num_rollout
         self.metrics_file = None
+        self.batches_file = None
         self.writer: Any = None
         self.bar: Any = None
         if save is not None:
             self.metrics_file = (save / "metrics.jsonl").open("a" if resuming else "w")
+            self.batches_file = (save / "batches.jsonl").open("a" if resuming else "w")
             if config.logging.use_tensorboard:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
@@ -82,8 +84,20 @@ class Reporter:
             why = "--n-eval 0" if n_eval == 0 else "the environment has no test tasks"
             print(f"held-out reward: skipped ({why})", file=sys.stderr, flush=True)
 
+    def batch(self, step: int, batch: Any) -> None:
+        """What step ``step`` trained on, once acknowledged: a line of ``batches.jsonl``
+        (the batch's id and its groups' ids and sample counts)."""
+        if self.batches_file is None:
+            return
+        groups = [
+            {"group": g.group_id, "role": g.role, "samples": len(g.samples)} for g in batch.groups
+        ]
+        line = {"step": step, "batch": batch.id, "groups": groups}
+        self.batches_file.write(json.dumps(line) + "\n")
+        self.batches_file.flush()
+
     def close(self) -> None:
-        for thing in (self.bar, self.metrics_file, self.writer):
+        for thing in (self.bar, self.metrics_file, self.batches_file, self.writer):
             if thing is not None:
                 thing.close()
 

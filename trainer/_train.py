@@ -65,7 +65,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 save_interval=config.checkpoint.save_interval,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
                 hooks=engine_hooks(config, policy),
-                workers=rollout_workers(config, tokenizer, policy, n),
+                workers=rollout_workers(config, tokenizer, policy, n), on_batch=report.batch,
             )  # fmt: skip
             after = await evaluate(policy, n)
             report.held_out("after", after, n_eval)
