@@ -47,10 +47,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The sandboxes' host side: Docker (started without a bridge or iptables, so containers
-# only ever have a loopback) and bubblewrap. Installs the Debian packages when missing.
+# only ever have a loopback) and bubblewrap; iproute2 for the tests' network-namespace
+# hosts. Installs the Debian packages when missing.
 sandbox-host:
-	@command -v dockerd >/dev/null && command -v bwrap >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io bubblewrap >/dev/null)
+	@command -v dockerd >/dev/null && command -v bwrap >/dev/null && command -v ip >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io bubblewrap iproute2 >/dev/null)
 	@docker version >/dev/null 2>&1 || { \
 		echo "starting dockerd --bridge=none --iptables=false (log: /var/log/agentenv-dockerd.log)"; \
 		(nohup dockerd --bridge=none --iptables=false >/var/log/agentenv-dockerd.log 2>&1 &); \
