@@ -56,7 +56,7 @@ class WorkerSpec:
     env: str
     env_args: Mapping[str, Any]
     tokenizer: str
-    policy_url: str
+    policy_url: str  # or scripted:<file> (agentenv eval's scripted models: no engine)
     chat_template: bool = True
     api_key: str | None = None
     concurrency: int = 64
@@ -118,12 +118,11 @@ class RolloutWorker:
     async def play(self, tasks: list[Task], config: RolloutConfig) -> _Part:
         from agentenv import run_rollouts
         from agentenv.buffer import BufferClient
-        from agentenv.sglang import SGLangClient
 
         start = time.perf_counter()
         sink = _CountingSink()
         async with (
-            SGLangClient(self.spec.policy_url, api_key=self.spec.api_key) as policy,
+            _policy(self.spec, self.tokenizer) as policy,
             BufferClient(self.buffer_url, token=self.buffer_token) as buffer,
         ):
             sink.inner = buffer
@@ -131,6 +130,19 @@ class RolloutWorker:
                 self.env, tasks, policy, tokenizer=self.tokenizer, sink=sink, config=config
             )
         return _Part(stats, sink.put, sink.roles, time.perf_counter() - start, _rss_mb())
+
+
+@contextlib.asynccontextmanager
+async def _policy(spec: WorkerSpec, tokenizer: Any) -> AsyncIterator[Any]:
+    if spec.policy_url.startswith("scripted:"):
+        from agentenv._policies import load_policy
+
+        yield load_policy(spec.policy_url, tokenizer=spec.tokenizer)[0]
+        return
+    from agentenv.sglang import SGLangClient
+
+    async with SGLangClient(spec.policy_url, api_key=spec.api_key) as client:
+        yield client
 
 
 def _tokenizer(spec: WorkerSpec) -> Any:

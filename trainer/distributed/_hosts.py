@@ -1,5 +1,6 @@
-"""Hosts on this one machine: each a network namespace with an address of its own on a
-private subnet, joined by a bridge in a namespace of its own (no route leaves them), and
+"""Hosts on this one machine, for tests and benches of a cluster without one: each a
+network namespace with an address of its own on a private subnet, joined by a bridge in a
+namespace of its own (no route leaves them), and
 Ray nodes started in them with ``ray start --block`` (each in a process group of its own,
 so a host's node is killed, and only it, by its process group id).
 
@@ -36,6 +37,9 @@ def available() -> str | None:
     if shutil.which("ip") is None:
         return "iproute2's ip is not installed"
     return None
+
+
+__all__ = ["CLUSTER_ENV", "Hosts", "available", "popen"]
 
 
 class Hosts:
