@@ -133,3 +133,37 @@ async def test_payloads_that_are_not_tensor_handles_are_refused(
             [serialize_named_tensors([(NORM, before)])], load_format="flattened_bucket"
         )
     assert torch.equal(_norm(engine), before)
+
+
+CUDA_SENDER = """
+import sys
+import httpx, torch
+from agentenv.engine import serialize_named_tensors
+norm = torch.full((int(sys.argv[2]),), 0.75, device="cuda", dtype=torch.bfloat16)
+body = {"serialized_named_tensors": [serialize_named_tensors([("model.norm.weight", norm)])],
+        "weight_version": "9"}
+r = httpx.post(sys.argv[1] + "/update_weights_from_tensor", json=body, timeout=120)
+print(r.status_code, r.json()["message"])
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+async def test_a_cuda_tensor_of_another_process_is_mapped_on_the_same_gpu(
+    tmp_path: Path,
+) -> None:
+    async with (
+        Engine("smollm2-135m", device="cuda", context_length=256) as engine,
+        EngineServer(engine) as server,
+        SGLangClient(server.url, retries=0) as client,
+    ):
+        size = _norm(engine).shape[0]
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+        log, err = tmp_path / "out", tmp_path / "err"
+        cmd = [sys.executable, "-c", CUDA_SENDER, server.url, str(size)]
+        with log.open("wb") as stdout, err.open("wb") as stderr, anyio.fail_after(120):
+            done = await anyio.run_process(cmd, env=env, check=False, stdout=stdout, stderr=stderr)
+        assert done.returncode == 0, err.read_text()
+        assert log.read_text().startswith("200 Succeeded"), log.read_text()
+        assert torch.equal(_norm(engine).float().cpu(), torch.full((size,), 0.75))
+        assert await client.weight_version() == "9"
