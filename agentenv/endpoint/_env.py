@@ -109,6 +109,7 @@ class AgentEnv(Environment):
         info: dict[str, JSONValue] = {
             "answer": answer,
             "calls": recorder.calls,
+            "refused_calls": recorder.refused,
             "tool_calls": recorder.tool_calls,
             "tool_call_errors": recorder.tool_call_errors,
         }

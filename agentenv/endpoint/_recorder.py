@@ -76,10 +76,11 @@ class EpisodeRecorder:
             ``max_new_tokens``) and ``stop`` always apply.
         max_turns: model turns per transcript (``None``: the episode's limit only).
 
-    Counts: ``calls``, ``tool_calls``, ``tool_call_errors`` (malformed calls from the
-    model). ``truncated`` is the reason once a call overflowed the context or the turn
-    limit; ``aborted`` once the generator aborted. After :meth:`close` every call is
-    refused (410).
+    Counts: ``calls`` (every request, refused ones too), ``refused`` (answered with an
+    error), ``tool_calls``, ``tool_call_errors`` (malformed calls from the model).
+    ``truncated`` is the reason once a call overflowed the context or the turn limit;
+    ``aborted`` once the generator aborted. After :meth:`close` every call is refused
+    (410).
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class EpisodeRecorder:
         self.request_sampling = request_sampling
         self.max_turns = max_turns
         self.calls = 0
+        self.refused = 0
         self.tool_calls = 0
         self.tool_call_errors = 0
         self.truncated: str | None = None
@@ -121,7 +123,6 @@ class EpisodeRecorder:
                 "this episode has ended; its endpoint takes no more calls",
                 code="episode_ended",
             )
-        self.calls += 1
         messages = self._template_messages(call)
         thread, mode = self._match(call)
         if thread is not None:

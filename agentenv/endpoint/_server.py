@@ -55,6 +55,7 @@ async def _answer(
     request: Request, recorder: EpisodeRecorder, model: str
 ) -> Response | StreamingResponse:
     """One chat completion through ``recorder``, as a response or an SSE stream."""
+    recorder.calls += 1
     try:
         try:
             body = request.json()
@@ -63,6 +64,7 @@ async def _answer(
         call = parse_chat(body)
         reply = await recorder.complete(call)
     except ChatError as e:
+        recorder.refused += 1
         return e.to_response()
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     name = call.model or model
