@@ -4,7 +4,9 @@
     agentenv eval --env arithmetic --model http://127.0.0.1:30000
 
 Any SGLang client works against it (``/generate``, ``/health``, ``/abort_request``,
-``/update_weights_from_disk``, ...). It binds to 127.0.0.1 unless told otherwise and runs
+``/update_weights_from_disk``, ...), and so does an OpenAI client: it serves
+``/v1/chat/completions`` and ``/v1/models`` as SGLang does (base URL
+``http://HOST:PORT/v1``). It binds to 127.0.0.1 unless told otherwise and runs
 until Ctrl-C (or SIGTERM). With an API key (``--api-key``, or ``$AGENTENV_API_KEY``) every
 request but ``/health*`` must send ``Authorization: Bearer KEY``, as with SGLang's.
 """
