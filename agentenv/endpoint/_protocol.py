@@ -104,7 +104,8 @@ class ReplyToolCall:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatReply:
-    """The assistant's answer to one call, with the exact tokens behind it."""
+    """The assistant's answer to one call, with the exact tokens behind it (``tokens``,
+    their texts, only when the call asked for log-probs)."""
 
     content: str | None
     tool_calls: tuple[ReplyToolCall, ...]

@@ -254,7 +254,7 @@ class EpisodeRecorder:
             finish_reason=reason,
             token_ids=ids,
             logprobs=segment.logprobs[len(segment.logprobs) - len(ids) :],
-            tokens=[decode([t]) for t in ids],
+            tokens=[decode([t]) for t in ids] if call.logprobs else [],
             prompt_tokens=start,
             weight_version=segment.weight_versions[-1] if segment.weight_versions else "",
         )

@@ -10,18 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_loop import tiny_llama
+from agentenv import Rubric
+from examples.openai_agent_env import CalculatorAgentEnv
+from tests.trainer.test_loop import good_tokens, tiny_llama
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-EXAMPLE = Path(__file__).parents[3] / "examples" / "openai_agent_env.py"
+
+class ShapedCalculatorAgentEnv(CalculatorAgentEnv):
+    """The example's agent unchanged; a reward the untrained tiny model can earn."""
+
+    rubric = Rubric(good_tokens)
 
 
 def test_agentenv_train_trains_the_openai_agent_unchanged(tmp_path: Path) -> None:
     model = tiny_llama(tmp_path / "tiny")
     out = subprocess.run(
         [sys.executable, "-m", "agentenv", "train",
-         "--env", f"{EXAMPLE}:CalculatorAgentEnv", "--hf-checkpoint", str(model),
+         "--env", f"{__name__}:ShapedCalculatorAgentEnv", "--hf-checkpoint", str(model),
          "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
          "--rollout-max-response-len", "8", "--n-eval", "2", "--lr", "1e-3",
          "--save", str(tmp_path / "run"), "--json"],
@@ -32,4 +38,8 @@ def test_agentenv_train_trains_the_openai_agent_unchanged(tmp_path: Path) -> Non
     assert summary["steps"] == 2
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1]
+    assert all(m["failed_episodes"] == 0 and m["samples"] == 4 for m in lines)
+    assert any(m["train/grad_norm"] > 0 for m in lines)  # the agent's samples carry signal
+    # The trainer's log-probs of the recorded ids are the engine's: the samples are exact.
+    assert all(m["train/rollout_train_logprob_abs_diff"] < 1e-4 for m in lines)
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()

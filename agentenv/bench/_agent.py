@@ -1,0 +1,208 @@
+"""``agentenv bench agent``: chat-completion calls per second through the per-episode
+endpoint, and what a call costs over ``episode.generate`` directly.
+
+Both sides play the same episodes with the scripted model on one CPU core (client,
+server and runner share one event loop): a conversation of ``--calls`` model turns, each
+turn the agent adding one user message. Through the endpoint, the agent posts each call
+over loopback HTTP with a lean keep-alive client (agentenv's ``HTTPTransport``; the
+``openai`` SDK's own cost is its agent's, not the endpoint's) and ``--episodes`` run with
+``--concurrency`` in flight. Directly, an :class:`Environment` calls
+``transcript.add_messages`` and ``episode.generate``. The overhead per call is the
+difference of the two times per call::
+
+    agentenv bench agent [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+import anyio
+
+from agentenv._environment import Environment, Episode, Task
+from agentenv._http import HTTPTransport
+from agentenv._rewards import Rubric
+from agentenv._runner import RolloutConfig, run_rollouts
+from agentenv._sample import Sample
+from agentenv._scripted import ScriptedModel
+from agentenv._tokenizer import ChatTokenizer
+from agentenv.endpoint import AgentEnv
+
+__all__ = ["add_parser", "bench"]
+
+SYSTEM = "You are a terse assistant."
+_HEADERS = {"content-type": "application/json"}
+
+
+def _reply(ctx: Any) -> str:
+    return "Noted."
+
+
+class _EndpointEnv(AgentEnv):
+    rubric = Rubric()
+    client_kind = "base_url"
+    calls: int = 4
+    transport: HTTPTransport | None = None
+
+    async def run_agent(self, task: Task, client: Any) -> str:
+        assert self.transport is not None
+        url = urllib.parse.urlsplit(client)
+        host, port, target = url.hostname or "", url.port or 80, f"{url.path}/chat/completions"
+        messages: list[Any] = [{"role": "system", "content": SYSTEM}]
+        content = ""
+        for i in range(self.calls):
+            messages.append({"role": "user", "content": f"Item {i} of task {task.id}."})
+            body = json.dumps({"model": "policy", "messages": messages}).encode()
+            r = await self.transport.fetch(
+                "POST", host, port, target, _HEADERS, body, connect_timeout=10, timeout=60
+            )
+            if r.status_code != 200:
+                raise RuntimeError(f"the endpoint answered {r.status_code}: {r.text[:200]}")
+            message = r.json()["choices"][0]["message"]
+            messages.append(message)
+            content = message["content"]
+        return str(content)
+
+
+class _DirectEnv(Environment):
+    calls: int = 4
+
+    async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
+        messages: list[Any] = [{"role": "system", "content": SYSTEM}]
+        messages.append({"role": "user", "content": f"Item 0 of task {task.id}."})
+        t = episode.transcript(messages)
+        await episode.generate(t)
+        for i in range(1, self.calls):
+            t.add_messages([{"role": "user", "content": f"Item {i} of task {task.id}."}])
+            await episode.generate(t)
+        return episode.samples(t, 0.0)
+
+
+async def _play(
+    env: Environment, model: ScriptedModel, episodes: int, concurrency: int
+) -> tuple[float, float]:
+    """The wall time and this process's CPU time of ``episodes`` episodes."""
+    tasks = [Task(id=f"t{i}") for i in range(episodes)]
+    config = RolloutConfig(concurrency=concurrency, progress=False)
+    start, cpu = time.perf_counter(), time.process_time()
+    stats = await run_rollouts(env, tasks, model, config=config)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if stats.failed:
+        raise RuntimeError(f"failed episodes in the bench: {dict(stats.failure_reasons)}")
+    return wall, cpu
+
+
+def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[str, Any]:
+    """Run both sides ``rounds`` times (alternating) and keep each side's fastest.
+
+    Wall time is what an agent sees; on a shared machine other processes take part of
+    the core, so CPU time (this process's, all on the one core) is reported beside it:
+    it is the steadier number of what a call costs.
+    """
+    tok = ChatTokenizer.load("smollm2-135m")
+    model = ScriptedModel(tok, _reply)
+    endpoint_env, direct_env = _EndpointEnv(), _DirectEnv()
+    endpoint_env.calls = direct_env.calls = calls
+    total = episodes * calls
+    inf = float("inf")
+    best = {"endpoint": [inf, inf], "direct": [inf, inf]}
+
+    async def main() -> None:
+        endpoint_env.transport = HTTPTransport(max_connections=concurrency)
+        await _play(endpoint_env, model, min(episodes, 64), concurrency)  # warm up both
+        await _play(direct_env, model, min(episodes, 64), concurrency)
+        for _ in range(rounds):
+            for side, env in (("endpoint", endpoint_env), ("direct", direct_env)):
+                wall, cpu = await _play(env, model, episodes, concurrency)
+                best[side] = [min(best[side][0], wall), min(best[side][1], cpu)]
+        await endpoint_env.transport.aclose()
+
+    load = os.getloadavg()[0]
+    anyio.run(main)
+    (e_wall, e_cpu), (d_wall, d_cpu) = best["endpoint"], best["direct"]
+    us = 1e6 / total
+    return {
+        "bench": "agent",
+        "episodes": episodes,
+        "concurrency": concurrency,
+        "calls_per_episode": calls,
+        "calls": total,
+        "rounds": rounds,
+        "endpoint_calls_per_s": round(total / e_wall, 1),
+        "direct_calls_per_s": round(total / d_wall, 1),
+        "endpoint_us_per_call": round(e_wall * us, 1),
+        "direct_us_per_call": round(d_wall * us, 1),
+        "overhead_us_per_call": round((e_wall - d_wall) * us, 1),
+        "endpoint_calls_per_cpu_s": round(total / e_cpu, 1),
+        "endpoint_cpu_us_per_call": round(e_cpu * us, 1),
+        "direct_cpu_us_per_call": round(d_cpu * us, 1),
+        "overhead_cpu_us_per_call": round((e_cpu - d_cpu) * us, 1),
+        "targets": {"calls_per_s": 2000, "overhead_us_per_call": 300},
+        "met": {
+            "calls_per_s": total / e_wall >= 2000,
+            "overhead_us_per_call": (e_wall - d_wall) * us <= 300,
+            "calls_per_cpu_s": total / e_cpu >= 2000,
+            "overhead_cpu_us_per_call": (e_cpu - d_cpu) * us <= 300,
+        },
+        "cpu": _pinned(),
+        "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def _pinned() -> int | None:
+    """Pin this process to one CPU core (the last one it may use); which one, or None."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpu = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "agent",
+        help="chat-completion calls/s through the per-episode endpoint, overhead per call",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer episodes (< 30 s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--concurrency", type=int, default=256, metavar="N", help="episodes in flight (256)"
+    )
+    parser.add_argument("--calls", type=int, default=4, metavar="N", help="calls per episode (4)")
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="rounds; fastest kept")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    _pinned()
+    episodes = 512 if args.quick else 2048
+    result = bench(
+        episodes=episodes,
+        concurrency=args.concurrency,
+        calls=args.calls,
+        rounds=1 if args.quick else args.rounds,
+    )
+    print(
+        f"endpoint: {result['endpoint_calls_per_s']:,.0f} calls/s "
+        f"({result['endpoint_us_per_call']} µs/call; CPU {result['endpoint_cpu_us_per_call']} "
+        f"µs/call); episode.generate directly: {result['direct_us_per_call']} µs/call (CPU "
+        f"{result['direct_cpu_us_per_call']}); overhead {result['overhead_us_per_call']} "
+        f"µs/call (CPU {result['overhead_cpu_us_per_call']}); load {result['loadavg_1m']}",
+        file=sys.stderr,
+    )
+    print(json.dumps(result, separators=(",", ":")) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":  # python -m agentenv.bench._agent [--quick] [--json]
+    _parser = argparse.ArgumentParser(prog="agentenv bench")
+    add_parser(_parser.add_subparsers())
+    sys.exit(run(_parser.parse_args(["agent", *sys.argv[1:]])))
