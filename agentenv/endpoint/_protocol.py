@@ -18,7 +18,17 @@ from typing import Any
 from agentenv._http import Response, sse
 from agentenv._messages import Message
 
-__all__ = ["ChatCall", "ChatError", "ChatReply", "Key", "ReplyToolCall", "parse_chat"]
+__all__ = [
+    "ChatCall",
+    "ChatError",
+    "ChatReply",
+    "Key",
+    "ReplyToolCall",
+    "bad_field",
+    "chat_call",
+    "content_text",
+    "parse_chat",
+]
 
 # A message as the agent sees it, for matching a call against earlier calls' messages:
 # (role, content, name or tool_call_id, tool calls as (id, name, arguments)).
@@ -63,7 +73,8 @@ class ChatError(Exception):
         return Response.json(body, status=self.status, headers=headers)
 
 
-def _bad(param: str, message: str, code: str | None = None) -> ChatError:
+def bad_field(param: str, message: str, code: str | None = None) -> ChatError:
+    """A 400 naming ``param``."""
     return ChatError(400, f"{param}: {message}", param=param, code=code)
 
 
@@ -122,7 +133,7 @@ class ChatReply:
         return ("assistant", self.content or "", "", calls)
 
 
-def _text(value: Any, param: str, *, allow_none: bool = False) -> str:
+def content_text(value: Any, param: str, *, allow_none: bool = False) -> str:
     """A message's content as text: a string, or a list of text parts joined."""
     if isinstance(value, str):
         return value
@@ -133,39 +144,44 @@ def _text(value: Any, param: str, *, allow_none: bool = False) -> str:
         for j, part in enumerate(value):
             where = f"{param}[{j}]"
             if not isinstance(part, Mapping):
-                raise _bad(where, f"a content part must be an object, got {type(part).__name__}")
+                raise bad_field(
+                    where, f"a content part must be an object, got {type(part).__name__}"
+                )
             kind = part.get("type")
-            if kind in ("text", "refusal") and isinstance(part.get(kind), str):
-                parts.append(part[kind])
+            text_kind = "text" if kind in ("input_text", "output_text") else kind
+            if text_kind in ("text", "refusal") and isinstance(part.get(text_kind), str):
+                parts.append(part[text_kind])
             elif kind in ("image_url", "input_audio", "file", "input_image", "audio"):
-                raise _bad(
+                raise bad_field(
                     f"{where}.type",
                     f"{kind!r} content is not supported: this endpoint serves a text-only "
                     "model; send text parts only",
                 )
             else:
-                raise _bad(f"{where}.type", f'expected "text" with a string "text", got {kind!r}')
+                raise bad_field(
+                    f"{where}.type", f'expected "text" with a string "text", got {kind!r}'
+                )
         return "".join(parts)
-    raise _bad(param, f"expected a string or a list of text parts, got {type(value).__name__}")
+    raise bad_field(param, f"expected a string or a list of text parts, got {type(value).__name__}")
 
 
 def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
     """The template's form (arguments parsed when JSON) and the matching key."""
     if not isinstance(value, list):
-        raise _bad(param, f"expected a list, got {type(value).__name__}")
+        raise bad_field(param, f"expected a list, got {type(value).__name__}")
     calls: list[dict[str, Any]] = []
     key: list[tuple[str, str, str]] = []
     for j, call in enumerate(value):
         where = f"{param}[{j}]"
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise _bad(where, 'expected {"id", "type": "function", "function": {"name", ...}}')
+            raise bad_field(where, 'expected {"id", "type": "function", "function": {"name", ...}}')
         arguments = fn.get("arguments", "")
         if not isinstance(arguments, str):
-            raise _bad(f"{where}.function.arguments", "expected a JSON string")
+            raise bad_field(f"{where}.function.arguments", "expected a JSON string")
         call_id = call.get("id") or ""
         if not isinstance(call_id, str):
-            raise _bad(f"{where}.id", "expected a string")
+            raise bad_field(f"{where}.id", "expected a string")
         try:
             parsed: Any = json.loads(arguments) if arguments else {}
         except ValueError:
@@ -184,17 +200,21 @@ def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any
 def _message(i: int, m: Any) -> tuple[Message, Key]:
     param = f"messages[{i}]"
     if not isinstance(m, Mapping):
-        raise _bad(param, f"expected an object with 'role' and 'content', got {type(m).__name__}")
+        raise bad_field(
+            param, f"expected an object with 'role' and 'content', got {type(m).__name__}"
+        )
     role = m.get("role")
     if role not in _ROLES:
-        raise _bad(f"{param}.role", f"unknown role {role!r}; expected one of {', '.join(_ROLES)}")
+        raise bad_field(
+            f"{param}.role", f"unknown role {role!r}; expected one of {', '.join(_ROLES)}"
+        )
     tpl_role = "system" if role == "developer" else role
     if role in ("audio",) or m.get("audio") is not None:
-        raise _bad(f"{param}.audio", "audio is not supported by this text-only endpoint")
-    content = _text(m.get("content"), f"{param}.content", allow_none=role == "assistant")
+        raise bad_field(f"{param}.audio", "audio is not supported by this text-only endpoint")
+    content = content_text(m.get("content"), f"{param}.content", allow_none=role == "assistant")
     name = m.get("name")
     if name is not None and not isinstance(name, str):
-        raise _bad(f"{param}.name", "expected a string")
+        raise bad_field(f"{param}.name", "expected a string")
     msg: dict[str, Any] = {"role": tpl_role, "content": content}
     if name:
         msg["name"] = name
@@ -208,7 +228,7 @@ def _message(i: int, m: Any) -> tuple[Message, Key]:
     if role == "tool":
         call_id = m.get("tool_call_id")
         if call_id is not None and not isinstance(call_id, str):
-            raise _bad(f"{param}.tool_call_id", "expected a string")
+            raise bad_field(f"{param}.tool_call_id", "expected a string")
         if call_id:
             msg["tool_call_id"] = call_id
             tag = call_id
@@ -220,9 +240,9 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> floa
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(name, f"expected a number, got {value!r}")
+        raise bad_field(name, f"expected a number, got {value!r}")
     if not low <= value <= high:
-        raise _bad(name, f"must be in [{low}, {high}], got {value}")
+        raise bad_field(name, f"must be in [{low}, {high}], got {value}")
     return float(value)
 
 
@@ -231,9 +251,9 @@ def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | N
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(name, f"expected an integer, got {value!r}")
+        raise bad_field(name, f"expected an integer, got {value!r}")
     if not low <= value <= high:
-        raise _bad(name, f"must be in [{low}, {high}], got {value}")
+        raise bad_field(name, f"must be in [{low}, {high}], got {value}")
     return value
 
 
@@ -242,7 +262,7 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     if not tools:
         return None
     if not isinstance(tools, list):
-        raise _bad("tools", f"expected a list of function tools, got {type(tools).__name__}")
+        raise bad_field("tools", f"expected a list of function tools, got {type(tools).__name__}")
     for j, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, Mapping) else None
         if (
@@ -251,7 +271,9 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             or not isinstance(fn, Mapping)
             or not isinstance(fn.get("name"), str)
         ):
-            raise _bad(f"tools[{j}]", 'expected {"type": "function", "function": {"name", ...}}')
+            raise bad_field(
+                f"tools[{j}]", 'expected {"type": "function", "function": {"name", ...}}'
+            )
     return [dict(t) for t in tools]
 
 
@@ -261,28 +283,37 @@ def parse_chat(body: Any) -> ChatCall:
         raise ChatError(400, "the request body must be a JSON object", param=None)
     n = body.get("n")
     if n is not None and n != 1:
-        raise _bad("n", f"only n=1 is supported (one choice per call), got {n!r}")
+        raise bad_field("n", f"only n=1 is supported (one choice per call), got {n!r}")
     if body.get("audio") is not None or "audio" in (body.get("modalities") or ()):
-        raise _bad("modalities", "audio output is not supported by this text-only endpoint")
+        raise bad_field("modalities", "audio output is not supported by this text-only endpoint")
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise _bad("messages", "expected a non-empty list of messages")
+        raise bad_field("messages", "expected a non-empty list of messages")
     messages: list[Message] = []
     keys: list[Key] = []
     for i, m in enumerate(raw):
         msg, key = _message(i, m)
         messages.append(msg)
         keys.append(key)
-    tools = _tools(body)
+    return chat_call(body, messages, keys, _tools(body))
+
+
+def chat_call(
+    body: Mapping[str, Any],
+    messages: list[Message],
+    keys: list[Key],
+    tools: list[dict[str, Any]] | None,
+) -> ChatCall:
+    """The :class:`ChatCall` of checked messages and the chat-completions fields of
+    ``body`` (sampling, tool choice, streaming)."""
     choice = body.get("tool_choice")
     if (
         choice is not None
         and choice not in ("none", "auto", "required")
         and not (isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping))
     ):
-        raise _bad(
-            "tool_choice", f'expected "none", "auto", "required" or a function, got {choice!r}'
-        )
+        expected = '"none", "auto", "required" or a function'
+        raise bad_field("tool_choice", f"expected {expected}, got {choice!r}")
     max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
@@ -295,24 +326,24 @@ def parse_chat(body: Any) -> ChatCall:
     elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
         stops = tuple(stop)
     else:
-        raise _bad("stop", f"expected a string or a list of non-empty strings, got {stop!r}")
+        raise bad_field("stop", f"expected a string or a list of non-empty strings, got {stop!r}")
     if len(stops) > _MAX_STOP:
-        raise _bad("stop", f"at most {_MAX_STOP} stop sequences, got {len(stops)}")
+        raise bad_field("stop", f"at most {_MAX_STOP} stop sequences, got {len(stops)}")
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
-        raise _bad("logprobs", f"expected true or false, got {logprobs!r}")
+        raise bad_field("logprobs", f"expected true or false, got {logprobs!r}")
     top = _integer(body, "top_logprobs", 0, 20) or 0
     if top and not logprobs:
-        raise _bad("top_logprobs", "needs logprobs=true")
+        raise bad_field("top_logprobs", "needs logprobs=true")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
-        raise _bad("stream", f"expected true or false, got {stream!r}")
+        raise bad_field("stream", f"expected true or false, got {stream!r}")
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
-        raise _bad("stream_options", "expected an object")
+        raise bad_field("stream_options", "expected an object")
     model = body.get("model") or ""
     if not isinstance(model, str):
-        raise _bad("model", f"expected a string, got {model!r}")
+        raise bad_field("model", f"expected a string, got {model!r}")
     return ChatCall(
         messages=messages,
         keys=keys,

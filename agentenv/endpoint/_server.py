@@ -38,45 +38,62 @@ from agentenv._http import (
 )
 from agentenv._tools import ToolCallParser
 from agentenv.endpoint._protocol import (
+    ChatCall,
     ChatError,
+    ChatReply,
     completion_body,
     models_body,
     parse_chat,
     stream_chunks,
 )
 from agentenv.endpoint._recorder import EpisodeRecorder
+from agentenv.endpoint._responses import parse_responses, response_body, response_events
 
 __all__ = ["AgentServer", "Endpoint", "chat_routes"]
 
 _PREFIX = "/e/"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _API:
+    """One wire format: how a request becomes a call, and a reply an answer."""
+
+    parse: Callable[[Any], ChatCall]
+    body: Callable[[ChatCall, ChatReply, str, str], dict[str, Any]]
+    stream: Callable[[ChatCall, ChatReply, str, str], Iterable[bytes]]
+    prefix: str
+
+
+_CHAT = _API(parse_chat, completion_body, stream_chunks, "chatcmpl-")
+_RESPONSES = _API(parse_responses, response_body, response_events, "")
+
+
 async def _answer(
-    request: Request, recorder: EpisodeRecorder, model: str
+    request: Request, recorder: EpisodeRecorder, model: str, api: _API = _CHAT
 ) -> Response | StreamingResponse:
-    """One chat completion through ``recorder``, as a response or an SSE stream."""
+    """One call through ``recorder``, as a response or an SSE stream."""
     recorder.calls += 1
     try:
         try:
             body = request.json()
         except HTTPError as e:
             raise ChatError(400, e.message) from None
-        call = parse_chat(body)
+        call = api.parse(body)
         reply = await recorder.complete(call)
     except ChatError as e:
         recorder.refused += 1
         return e.to_response()
-    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    cid = f"{api.prefix}{uuid.uuid4().hex}"
     name = call.model or model
     if call.stream:
-        chunks = list(stream_chunks(call, reply, cid, name))
+        chunks = list(api.stream(call, reply, cid, name))
 
         async def send() -> AsyncIterator[bytes]:
             for c in chunks:
                 yield c
 
         return StreamingResponse(send())
-    return Response.json(completion_body(call, reply, cid, name))
+    return Response.json(api.body(call, reply, cid, name))
 
 
 def chat_routes(
@@ -86,16 +103,21 @@ def chat_routes(
     model: str,
     prefix: str = "",
 ) -> None:
-    """Serve ``POST {prefix}/v1/chat/completions`` and ``GET {prefix}/v1/models`` on
-    ``router``, each call through a fresh ``recorder()`` (one episode per call)."""
+    """Serve ``POST {prefix}/v1/chat/completions``, ``POST {prefix}/v1/responses`` and
+    ``GET {prefix}/v1/models`` on ``router``, each call through a fresh ``recorder()``
+    (one episode per call)."""
 
     async def chat(request: Request) -> Response | StreamingResponse:
         return await _answer(request, recorder(), model)
+
+    async def responses(request: Request) -> Response | StreamingResponse:
+        return await _answer(request, recorder(), model, _RESPONSES)
 
     async def models(request: Request) -> Response:
         return Response.json(models_body([model]))
 
     router.add("POST", f"{prefix}/v1/chat/completions", chat, long_poll=True)
+    router.add("POST", f"{prefix}/v1/responses", responses, long_poll=True)
     router.add("GET", f"{prefix}/v1/models", models)
 
 
@@ -170,6 +192,7 @@ class AgentServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         router = Router()
         router.add("POST", f"{_PREFIX}{{key}}/v1/chat/completions", self._chat, long_poll=True)
+        router.add("POST", f"{_PREFIX}{{key}}/v1/responses", self._responses, long_poll=True)
         router.add("GET", f"{_PREFIX}{{key}}/v1/models", self._models)
         self._router = router
 
@@ -239,6 +262,13 @@ class AgentServer:
         except ChatError as e:
             return e.to_response()
         return await _answer(request, recorder, self.model)
+
+    async def _responses(self, request: Request) -> Response | StreamingResponse:
+        try:
+            recorder = self._recorder(request)
+        except ChatError as e:
+            return e.to_response()
+        return await _answer(request, recorder, self.model, _RESPONSES)
 
     async def _models(self, request: Request) -> Response:
         try:

@@ -24,6 +24,7 @@ and any other SGLang client talk to it unchanged::
     POST /v1/chat/completions      OpenAI's chat completions (as SGLang serves them too):
                                    messages through the model's chat template, tools,
                                    streaming (see :mod:`agentenv.endpoint`)
+    POST /v1/responses             OpenAI's Responses API, on the same machinery
     GET  /v1/models
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,

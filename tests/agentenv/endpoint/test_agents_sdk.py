@@ -1,14 +1,22 @@
 """The OpenAI Agents SDK as a real client: an Agent with two @function_tools run by
-Runner.run against the episode's endpoint (tracing off, no other network)."""
+Runner.run (and run_streamed) against the episode's endpoint, through chat completions
+and through the Responses API, its default (tracing off, no other network)."""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    function_tool,
+)
 
 import agentenv
 from agentenv import ChatTokenizer, Rubric, ScriptedModel, State, Status, Task
@@ -52,6 +60,8 @@ def correct(task: Task, state: State) -> float:
 
 class AgentsSDKEnv(AgentEnv):
     rubric = Rubric(correct)
+    api: ClassVar[str] = "chat"
+    streamed: ClassVar[bool] = False
 
     def tasks(self, split: str = "train") -> list[Task]:
         return [Task(id="t", prompt="What is (2+3)*4?", answer=20)]
@@ -61,20 +71,35 @@ class AgentsSDKEnv(AgentEnv):
             name="calculator",
             instructions="Compute with the tools.",
             tools=[add, multiply],
-            model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+            model=OpenAIChatCompletionsModel(model="policy", openai_client=client)
+            if self.api == "chat"
+            else OpenAIResponsesModel(model="policy", openai_client=client),
         )
-        result = await Runner.run(
-            agent, str(task.prompt), run_config=RunConfig(tracing_disabled=True)
-        )
+        config = RunConfig(tracing_disabled=True)
+        if self.streamed:
+            streamed = Runner.run_streamed(agent, str(task.prompt), run_config=config)
+            async for _ in streamed.stream_events():
+                pass
+            return str(streamed.final_output)
+        result = await Runner.run(agent, str(task.prompt), run_config=config)
         return str(result.final_output)
 
 
+@pytest.mark.parametrize(
+    ("api", "streamed"),
+    [("chat", False), ("chat", True), ("responses", False), ("responses", True)],
+)
 @pytest.mark.parametrize("template", ["smollm2", "chatml_tools"])
 def test_agents_sdk_runner_gives_one_token_exact_sample(
-    template: str, request: pytest.FixtureRequest
+    template: str, api: str, streamed: bool, request: pytest.FixtureRequest
 ) -> None:
     tok: ChatTokenizer = request.getfixturevalue(template)
-    env = AgentsSDKEnv()
+
+    class Env(AgentsSDKEnv):
+        pass
+
+    Env.api, Env.streamed = api, streamed
+    env = Env()
     result = agentenv.run(env, ScriptedModel(tok, script), tasks=env.tasks())
     (sample,) = result.samples
     assert sample.status is Status.COMPLETED, sample.reason

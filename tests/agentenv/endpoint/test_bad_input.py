@@ -11,7 +11,7 @@ import pytest
 
 import agentenv
 from agentenv import ChatTokenizer, Limits, Rubric, ScriptedModel, Status, Task
-from agentenv.endpoint import AgentEnv, ChatError, parse_chat
+from agentenv.endpoint import AgentEnv, ChatError, parse_chat, parse_responses
 
 from .test_env import ADD_TOOL, calculator_script
 
@@ -193,3 +193,55 @@ def test_an_agent_that_raises_or_overruns_fails_alone(smollm2: ChatTokenizer) ->
     assert by_task["t1"].status is Status.FAILED
     assert "ran past its timeout_s=0.5 s" in (by_task["t1"].reason or "")
     assert by_task["t2"].status is Status.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("request_body", "param"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"role": "critic", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"input": []}, "input"),
+    ],
+)
+def test_refused_responses_requests_name_the_field(
+    request_body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(ChatError) as info:
+        parse_responses(request_body)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_responses_api_with_the_openai_sdk(smollm2: ChatTokenizer) -> None:
+    got: list[Any] = []
+    flat = {"type": "function", **ADD_TOOL["function"]}  # type: ignore[dict-item]
+
+    async def probe(client: openai.AsyncOpenAI) -> str:
+        r = await client.responses.create(model="p", input="What is 2+3?", tools=[flat])
+        got.append(r)
+        (call,) = [o for o in r.output if o.type == "function_call"]
+        items: list[Any] = [
+            {"role": "user", "content": "What is 2+3?"},
+            *[o.model_dump(exclude_none=True) for o in r.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "5"},
+        ]
+        stream = await client.responses.create(model="p", input=items, tools=[flat], stream=True)
+        async for event in stream:
+            if event.type == "response.completed":
+                got.append(event.response)
+        return got[-1].output_text
+
+    (sample,) = run(probe, smollm2).samples
+    first, last = got
+    assert first.output[0].content[0].text == "Let me add."
+    assert first.output[1].name == "add" and first.output[1].arguments == '{"a": 2, "b": 3}'
+    assert first.usage.input_tokens == len(sample.prompt_ids)
+    first_turn = (sample.loss_mask or []).index(0)  # the model's tokens before the tool's
+    assert first.usage.output_tokens == first_turn
+    assert last.output_text == "The answer is 5."
+    assert sample.status is Status.COMPLETED and sample.metadata["turns"] == 2
