@@ -194,3 +194,18 @@ async def test_an_ended_episode_answers_410(smollm2: ChatTokenizer) -> None:
         models = await http.get(f"{keep.base_url}/models")
         assert models.json()["data"][0]["id"] == "policy"
         assert (await http.get(f"{url}/models")).status_code == 410
+
+
+async def test_each_role_has_its_own_endpoint_and_samples(smollm2: ChatTokenizer) -> None:
+    model = ScriptedModel(smollm2, calculator_script)
+    episode = Episode(task=Task(id="t"), tokenizer=smollm2, policy=model)
+    server = AgentServer()
+    async with server.open(episode) as endpoint, httpx.AsyncClient() as http:
+        critic = endpoint.role("critic")
+        assert critic is endpoint.role("critic") and critic.base_url != endpoint.base_url
+        await _post(http, endpoint.base_url, [{"role": "user", "content": "hi"}])
+        await _post(http, critic.base_url, [{"role": "user", "content": "judge"}])
+    assert [t.role for t in episode.transcripts] == [None, "critic"]
+    assert critic.recorder.closed and critic.recorder.calls == 1
+    samples = [s for t in episode.transcripts for s in episode.samples(t, 1.0)]
+    assert [s.role for s in samples] == [None, "critic"]

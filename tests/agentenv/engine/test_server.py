@@ -638,6 +638,10 @@ async def test_chat_completions_through_the_model_template(
         ]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == choice.message.content
+        response = await client.responses.create(
+            model="smollm2-135m", input="Say hi", max_output_tokens=4, temperature=0
+        )
+        assert response.output_text == choice.message.content
         with pytest.raises(openai.BadRequestError, match="n=1"):
             await client.chat.completions.create(
                 model="smollm2-135m", messages=[{"role": "user", "content": "x"}], n=2
