@@ -8,7 +8,8 @@ over loopback HTTP with a lean keep-alive client (agentenv's ``HTTPTransport``; 
 ``openai`` SDK's own cost is its agent's, not the endpoint's) and ``--episodes`` run with
 ``--concurrency`` in flight. Directly, an :class:`Environment` calls
 ``transcript.add_messages`` and ``episode.generate``. The overhead per call is the
-difference of the two times per call::
+difference of the two times per call. For scale it also times the bare HTTP round trip: a
+no-op handler on the same server, posted to by the same client::
 
     agentenv bench agent [--quick] [--json]
 """
@@ -26,7 +27,7 @@ from typing import Any
 import anyio
 
 from agentenv._environment import Environment, Episode, Task
-from agentenv._http import HTTPTransport
+from agentenv._http import HTTPTransport, Request, Response, Router
 from agentenv._rewards import Rubric
 from agentenv._runner import RolloutConfig, run_rollouts
 from agentenv._sample import Sample
@@ -98,6 +99,39 @@ async def _play(
     return wall, cpu
 
 
+async def _http_floor(calls: int, concurrency: int) -> tuple[float, float]:
+    """Wall and CPU time of ``calls`` no-op requests (a fixed answer, no episode) on the
+    same server and client: the HTTP round trip every call pays."""
+    from agentenv._http import HTTPServer
+
+    router = Router()
+    answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Noted."}}]})
+
+    async def noop(request: Request) -> Response:
+        return Response(answer.encode(), 200, "application/json")
+
+    router.add("POST", "/e/{key}/v1/chat/completions", noop, long_poll=True)
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
+    async with HTTPServer(router) as server:
+        transport = HTTPTransport(max_connections=concurrency)
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                r = await transport.fetch(
+                    "POST", "127.0.0.1", server.port, "/e/k/v1/chat/completions", _HEADERS,
+                    body.encode(), connect_timeout=10, timeout=60,
+                )  # fmt: skip
+                r.json()
+
+        start, cpu = time.perf_counter(), time.process_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker, max(1, calls // concurrency))
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        await transport.aclose()
+    return wall, cpu
+
+
 def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[str, Any]:
     """Run both sides ``rounds`` times (alternating) and keep each side's fastest.
 
@@ -111,7 +145,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
     endpoint_env.calls = direct_env.calls = calls
     total = episodes * calls
     inf = float("inf")
-    best = {"endpoint": [inf, inf], "direct": [inf, inf]}
+    best = {"endpoint": [inf, inf], "direct": [inf, inf], "floor": [inf, inf]}
+    floor_calls = max(1, total // concurrency) * concurrency
 
     async def main() -> None:
         endpoint_env.transport = HTTPTransport(max_connections=concurrency)
@@ -121,6 +156,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
             for side, env in (("endpoint", endpoint_env), ("direct", direct_env)):
                 wall, cpu = await _play(env, model, episodes, concurrency)
                 best[side] = [min(best[side][0], wall), min(best[side][1], cpu)]
+            wall, cpu = await _http_floor(floor_calls, concurrency)
+            best["floor"] = [min(best["floor"][0], wall), min(best["floor"][1], cpu)]
         await endpoint_env.transport.aclose()
 
     load = os.getloadavg()[0]
@@ -143,6 +180,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
         "endpoint_cpu_us_per_call": round(e_cpu * us, 1),
         "direct_cpu_us_per_call": round(d_cpu * us, 1),
         "overhead_cpu_us_per_call": round((e_cpu - d_cpu) * us, 1),
+        "http_noop_us_per_call": round(best["floor"][0] / floor_calls * 1e6, 1),
+        "http_noop_cpu_us_per_call": round(best["floor"][1] / floor_calls * 1e6, 1),
         "targets": {"calls_per_s": 2000, "overhead_us_per_call": 300},
         "met": {
             "calls_per_s": total / e_wall >= 2000,
@@ -195,7 +234,9 @@ def run(args: argparse.Namespace) -> int:
         f"({result['endpoint_us_per_call']} µs/call; CPU {result['endpoint_cpu_us_per_call']} "
         f"µs/call); episode.generate directly: {result['direct_us_per_call']} µs/call (CPU "
         f"{result['direct_cpu_us_per_call']}); overhead {result['overhead_us_per_call']} "
-        f"µs/call (CPU {result['overhead_cpu_us_per_call']}); load {result['loadavg_1m']}",
+        f"µs/call (CPU {result['overhead_cpu_us_per_call']}); a no-op HTTP call "
+        f"{result['http_noop_us_per_call']} µs (CPU {result['http_noop_cpu_us_per_call']}); "
+        f"load {result['loadavg_1m']}",
         file=sys.stderr,
     )
     print(json.dumps(result, separators=(",", ":")) if args.json else json.dumps(result, indent=2))
