@@ -121,6 +121,19 @@ def chat_routes(
     router.add("GET", f"{prefix}/v1/models", models)
 
 
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """Sends through a shared client's pool; closing it leaves the pool open."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._client.send(request, stream=True)
+
+    async def aclose(self) -> None:
+        return None
+
+
 @dataclasses.dataclass(slots=True)
 class Endpoint:
     """One episode's (one role's) OpenAI-compatible endpoint.
@@ -147,8 +160,13 @@ class Endpoint:
             ) from None
         options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0}
         options.update(kwargs)
+        # Its own httpx client (an agent may close it) over the server's shared pool;
         # openai takes an httpx client as well as its own httpx2 ones.
-        http: Any = self._server.http_client
+        http: Any = httpx.AsyncClient(
+            transport=_SharedTransport(self._server.http_client),
+            timeout=httpx.Timeout(None),
+            trust_env=False,
+        )
         return openai.AsyncOpenAI(base_url=self.base_url, http_client=http, **options)
 
     def role(self, name: str) -> Endpoint:

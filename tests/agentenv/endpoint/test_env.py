@@ -244,3 +244,20 @@ def test_the_conversation_renders_to_the_sample(smollm2: ChatTokenizer) -> None:
     assert messages[3]["content"] == "5" and messages[3]["tool_call_id"] == "call_1"
     check_token_exact(sample, smollm2, messages, None)
     assert tools == [ADD_TOOL]
+
+
+def test_an_agent_that_closes_its_client_leaves_the_others_theirs(smollm2: ChatTokenizer) -> None:
+    class Closing(OpenAIEnv):
+        async def run_agent(self, task: Task, client: Any) -> str:
+            async with client:  # closes the client when this agent is done
+                return await openai_agent(client, str(task.prompt), stream=False)
+
+    model = ScriptedModel(smollm2, calculator_script)
+    env = Closing()
+    # One agent answers in one call and closes its client while the others are mid-way.
+    tasks = [Task(id="quick", prompt="Hello", answer="know"), *env.tasks()]
+    result = agentenv.run(env, model, tasks=tasks, concurrency=3)
+    assert {s.task_id: s.status for s in result.samples} == {
+        "quick": Status.COMPLETED, "2+3": Status.COMPLETED, "4+5": Status.COMPLETED,
+    }  # fmt: skip
+    assert [s.reward for s in result.samples] == [1.0, 1.0, 1.0]
