@@ -2,6 +2,9 @@
 answer built as OpenAI sends it (one ``chat.completion`` object, or SSE chunks), and
 errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``).
 
+Bodies are decoded JSON, so their objects are checked as ``dict`` (a plain type check,
+where an ABC check would cost more than the rest of the parse).
+
 Every refusal names the field (``param``) and what is expected, so an agent's author sees
 the fix in the exception the ``openai`` SDK raises.
 """
@@ -143,7 +146,7 @@ def content_text(value: Any, param: str, *, allow_none: bool = False) -> str:
         parts = []
         for j, part in enumerate(value):
             where = f"{param}[{j}]"
-            if not isinstance(part, Mapping):
+            if not isinstance(part, dict):
                 raise bad_field(
                     where, f"a content part must be an object, got {type(part).__name__}"
                 )
@@ -173,8 +176,8 @@ def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any
     key: list[tuple[str, str, str]] = []
     for j, call in enumerate(value):
         where = f"{param}[{j}]"
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_field(where, 'expected {"id", "type": "function", "function": {"name", ...}}')
         arguments = fn.get("arguments", "")
         if not isinstance(arguments, str):
@@ -199,7 +202,7 @@ def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any
 
 def _message(i: int, m: Any) -> tuple[Message, Key]:
     param = f"messages[{i}]"
-    if not isinstance(m, Mapping):
+    if not isinstance(m, dict):
         raise bad_field(
             param, f"expected an object with 'role' and 'content', got {type(m).__name__}"
         )
@@ -264,11 +267,11 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise bad_field("tools", f"expected a list of function tools, got {type(tools).__name__}")
     for j, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, Mapping) else None
+        fn = t.get("function") if isinstance(t, dict) else None
         if (
-            not isinstance(t, Mapping)
+            not isinstance(t, dict)
             or t.get("type") != "function"
-            or not isinstance(fn, Mapping)
+            or not isinstance(fn, dict)
             or not isinstance(fn.get("name"), str)
         ):
             raise bad_field(
@@ -279,7 +282,7 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
 
 def parse_chat(body: Any) -> ChatCall:
     """Check a request body; :class:`ChatError` (400) names the first bad field."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, dict):
         raise ChatError(400, "the request body must be a JSON object", param=None)
     n = body.get("n")
     if n is not None and n != 1:
@@ -310,7 +313,7 @@ def chat_call(
     if (
         choice is not None
         and choice not in ("none", "auto", "required")
-        and not (isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping))
+        and not (isinstance(choice, dict) and isinstance(choice.get("function"), dict))
     ):
         expected = '"none", "auto", "required" or a function'
         raise bad_field("tool_choice", f"expected {expected}, got {choice!r}")
@@ -339,7 +342,7 @@ def chat_call(
     if not isinstance(stream, bool):
         raise bad_field("stream", f"expected true or false, got {stream!r}")
     options = body.get("stream_options") or {}
-    if not isinstance(options, Mapping):
+    if not isinstance(options, dict):
         raise bad_field("stream_options", "expected an object")
     model = body.get("model") or ""
     if not isinstance(model, str):

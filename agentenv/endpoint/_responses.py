@@ -39,11 +39,11 @@ def _function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     out = []
     for j, t in enumerate(tools):
         if (
-            not isinstance(t, Mapping)
+            not isinstance(t, dict)
             or t.get("type") != "function"
             or not isinstance(t.get("name"), str)
         ):
-            kind = t.get("type") if isinstance(t, Mapping) else type(t).__name__
+            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
             raise bad_field(
                 f"tools[{j}]",
                 'only function tools ({"type": "function", "name", ...}) are served, '
@@ -80,7 +80,7 @@ def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
     pending: dict[str, Any] | None = None  # the assistant turn being assembled
     for i, item in enumerate(items):
         param = f"input[{i}]"
-        if not isinstance(item, Mapping):
+        if not isinstance(item, dict):
             raise bad_field(param, f"expected an input item object, got {type(item).__name__}")
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
@@ -144,7 +144,7 @@ def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
 
 def parse_responses(body: Any) -> ChatCall:
     """Check a ``POST /v1/responses`` body; :class:`ChatError` (400) names the bad field."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, dict):
         raise bad_field("input", "the request body must be a JSON object")
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
@@ -152,7 +152,7 @@ def parse_responses(body: Any) -> ChatCall:
     messages, keys = _items(body)
     tools = _function_tools(body)
     text = body.get("text") or {}
-    if isinstance(text, Mapping) and (text.get("format") or {}).get("type") not in (None, "text"):
+    if isinstance(text, dict) and (text.get("format") or {}).get("type") not in (None, "text"):
         raise bad_field("text.format", "only plain text output is supported")
     chat: dict[str, Any] = {
         "model": body.get("model"),
@@ -164,7 +164,7 @@ def parse_responses(body: Any) -> ChatCall:
         "logprobs": bool(body.get("top_logprobs")),
         "top_logprobs": body.get("top_logprobs"),
     }
-    if isinstance(chat["tool_choice"], Mapping) and "name" in chat["tool_choice"]:
+    if isinstance(chat["tool_choice"], dict) and "name" in chat["tool_choice"]:
         chat["tool_choice"] = {
             "type": "function",
             "function": {"name": chat["tool_choice"]["name"]},
