@@ -213,7 +213,6 @@ class Router:
             headers=[("allow", ", ".join(sorted(allowed)))],
         )
 
-
     def _match(self, path: str) -> str:
         """The pattern that ``path`` matches (``path`` itself when none does)."""
         parts = path.split("/")

@@ -14,7 +14,7 @@ from agentenv.endpoint._env import AgentEnv
 from agentenv.endpoint._protocol import ChatCall, ChatError, ChatReply, parse_chat
 from agentenv.endpoint._recorder import EpisodeRecorder
 from agentenv.endpoint._responses import parse_responses
-from agentenv.endpoint._server import AgentServer, Endpoint, chat_routes
+from agentenv.endpoint._server import AgentServer, Endpoint, chat_routes, serve_chat
 
 __all__ = [
     "AgentEnv",
@@ -27,4 +27,5 @@ __all__ = [
     "chat_routes",
     "parse_chat",
     "parse_responses",
+    "serve_chat",
 ]

@@ -26,8 +26,9 @@ from typing import Any
 import anyio
 import httpx
 
-from agentenv._environment import Episode
+from agentenv._environment import Episode, Limits, Task
 from agentenv._errors import ConfigError
+from agentenv._generator import Generator, SamplingParams
 from agentenv._http import (
     HTTPError,
     Request,
@@ -36,6 +37,7 @@ from agentenv._http import (
     StreamingResponse,
     async_client,
 )
+from agentenv._tokenizer import Tokenizer
 from agentenv._tools import ToolCallParser
 from agentenv.endpoint._protocol import (
     ChatCall,
@@ -49,7 +51,7 @@ from agentenv.endpoint._protocol import (
 from agentenv.endpoint._recorder import EpisodeRecorder
 from agentenv.endpoint._responses import parse_responses, response_body, response_events
 
-__all__ = ["AgentServer", "Endpoint", "chat_routes"]
+__all__ = ["AgentServer", "Endpoint", "chat_routes", "serve_chat"]
 
 _PREFIX = "/e/"
 
@@ -132,6 +134,34 @@ class _SharedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         return None
+
+
+def serve_chat(
+    router: Router,
+    generator: Generator,
+    tokenizer: Tokenizer,
+    *,
+    model: str,
+    context_length: int,
+) -> None:
+    """OpenAI's ``/v1`` routes on ``router`` for ``generator`` (``agentenv serve``): each
+    call one conversation through ``tokenizer``'s chat template, with the request's
+    sampling, up to ``context_length`` tokens."""
+
+    def recorder() -> EpisodeRecorder:
+        episode = Episode(
+            task=_CHAT_TASK,
+            tokenizer=tokenizer,
+            policy=generator,
+            sampling=SamplingParams(max_new_tokens=context_length),
+            limits=Limits(context_length=context_length),
+        )
+        return EpisodeRecorder(episode, request_sampling=True)
+
+    chat_routes(router, recorder, model=model)
+
+
+_CHAT_TASK = Task(id="chat")
 
 
 @dataclasses.dataclass(slots=True)

@@ -21,11 +21,10 @@ and any other SGLang client talk to it unchanged::
     POST /destroy_weights_update_group    {"group_name"}
     POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
     POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
-    POST /v1/chat/completions      OpenAI's chat completions (as SGLang serves them too):
-                                   messages through the model's chat template, tools,
-                                   streaming (see :mod:`agentenv.endpoint`)
-    POST /v1/responses             OpenAI's Responses API, on the same machinery
-    GET  /v1/models
+    POST /v1/chat/completions, /v1/responses; GET /v1/models
+                                   OpenAI's API, as SGLang serves it too, when ``extra_routes``
+                                   adds them (``agentenv serve`` does: see
+                                   :func:`agentenv.endpoint.serve_chat`)
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
 token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
@@ -56,14 +55,12 @@ import dataclasses
 import functools
 import json
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
 import torch
 
-from agentenv._environment import Episode, Limits, Task
 from agentenv._errors import (
     AgentEnvError,
     ClosedResourceError,
@@ -83,8 +80,6 @@ from agentenv._http import (
     sse,
     warn_if_open,
 )
-from agentenv._tokenizer import ChatTokenizer
-from agentenv.endpoint import EpisodeRecorder, chat_routes
 from agentenv.engine._engine import Engine
 from agentenv.engine._group import WeightUpdateGroup, parse_dtype
 from agentenv.engine._model import weight_mismatch
@@ -194,7 +189,8 @@ class EngineServer:
             see :class:`~agentenv._http.HTTPServer`.
         max_prompts: prompts one ``/generate`` request may hold (a batch beyond it is
             answered 400 naming the limit).
-        model_name: the name ``/v1/models`` reports (default: the model directory's).
+        extra_routes: adds more routes to the server's router (``agentenv serve`` adds OpenAI's
+            ``/v1`` routes with :func:`agentenv.endpoint.serve_chat`).
     """
 
     def __init__(
@@ -206,7 +202,7 @@ class EngineServer:
         api_key: str | None = None,
         max_connections: int | None = None,
         max_prompts: int = MAX_PROMPTS,
-        model_name: str | None = None,
+        extra_routes: Callable[[Router], None] | None = None,
     ) -> None:
         if max_prompts < 1:
             raise ConfigError(f"max_prompts must be at least 1, got {max_prompts}")
@@ -241,8 +237,8 @@ class EngineServer:
         for method, path, handler, long_poll in routes:
             probe = path.startswith("/health")  # answered even when every connection is busy
             router.add(method, path, handler, long_poll=long_poll, probe=probe)
-        chat_routes(router, self._chat_recorder, model=model_name or Path(engine.model_path).name)
-        self._chat_tokenizer: ChatTokenizer | None = None
+        if extra_routes is not None:
+            extra_routes(router)
         guard = None
         if api_key is not None:
             guard = api_key_guard(
@@ -264,9 +260,6 @@ class EngineServer:
         return self._http.port
 
     async def __aenter__(self) -> EngineServer:
-        if self._chat_tokenizer is None:  # /v1/chat/completions renders the model's template
-            path = str(self.engine.model_path)
-            self._chat_tokenizer = await anyio.to_thread.run_sync(ChatTokenizer.load, path)
         await self._http.__aenter__()
         if self.api_key is None:
             warn_if_open(self._http.host, self.port, what="agentenv serve")
@@ -281,21 +274,6 @@ class EngineServer:
                     await self._leave(name)
 
     # -- generation ------------------------------------------------------------------------
-    def _chat_recorder(self) -> EpisodeRecorder:
-        """One chat completion is one episode of its own: the request's sampling applies,
-        up to the engine's context."""
-        if self._chat_tokenizer is None:
-            raise ClosedResourceError("the server is not running: use it inside async with")
-        context = self.engine.context_length
-        episode = Episode(
-            task=Task(id="chat"),
-            tokenizer=self._chat_tokenizer,
-            policy=self.engine,
-            sampling=SamplingParams(max_new_tokens=context),
-            limits=Limits(context_length=context),
-        )
-        return EpisodeRecorder(episode, request_sampling=True)
-
     def _prompts(self, body: GenerateBody) -> list[list[int]]:
         """The prompts as id lists (one, or the batch's)."""
         if body.input_ids is not None:

@@ -586,13 +586,32 @@ async def test_an_open_server_without_a_key_warns(
     assert "WITHOUT an API key" in caplog.text and "Set --api-key" in caplog.text
 
 
+@pytest.fixture
+async def chat_server(model_dir: Path) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    """The engine with OpenAI's /v1 routes, as agentenv serve runs it."""
+    from agentenv import ChatTokenizer
+    from agentenv.endpoint import serve_chat
+
+    tokenizer = ChatTokenizer.load(str(model_dir))
+    async with Engine(model_dir, context_length=64) as engine:
+
+        def routes(router: Any) -> None:
+            serve_chat(router, engine, tokenizer, model="smollm2-135m", context_length=64)
+
+        async with (
+            EngineServer(engine, extra_routes=routes) as served,
+            httpx.AsyncClient(base_url=served.url, timeout=60) as http,
+        ):
+            yield engine, http
+
+
 @pytest.mark.anyio
 async def test_chat_completions_through_the_model_template(
-    server: tuple[Engine, httpx.AsyncClient],
+    chat_server: tuple[Engine, httpx.AsyncClient],
 ) -> None:
     import openai
 
-    _, http = server
+    _, http = chat_server
     models = (await http.get("/v1/models")).json()
     assert models["data"][0]["id"] == "smollm2-135m"
     url = str(http.base_url).rstrip("/")
