@@ -31,8 +31,8 @@ class AgentEnv(Environment):
     Write :meth:`run_agent`; it gets ``client``, an ``openai.AsyncOpenAI`` pointed at the
     episode's endpoint (``client_kind = "base_url"``: the URL string instead), and returns
     the agent's final answer. The rubric scores the episode: reward functions see the
-    answer as ``state.info["answer"]``, the last transcript as ``state.transcript`` and all
-    of them as ``state.episode.transcripts``.
+    answer as ``state.info["answer"]`` (``None`` when a limit ended the run), the last
+    transcript as ``state.transcript`` and all of them as ``state.episode.transcripts``.
 
     An agent that raises, or runs past ``timeout_s``, is a failed sample naming the reason;
     one that never calls the endpoint is a failed sample saying so. A call that overflows
