@@ -28,3 +28,13 @@ def test_the_calculator_tool_evaluates_integer_arithmetic_only() -> None:
     assert calculator("3 * (4 + 2) - 1") == "17"
     assert calculator("9 ** 9").startswith("error")
     assert calculator("__import__('os')").startswith("error")
+
+
+def test_the_script_file_plays_the_agent() -> None:
+    from pathlib import Path
+
+    tok = ChatTokenizer.load("smollm2-135m")
+    script = Path(__file__).parent / "scripts" / "calculator_agent.json"
+    env = CalculatorAgentEnv()
+    result = agentenv.run(env, ScriptedModel.from_file(script, tok), tasks=env.tasks("test")[:2])
+    assert [s.reward for s in result.samples] == [1.0, 1.0]
