@@ -19,9 +19,11 @@ from agents import (
 )
 
 import agentenv
-from agentenv import ChatTokenizer, Rubric, ScriptedModel, State, Status, Task
+from agentenv import ChatTokenizer, Rubric, Sample, ScriptedModel, State, Status, Task
 from agentenv._scripted import ScriptContext, scripted_logprob
 from agentenv.endpoint import AgentEnv
+
+from .test_env import check_token_exact
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,6 +64,15 @@ class AgentsSDKEnv(AgentEnv):
     rubric = Rubric(correct)
     api: ClassVar[str] = "chat"
     streamed: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.conversation: Any = None
+
+    async def rollout(self, task: Task, episode: agentenv.Episode) -> list[Sample]:
+        out = await super().rollout(task, episode)
+        t = episode.transcripts[0]
+        self.conversation = (t.messages, t.tools if t.tokenizer.supports_tools else None)
+        return out
 
     def tasks(self, split: str = "train") -> list[Task]:
         return [Task(id="t", prompt="What is (2+3)*4?", answer=20)]
@@ -119,3 +130,7 @@ def test_agents_sdk_runner_gives_one_token_exact_sample(
     # The tool results the agent sent are environment tokens (mask 0).
     text = tok.decode([t for t, m in zip(sample.completion_ids, mask, strict=True) if not m])
     assert "5" in text and "20" in text
+    messages, tools = env.conversation
+    roles = [m["role"] for m in messages]
+    assert roles[-5:] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    check_token_exact(sample, tok, messages, tools)

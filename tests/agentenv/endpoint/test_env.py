@@ -115,8 +115,18 @@ class OpenAIEnv(AgentEnv):
     rubric = Rubric(answer)
     stream: ClassVar[bool] = False
 
+    def __init__(self) -> None:
+        self.conversations: dict[str, Any] = {}  # task id -> (messages, tools) recorded
+
     def tasks(self, split: str = "train") -> list[Task]:
         return tasks()
+
+    async def rollout(self, task: Task, episode: agentenv.Episode) -> list[Sample]:
+        out = await super().rollout(task, episode)
+        t = episode.transcripts[0]
+        tools = t.tools if t.tokenizer.supports_tools else None  # else in the system message
+        self.conversations[task.id] = (t.messages, tools)
+        return out
 
     async def run_agent(self, task: Task, client: Any) -> str:
         return await openai_agent(client, str(task.prompt), stream=self.stream)
@@ -224,26 +234,90 @@ def test_real_clients_give_token_exact_samples(
         replies = [f"Let me add.<tool_call>{call}</tool_call>", f"The answer is {int(a) + int(b)}."]
         eot = tok.eos_token_id
         assert generated == [*tok.encode(replies[0]), eot, *tok.encode(replies[1]), eot]
+        messages, tools = env.conversations[str(s.task_id)]
+        assert [m["role"] for m in messages][-3:] == ["assistant", "tool", "assistant"]
+        assert messages[-2]["content"] == str(int(a) + int(b))  # what the agent sent
+        check_token_exact(s, tok, messages, tools)
 
 
 def test_the_conversation_renders_to_the_sample(smollm2: ChatTokenizer) -> None:
     model = ScriptedModel(smollm2, calculator_script)
     env = OpenAIEnv()
-    seen: list[Any] = []
-
-    class Keep(OpenAIEnv):
-        async def rollout(self, task: Task, episode: agentenv.Episode) -> list[Sample]:
-            out = await super().rollout(task, episode)
-            seen.append((episode.transcripts[0].messages, episode.transcripts[0].tools))
-            return out
-
-    result = agentenv.run(Keep(), model, tasks=env.tasks()[:1])
+    result = agentenv.run(env, model, tasks=env.tasks()[:1])
     (sample,) = result.samples
-    messages, tools = seen[0]
+    messages, tools = env.conversations["2+3"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert messages[3]["content"] == "5" and messages[3]["tool_call_id"] == "call_1"
-    check_token_exact(sample, smollm2, messages, None)
-    assert tools == [ADD_TOOL]
+    check_token_exact(sample, smollm2, messages, tools)
+
+
+REWRITE_SYSTEM = {"role": "system", "content": "You add numbers."}
+
+
+async def rewriting_agent(post: Any) -> str:
+    """Ask, get a tool call, then send the history with the question summarised."""
+    first = [REWRITE_SYSTEM, {"role": "user", "content": "What is 2+3?"}]
+    reply = await post(first)
+    tool = {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"}
+    edited = [REWRITE_SYSTEM, {"role": "user", "content": "Sum: 2+3"}, reply, tool]
+    return str((await post(edited))["content"])
+
+
+class RewriteEnv(AgentEnv):
+    rubric = Rubric()
+    kind: ClassVar[str] = "async"
+
+    async def run_agent(self, task: Task, client: Any) -> str:
+        if self.kind == "async":
+
+            async def post(messages: list[Any]) -> Any:
+                r = await client.chat.completions.create(
+                    model="p", messages=messages, tools=[ADD_TOOL]
+                )
+                return r.choices[0].message.model_dump(exclude_none=True)
+
+            return await rewriting_agent(post)
+        if self.kind == "sync":
+            sync = openai.OpenAI(base_url=str(client.base_url), api_key="x", max_retries=0)
+
+            async def post(messages: list[Any]) -> Any:
+                def call() -> Any:
+                    r = sync.chat.completions.create(model="p", messages=messages, tools=[ADD_TOOL])
+                    return r.choices[0].message.model_dump(exclude_none=True)
+
+                return await anyio.to_thread.run_sync(call)
+
+            try:
+                return await rewriting_agent(post)
+            finally:
+                sync.close()
+        async with httpx.AsyncClient(base_url=str(client.base_url)) as http:
+
+            async def post(messages: list[Any]) -> Any:
+                body = {"messages": messages, "tools": [ADD_TOOL]}
+                return (await http.post("chat/completions", json=body)).json()["choices"][0][
+                    "message"
+                ]
+
+            return await rewriting_agent(post)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync", "httpx"])
+def test_a_rewrite_by_the_agent_starts_a_new_segment_with_every_client(
+    kind: str, smollm2: ChatTokenizer
+) -> None:
+    class Env(RewriteEnv):
+        pass
+
+    Env.kind = kind
+    model = ScriptedModel(smollm2, calculator_script)
+    result = agentenv.run(Env(), model, tasks=[Task(id="t")])
+    first, second = result.samples
+    assert [first.metadata.get("segment"), second.metadata.get("segment")] == [0, 1]
+    assert "What is 2+3?" in smollm2.decode(first.prompt_ids)
+    assert "Sum: 2+3" in smollm2.decode(second.prompt_ids)
+    assert smollm2.decode(second.completion_ids) == "The answer is 5.<|im_end|>"
+    assert second.loss_mask is not None and all(second.loss_mask)
 
 
 def test_an_agent_that_closes_its_client_leaves_the_others_theirs(smollm2: ChatTokenizer) -> None:
