@@ -17,8 +17,7 @@ from agentenv._errors import ConfigError, short_repr
 from agentenv._rewards import Rubric, State
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tools import HermesParser, ToolCallParser
-from agentenv.endpoint._recorder import EpisodeRecorder
-from agentenv.endpoint._server import AgentServer
+from agentenv.endpoint._server import AgentServer, Endpoint
 
 __all__ = ["AgentEnv"]
 
@@ -29,8 +28,10 @@ class AgentEnv(Environment):
     """An environment whose episodes are an OpenAI-API agent's runs.
 
     Write :meth:`run_agent`; it gets ``client``, an ``openai.AsyncOpenAI`` pointed at the
-    episode's endpoint (``client_kind = "base_url"``: the URL string instead), and returns
-    the agent's final answer. The rubric scores the episode: reward functions see the
+    episode's endpoint (``client_kind = "base_url"``: the URL string instead;
+    ``"endpoint"``: the :class:`~agentenv.endpoint.Endpoint` itself, whose ``role(name)``
+    is another agent's endpoint in the same episode), and returns the agent's final
+    answer. The rubric scores the episode: reward functions see the
     answer as ``state.info["answer"]`` (``None`` when a limit ended the run), the last
     transcript as ``state.transcript`` and all of them as ``state.episode.transcripts``.
 
@@ -47,7 +48,7 @@ class AgentEnv(Environment):
         request_sampling: honour the calls' ``temperature``/``top_p``/``seed`` (default:
             the run's sampling wins; ``max_tokens`` and ``stop`` always apply).
         parser: finds tool calls in the model's text (Hermes ``<tool_call>``).
-        client_kind: ``"openai"`` (an ``AsyncOpenAI``) or ``"base_url"``.
+        client_kind: ``"openai"`` (an ``AsyncOpenAI``), ``"base_url"`` or ``"endpoint"``.
     """
 
     rubric: Rubric = _NO_RUBRIC
@@ -56,7 +57,7 @@ class AgentEnv(Environment):
     timeout_s: ClassVar[float | None] = None
     request_sampling: ClassVar[bool] = False
     parser: ClassVar[ToolCallParser] = HermesParser()
-    client_kind: ClassVar[Literal["openai", "base_url"]] = "openai"
+    client_kind: ClassVar[Literal["openai", "base_url", "endpoint"]] = "openai"
     _async_methods: ClassVar[tuple[str, ...]] = (*Environment._async_methods, "run_agent")
 
     def check(self) -> None:
@@ -67,9 +68,9 @@ class AgentEnv(Environment):
                 "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
                 "or rubric = Rubric() to run without a reward on purpose"
             )
-        if self.client_kind not in ("openai", "base_url"):
+        if self.client_kind not in ("openai", "base_url", "endpoint"):
             raise ConfigError(
-                f"client_kind must be 'openai' or 'base_url', got {self.client_kind!r}"
+                f"client_kind must be 'openai', 'base_url' or 'endpoint', got {self.client_kind!r}"
             )
 
     @abc.abstractmethod
@@ -92,26 +93,32 @@ class AgentEnv(Environment):
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
         status, reason = Status.COMPLETED, None
         async with self.agent_server().open(episode) as endpoint:
-            recorder = endpoint.recorder
-            client = endpoint.client() if self.client_kind == "openai" else endpoint.base_url
-            answer = await self._run(task, client, recorder)
-        if recorder.calls == 0:
+            client: Any = endpoint
+            if self.client_kind == "openai":
+                client = endpoint.client()
+            elif self.client_kind == "base_url":
+                client = endpoint.base_url
+            answer = await self._run(task, client, endpoint)
+            recorders = [endpoint.recorder, *(e.recorder for e in endpoint.roles())]
+        if sum(r.calls for r in recorders) == 0:
             raise ConfigError(
                 f"the agent never called its endpoint ({endpoint.base_url}); point its OpenAI "
                 "client at the client or base URL run_agent was given"
             )
-        if recorder.aborted is not None:
-            status, reason = Status.ABORTED, recorder.aborted
-        elif recorder.truncated is not None:
-            status, reason = Status.TRUNCATED, recorder.truncated
+        aborted = next((r.aborted for r in recorders if r.aborted is not None), None)
+        truncated = next((r.truncated for r in recorders if r.truncated is not None), None)
+        if aborted is not None:
+            status, reason = Status.ABORTED, aborted
+        elif truncated is not None:
+            status, reason = Status.TRUNCATED, truncated
         if not episode.transcripts:
             raise ConfigError(f"no call of the agent was answered: {reason or 'no reason'}")
         info: dict[str, JSONValue] = {
             "answer": answer,
-            "calls": recorder.calls,
-            "refused_calls": recorder.refused,
-            "tool_calls": recorder.tool_calls,
-            "tool_call_errors": recorder.tool_call_errors,
+            "calls": sum(r.calls for r in recorders),
+            "refused_calls": sum(r.refused for r in recorders),
+            "tool_calls": sum(r.tool_calls for r in recorders),
+            "tool_call_errors": sum(r.tool_call_errors for r in recorders),
         }
         state = State(task, episode.transcripts[-1], episode, info)
         total, parts = await self.rubric.score(task, state)
@@ -123,7 +130,7 @@ class AgentEnv(Environment):
             out.extend(episode.samples(t, total, status=status, reason=reason, metadata=metadata))
         return out
 
-    async def _run(self, task: Task, client: Any, recorder: EpisodeRecorder) -> str | None:
+    async def _run(self, task: Task, client: Any, endpoint: Endpoint) -> str | None:
         deadline: anyio.CancelScope | None = None
         try:
             if self.timeout_s is None:
@@ -137,7 +144,8 @@ class AgentEnv(Environment):
             raise
         except Exception:
             # A refused call the agent did not survive: the limit, not the agent, ended it.
-            if recorder.truncated is not None or recorder.aborted is not None:
+            recorders = [endpoint.recorder, *(e.recorder for e in endpoint.roles())]
+            if any(r.truncated is not None or r.aborted is not None for r in recorders):
                 return None
             raise
         if answer is not None and not isinstance(answer, str):

@@ -204,6 +204,10 @@ class Endpoint:
         role, and so its samples); made on first use, given back with this one."""
         return self._server.role_endpoint(self, name)
 
+    def roles(self) -> list[Endpoint]:
+        """The other roles' endpoints made so far."""
+        return list(self._server.role_endpoints(self))
+
 
 class AgentServer:
     """The in-process HTTP server of the episodes' endpoints (loopback only).
@@ -279,6 +283,9 @@ class AgentServer:
                 raise ConfigError("this episode's endpoint is closed")
             roles[name] = self._register(parent.recorder.episode, name)
         return roles[name]
+
+    def role_endpoints(self, parent: Endpoint) -> Iterable[Endpoint]:
+        return self._roles.get(parent.key, {}).values()
 
     def _register(self, episode: Episode, role: str | None) -> Endpoint:
         key = secrets.token_hex(8)

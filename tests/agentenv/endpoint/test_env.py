@@ -335,3 +335,30 @@ def test_an_agent_that_closes_its_client_leaves_the_others_theirs(smollm2: ChatT
         "quick": Status.COMPLETED, "2+3": Status.COMPLETED, "4+5": Status.COMPLETED,
     }  # fmt: skip
     assert [s.reward for s in result.samples] == [1.0, 1.0, 1.0]
+
+
+def test_a_multi_agent_episode_has_one_endpoint_per_role(smollm2: ChatTokenizer) -> None:
+    def script(ctx: ScriptContext) -> str:
+        return "Looks right." if "Review:" in ctx.text else "Draft: 5."
+
+    class Team(AgentEnv):
+        rubric = Rubric()
+        client_kind = "endpoint"
+
+        async def run_agent(self, task: Task, client: Any) -> str:
+            writer, critic = client.client(), client.role("critic").client()
+            draft = await writer.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "What is 2+3?"}]
+            )
+            text = draft.choices[0].message.content
+            review = await critic.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": f"Review: {text}"}]
+            )
+            return str(review.choices[0].message.content)
+
+    result = agentenv.run(Team(), ScriptedModel(smollm2, script), tasks=[Task(id="t")])
+    by_role = {s.role: s for s in result.samples}
+    assert set(by_role) == {None, "critic"}
+    assert smollm2.decode(by_role[None].completion_ids) == "Draft: 5.<|im_end|>"
+    assert smollm2.decode(by_role["critic"].completion_ids) == "Looks right.<|im_end|>"
+    assert all(s.metadata["calls"] == 2 for s in result.samples)
