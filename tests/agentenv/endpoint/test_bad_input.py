@@ -245,3 +245,37 @@ def test_responses_api_with_the_openai_sdk(smollm2: ChatTokenizer) -> None:
     assert first.usage.output_tokens == first_turn
     assert last.output_text == "The answer is 5."
     assert sample.status is Status.COMPLETED and sample.metadata["turns"] == 2
+
+
+def test_an_aborted_generation_is_a_503_and_aborts_the_samples(smollm2: ChatTokenizer) -> None:
+    from agentenv import Completion, FinishReason
+
+    inner = ScriptedModel(smollm2, calculator_script)
+    errors: list[openai.APIStatusError] = []
+
+    class AbortSecond:
+        tokenizer = smollm2
+
+        async def generate(self, input_ids: Any, params: Any, *, rid: Any = None) -> Completion:
+            if inner.calls == 0:
+                return await inner.generate(input_ids, params, rid=rid)
+            return Completion(output_ids=[], logprobs=[], finish_reason=FinishReason("abort"))
+
+    async def probe(client: openai.AsyncOpenAI) -> str:
+        r = await client.chat.completions.create(model="p", messages=[USER], tools=[ADD_TOOL])
+        msg = r.choices[0].message
+        (call,) = msg.tool_calls or []
+        tool = {"role": "tool", "tool_call_id": call.id, "content": "5"}
+        try:
+            messages: list[Any] = [USER, msg.model_dump(exclude_none=True), tool]
+            await client.chat.completions.create(model="p", messages=messages, tools=[ADD_TOOL])
+        except openai.APIStatusError as e:
+            errors.append(e)
+            raise
+        return ""
+
+    env = ProbeEnv()
+    env.probe = probe
+    (sample,) = agentenv.run(env, AbortSecond(), tasks=[Task(id="t")]).samples
+    assert errors[0].status_code == 503 and "aborted" in errors[0].message
+    assert sample.status is Status.ABORTED and sample.metadata["turns"] == 1
