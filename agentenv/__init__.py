@@ -4,7 +4,8 @@ Write an :class:`Environment` (or a :class:`SingleTurnEnv`, :class:`MultiTurnEnv
 :class:`ToolEnv`), test it offline with a :class:`ScriptedModel` (:func:`run` plays it in
 one synchronous call), run it at scale with :func:`run_rollouts`. Samples are token-exact:
 see :class:`Transcript`. Multi-agent games: a :class:`Game` holds the rules,
-:class:`GameEnv` plays it (``agentenv.games``).
+:class:`GameEnv` plays it (``agentenv.games``). An agent written against the OpenAI API
+trains unchanged through :class:`AgentEnv` (``agentenv.endpoint``).
 """
 
 from agentenv._environment import DEFAULT_ROLE, Environment, Episode, Limits, Task
@@ -46,6 +47,7 @@ from agentenv._scripted import Rule, ScriptedModel
 from agentenv._tokenizer import ChatTokenizer, Tokenizer
 from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallParser, run_tool_calls, tool
 from agentenv._transcript import Transcript
+from agentenv.endpoint import AgentEnv
 from agentenv.games import (
     Game,
     GameEnv,
@@ -62,6 +64,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_ROLE",
+    "AgentEnv",
     "AgentEnvError",
     "ChatTokenizer",
     "ClosedResourceError",

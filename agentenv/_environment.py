@@ -207,6 +207,9 @@ class Episode:
                     max_new_tokens=room, min_new_tokens=min(params.min_new_tokens, room)
                 )
         rid = f"{self.group_id}/{self.index}/{transcript.role or DEFAULT_ROLE}/{transcript.turns}"
+        if self.transcripts and transcript is not self.transcripts[0]:
+            # Transcripts of one role may generate at once (parallel sub-agents): one rid each.
+            rid = f"{rid}/{self.transcripts.index(transcript)}"
         completion = await self.generator_for(transcript.role).generate(
             transcript.ids, params, rid=rid
         )

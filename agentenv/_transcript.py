@@ -256,7 +256,31 @@ class Transcript:
         ``on_history_rewrite="new_sample"``, the new segment's prompt ids).
         """
         new = validate_messages(messages)
-        conversation = [*self.messages, *new]
+        return self._continue([*self.messages, *new], generation_prompt)
+
+    def rewrite(
+        self,
+        messages: Iterable[Mapping[str, Any]] | str,
+        *,
+        generation_prompt: bool = True,
+    ) -> list[int]:
+        """Continue from ``messages``, which replace the conversation (an agent that
+        summarises, drops or edits earlier messages).
+
+        The same check as :meth:`add_messages`: when the new conversation still renders as
+        a continuation of what the model saw, only its suffix is appended (mask 0);
+        otherwise the history was rewritten, and ``on_history_rewrite`` decides (a new
+        segment whose prompt is the new conversation, or :class:`HistoryRewriteError`).
+        Returns the ids appended (or the new segment's prompt ids).
+        """
+        conversation = validate_messages(messages)
+        if not conversation:
+            raise TemplateError("a transcript needs at least one message")
+        if self.tools and not self.tokenizer.supports_tools:
+            conversation = _with_tool_prompt(conversation, self.tools)
+        return self._continue(conversation, generation_prompt)
+
+    def _continue(self, conversation: list[Message], generation_prompt: bool) -> list[int]:
         full = self._render(conversation, add_generation_prompt=generation_prompt)
         end = self._turn_end(full) if self._seen.is_prefix_of(full) else None
         if end is None:

@@ -142,11 +142,18 @@ class _Route:
 
 
 class Router:
-    """Handlers by exact ``(method, path)``; unknown paths answer 404, wrong methods 405."""
+    """Handlers by ``(method, path)``; unknown paths answer 404, wrong methods 405.
+
+    A path segment written ``{name}`` matches any one non-empty segment
+    (``/e/{key}/v1/models`` serves ``/e/abc/v1/models``); the handler reads it from
+    ``request.path``. Exact paths are looked up first.
+    """
 
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], _Route] = {}
         self._methods: dict[str, list[str]] = {}
+        # Patterns by segment count: (segments, None where any segment matches).
+        self._patterns: dict[int, list[tuple[str, tuple[str | None, ...]]]] = {}
 
     def add(
         self,
@@ -170,6 +177,11 @@ class Router:
         if (method, path) in self._routes:
             raise ConfigError(f"route {method} {path} is already registered")
         self._routes[method, path] = _Route(handler, long_poll, probe)
+        if path not in self._methods and "{" in path:
+            parts = tuple(
+                None if p.startswith("{") and p.endswith("}") else p for p in path.split("/")
+            )
+            self._patterns.setdefault(len(parts), []).append((path, parts))
         self._methods.setdefault(path, []).append(method)
 
     def route(
@@ -184,6 +196,8 @@ class Router:
         return register
 
     def resolve(self, method: str, path: str) -> _Route:
+        if (method, path) not in self._routes and self._patterns:
+            path = self._match(path)
         route = self._routes.get((method, path))
         if route is None and method == "HEAD":
             route = self._routes.get(("GET", path))
@@ -198,6 +212,14 @@ class Router:
             type="MethodNotAllowed",
             headers=[("allow", ", ".join(sorted(allowed)))],
         )
+
+    def _match(self, path: str) -> str:
+        """The pattern that ``path`` matches (``path`` itself when none does)."""
+        parts = path.split("/")
+        for pattern, want in self._patterns.get(len(parts), ()):
+            if all(w == p if w is not None else bool(p) for w, p in zip(want, parts, strict=True)):
+                return pattern
+        return path
 
 
 _PHRASES: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}

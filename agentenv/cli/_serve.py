@@ -4,7 +4,9 @@
     agentenv eval --env arithmetic --model http://127.0.0.1:30000
 
 Any SGLang client works against it (``/generate``, ``/health``, ``/abort_request``,
-``/update_weights_from_disk``, ...). It binds to 127.0.0.1 unless told otherwise and runs
+``/update_weights_from_disk``, ...), and so does an OpenAI client: it serves
+``/v1/chat/completions`` and ``/v1/models`` as SGLang does (base URL
+``http://HOST:PORT/v1``). It binds to 127.0.0.1 unless told otherwise and runs
 until Ctrl-C (or SIGTERM). With an API key (``--api-key``, or ``$AGENTENV_API_KEY``) every
 request but ``/health*`` must send ``Authorization: Bearer KEY``, as with SGLang's.
 """
@@ -15,6 +17,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -91,7 +94,9 @@ def add_parser(sub: Any) -> None:
 async def serve(cfg: ServeConfig) -> None:
     import torch
 
-    from agentenv._http import raise_open_file_limit
+    from agentenv._http import Router, raise_open_file_limit
+    from agentenv._tokenizer import ChatTokenizer
+    from agentenv.endpoint import serve_chat
     from agentenv.engine import Engine, EngineServer
 
     raise_open_file_limit()  # as SGLang: room for thousands of concurrent clients
@@ -109,8 +114,15 @@ async def serve(cfg: ServeConfig) -> None:
         weight_version=cfg.weight_version,
         cuda_graphs=cfg.cuda_graphs,
     )
+    tokenizer = await anyio.to_thread.run_sync(ChatTokenizer.load, str(engine.model_path))
+    name = Path(engine.model_path).name
+
+    def openai_routes(router: Router) -> None:  # OpenAI's /v1 routes, as SGLang serves them
+        serve_chat(router, engine, tokenizer, model=name, context_length=engine.context_length)
+
     server = EngineServer(
         engine,
+        extra_routes=openai_routes,
         host=cfg.host,
         port=cfg.port,
         api_key=api_key,

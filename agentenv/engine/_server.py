@@ -23,6 +23,10 @@ and any other SGLang client talk to it unchanged::
                                            "weight_version", ...}
     POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
     POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
+    POST /v1/chat/completions, /v1/responses; GET /v1/models
+                                   OpenAI's API, as SGLang serves it too, when ``extra_routes``
+                                   adds them (``agentenv serve`` does: see
+                                   :func:`agentenv.endpoint.serve_chat`)
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
 token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
@@ -53,7 +57,7 @@ import dataclasses
 import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -189,6 +193,8 @@ class EngineServer:
             see :class:`~agentenv._http.HTTPServer`.
         max_prompts: prompts one ``/generate`` request may hold (a batch beyond it is
             answered 400 naming the limit).
+        extra_routes: adds more routes to the server's router (``agentenv serve`` adds OpenAI's
+            ``/v1`` routes with :func:`agentenv.endpoint.serve_chat`).
     """
 
     def __init__(
@@ -200,6 +206,7 @@ class EngineServer:
         api_key: str | None = None,
         max_connections: int | None = None,
         max_prompts: int = MAX_PROMPTS,
+        extra_routes: Callable[[Router], None] | None = None,
     ) -> None:
         if max_prompts < 1:
             raise ConfigError(f"max_prompts must be at least 1, got {max_prompts}")
@@ -235,6 +242,8 @@ class EngineServer:
         for method, path, handler, long_poll in routes:
             probe = path.startswith("/health")  # answered even when every connection is busy
             router.add(method, path, handler, long_poll=long_poll, probe=probe)
+        if extra_routes is not None:
+            extra_routes(router)
         guard = None
         if api_key is not None:
             guard = api_key_guard(

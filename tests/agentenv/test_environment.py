@@ -470,3 +470,20 @@ async def test_fixed_opponent_policy_per_role(smollm2: ChatTokenizer) -> None:
     versions = {s.role: s.weight_versions for s in sink.samples}
     assert versions == {"clue_giver": ["7"], "guesser": ["frozen"]}
     assert all(s.reward == 1.0 for s in sink.samples)
+
+
+async def test_transcripts_of_one_role_generate_under_their_own_rids(
+    smollm2: ChatTokenizer,
+) -> None:
+    rids: list[str | None] = []
+
+    def script(ctx: Any) -> str:
+        rids.append(ctx.rid)
+        return "ok"
+
+    episode = Episode(task=Task(id="t"), tokenizer=smollm2, policy=ScriptedModel(smollm2, script))
+    first, second = episode.transcript("a"), episode.transcript("b")
+    async with anyio.create_task_group() as tg:  # parallel sub-agents, both at turn 0
+        tg.start_soon(episode.generate, first)
+        tg.start_soon(episode.generate, second)
+    assert sorted(r or "" for r in rids) == ["t/0/policy/0", "t/0/policy/0/1"]

@@ -463,3 +463,23 @@ async def test_shutdown_lets_requests_finish_within_the_grace_then_cancels_them(
             assert answer.headers["connection"] == "close" and not cancelled
         else:  # cancelled once the grace ran out; the connection is closed unanswered
             assert isinstance(answer, httpx.TransportError) and cancelled == [True]
+
+
+def test_router_patterns_match_one_segment() -> None:
+    router = Router()
+
+    async def handler(request: Request) -> Response:
+        return Response.empty()
+
+    router.add("POST", "/e/{key}/v1/chat/completions", handler)
+    router.add("GET", "/e/fixed/v1/models", handler)
+    assert router.resolve("POST", "/e/abc/v1/chat/completions").handler is handler
+    assert router.resolve("GET", "/e/fixed/v1/models").handler is handler
+    with pytest.raises(HTTPError) as missing:
+        router.resolve("POST", "/e//v1/chat/completions")  # an empty segment is no key
+    assert missing.value.status == 404
+    with pytest.raises(HTTPError) as wrong:
+        router.resolve("GET", "/e/abc/v1/chat/completions")
+    assert wrong.value.status == 405
+    with pytest.raises(HTTPError):
+        router.resolve("POST", "/e/a/b/v1/chat/completions")

@@ -404,3 +404,29 @@ def test_property_decode_reproduces_render_and_spans_are_exact(
         assert seg.loss_mask[start : start + len(ids)] == [1] * len(ids)
     assert sum(seg.loss_mask) == sum(len(ids) for _, ids in spans)
     assert len(seg.completion_ids) == len(seg.loss_mask) == len(seg.logprobs)
+
+
+def test_rewrite_continues_when_the_new_messages_extend_what_the_model_saw(
+    any_template: ChatTokenizer,
+) -> None:
+    t = Transcript(any_template, [{"role": "user", "content": "hi"}])
+    t.add_completion(completion(any_template, "hello"))
+    ids = list(t.ids)
+    conversation = [*t.messages, {"role": "user", "content": "again"}]
+    appended = t.rewrite(conversation)
+    assert len(t.segments) == 1 and t.ids[: len(ids)] == ids and t.ids[len(ids) :] == appended
+
+
+def test_rewrite_of_earlier_messages_starts_a_segment_or_raises(smollm2: ChatTokenizer) -> None:
+    t = Transcript(smollm2, [{"role": "user", "content": "a long question"}])
+    t.add_completion(completion(smollm2, "an answer"))
+    summary = [{"role": "user", "content": "a question"}, *t.messages[1:]]
+    prompt = t.rewrite([*summary, {"role": "user", "content": "next"}])
+    assert len(t.segments) == 2 and t.current.prompt_ids == prompt
+    assert "a question" in smollm2.decode(prompt) and "a long" not in smollm2.decode(prompt)
+    strict = Transcript(smollm2, "q", on_history_rewrite="error")
+    strict.add_completion(completion(smollm2, "r"))
+    with pytest.raises(HistoryRewriteError, match="renders the conversation differently"):
+        strict.rewrite([{"role": "user", "content": "other"}])
+    with pytest.raises(TemplateError, match="at least one message"):
+        strict.rewrite([])

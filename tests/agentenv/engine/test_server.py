@@ -584,3 +584,84 @@ async def test_an_open_server_without_a_key_warns(
             pass
     assert "agentenv serve listens on 127.0.0.1" in caplog.text
     assert "WITHOUT an API key" in caplog.text and "Set --api-key" in caplog.text
+
+
+@pytest.fixture
+async def chat_server(model_dir: Path) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    """The engine with OpenAI's /v1 routes, as agentenv serve runs it."""
+    from agentenv import ChatTokenizer
+    from agentenv.endpoint import serve_chat
+
+    tokenizer = ChatTokenizer.load(str(model_dir))
+    async with Engine(model_dir, context_length=64) as engine:
+
+        def routes(router: Any) -> None:
+            serve_chat(router, engine, tokenizer, model="smollm2-135m", context_length=64)
+
+        async with (
+            EngineServer(engine, extra_routes=routes) as served,
+            httpx.AsyncClient(base_url=served.url, timeout=60) as http,
+        ):
+            yield engine, http
+
+
+@pytest.mark.anyio
+async def test_chat_completions_through_the_model_template(
+    chat_server: tuple[Engine, httpx.AsyncClient],
+) -> None:
+    import openai
+
+    _, http = chat_server
+    models = (await http.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "smollm2-135m"
+    url = str(http.base_url).rstrip("/")
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    async with client:
+        r = await client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": "Say hi"}],
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+        )
+        choice = r.choices[0]
+        assert r.usage is not None and r.usage.completion_tokens <= 4
+        assert choice.finish_reason in ("stop", "length")
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert len(choice.logprobs.content) == r.usage.completion_tokens
+        assert all(c.logprob <= 0.0 for c in choice.logprobs.content)
+        # Greedy through /generate on the template's rendering gives the same tokens.
+        from agentenv import ChatTokenizer
+
+        tok = ChatTokenizer.load("smollm2-135m")
+        prompt = tok.encode(
+            tok.render([{"role": "user", "content": "Say hi"}], add_generation_prompt=True)
+        )
+        assert r.usage.prompt_tokens == len(prompt)
+        g = await _post(
+            http,
+            "/generate",
+            {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+        )
+        ids = g.json()["output_ids"]
+        assert [tok.decode([t]) for t in ids] == [c.token for c in choice.logprobs.content]
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model="smollm2-135m",
+                messages=[{"role": "user", "content": "Say hi"}],
+                max_tokens=4,
+                temperature=0,
+                stream=True,
+            )
+        ]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == choice.message.content
+        response = await client.responses.create(
+            model="smollm2-135m", input="Say hi", max_output_tokens=4, temperature=0
+        )
+        assert response.output_text == choice.message.content
+        with pytest.raises(openai.BadRequestError, match="n=1"):
+            await client.chat.completions.create(
+                model="smollm2-135m", messages=[{"role": "user", "content": "x"}], n=2
+            )

@@ -1,0 +1,389 @@
+"""The loopback server behind every episode's OpenAI-compatible endpoint.
+
+One :class:`AgentServer` serves the episodes of a run on 127.0.0.1; an episode's
+endpoint is a path prefix, ``http://127.0.0.1:PORT/e/<key>/v1``, with a key nobody else
+holds. It runs while an episode holds an endpoint (:meth:`AgentServer.open`) and stops
+when the last one is given back, so it needs no start or stop of its own::
+
+    async with server.open(episode) as endpoint:
+        client = endpoint.client()           # an openai.AsyncOpenAI
+        await my_agent(client)               # POST {endpoint.base_url}/chat/completions
+
+:func:`chat_routes` adds the same two routes, without episodes, to another server's
+router (``agentenv serve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import anyio
+import httpx
+
+from agentenv._environment import Episode, Limits, Task
+from agentenv._errors import ConfigError
+from agentenv._generator import Generator, SamplingParams
+from agentenv._http import (
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    StreamingResponse,
+    async_client,
+)
+from agentenv._tokenizer import Tokenizer
+from agentenv._tools import ToolCallParser
+from agentenv.endpoint._protocol import (
+    ChatCall,
+    ChatError,
+    ChatReply,
+    completion_body,
+    models_body,
+    parse_chat,
+    stream_chunks,
+)
+from agentenv.endpoint._recorder import EpisodeRecorder
+from agentenv.endpoint._responses import parse_responses, response_body, response_events
+
+__all__ = ["AgentServer", "Endpoint", "chat_routes", "serve_chat"]
+
+_PREFIX = "/e/"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _API:
+    """One wire format: how a request becomes a call, and a reply an answer."""
+
+    parse: Callable[[Any], ChatCall]
+    body: Callable[[ChatCall, ChatReply, str, str], dict[str, Any]]
+    stream: Callable[[ChatCall, ChatReply, str, str], Iterable[bytes]]
+    prefix: str
+
+
+_CHAT = _API(parse_chat, completion_body, stream_chunks, "chatcmpl-")
+_RESPONSES = _API(parse_responses, response_body, response_events, "")
+
+
+async def _answer(
+    request: Request, recorder: EpisodeRecorder, model: str, api: _API = _CHAT
+) -> Response | StreamingResponse:
+    """One call through ``recorder``, as a response or an SSE stream."""
+    recorder.calls += 1
+    try:
+        try:
+            body = request.json()
+        except HTTPError as e:
+            raise ChatError(400, e.message) from None
+        call = api.parse(body)
+        reply = await recorder.complete(call)
+    except ChatError as e:
+        recorder.refused += 1
+        return e.to_response()
+    cid = f"{api.prefix}{uuid.uuid4().hex}"
+    name = call.model or model
+    if call.stream:
+        chunks = list(api.stream(call, reply, cid, name))
+
+        async def send() -> AsyncIterator[bytes]:
+            for c in chunks:
+                yield c
+
+        return StreamingResponse(send())
+    return Response.json(api.body(call, reply, cid, name))
+
+
+def chat_routes(
+    router: Router,
+    recorder: Callable[[], EpisodeRecorder],
+    *,
+    model: str,
+    prefix: str = "",
+) -> None:
+    """Serve ``POST {prefix}/v1/chat/completions``, ``POST {prefix}/v1/responses`` and
+    ``GET {prefix}/v1/models`` on ``router``, each call through a fresh ``recorder()``
+    (one episode per call)."""
+
+    async def chat(request: Request) -> Response | StreamingResponse:
+        return await _answer(request, recorder(), model)
+
+    async def responses(request: Request) -> Response | StreamingResponse:
+        return await _answer(request, recorder(), model, _RESPONSES)
+
+    async def models(request: Request) -> Response:
+        return Response.json(models_body([model]))
+
+    router.add("POST", f"{prefix}/v1/chat/completions", chat, long_poll=True)
+    router.add("POST", f"{prefix}/v1/responses", responses, long_poll=True)
+    router.add("GET", f"{prefix}/v1/models", models)
+
+
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """Sends through a shared client's pool; closing it leaves the pool open."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._client.send(request, stream=True)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def serve_chat(
+    router: Router,
+    generator: Generator,
+    tokenizer: Tokenizer,
+    *,
+    model: str,
+    context_length: int,
+) -> None:
+    """OpenAI's ``/v1`` routes on ``router`` for ``generator`` (``agentenv serve``): each
+    call one conversation through ``tokenizer``'s chat template, with the request's
+    sampling, up to ``context_length`` tokens."""
+
+    def recorder() -> EpisodeRecorder:
+        episode = Episode(
+            task=_CHAT_TASK,
+            tokenizer=tokenizer,
+            policy=generator,
+            sampling=SamplingParams(max_new_tokens=context_length),
+            limits=Limits(context_length=context_length),
+        )
+        return EpisodeRecorder(episode, request_sampling=True)
+
+    chat_routes(router, recorder, model=model)
+
+
+_CHAT_TASK = Task(id="chat")
+
+
+@dataclasses.dataclass(slots=True)
+class Endpoint:
+    """One episode's (one role's) OpenAI-compatible endpoint.
+
+    ``base_url`` is what an OpenAI client takes (``.../v1``); ``recorder`` holds the calls'
+    counts and state. Any API key is accepted: the path is the scope.
+    """
+
+    base_url: str
+    key: str
+    recorder: EpisodeRecorder
+    _server: AgentServer
+
+    def client(self, **kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` pointed at this endpoint (the ``openai`` package is
+        the agent's own dependency), sharing the server's connection pool; ``kwargs``
+        go to ``AsyncOpenAI``. Retries are off: a refused call is the agent's to see."""
+        try:
+            import openai
+        except ImportError:
+            raise ConfigError(
+                "Endpoint.client() needs the openai package: pip install openai, or hand "
+                "the agent endpoint.base_url instead"
+            ) from None
+        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0}
+        options.update(kwargs)
+        # Its own httpx client (an agent may close it) over the server's shared pool;
+        # openai takes an httpx client as well as its own httpx2 ones.
+        http: Any = httpx.AsyncClient(
+            transport=_SharedTransport(self._server.http_client),
+            timeout=httpx.Timeout(None),
+            trust_env=False,
+        )
+        return openai.AsyncOpenAI(base_url=self.base_url, http_client=http, **options)
+
+    def role(self, name: str) -> Endpoint:
+        """The endpoint of role ``name`` in the same episode (its transcripts carry the
+        role, and so its samples); made on first use, given back with this one."""
+        return self._server.role_endpoint(self, name)
+
+    def roles(self) -> list[Endpoint]:
+        """The other roles' endpoints made so far."""
+        return list(self._server.role_endpoints(self))
+
+
+class AgentServer:
+    """The in-process HTTP server of the episodes' endpoints (loopback only).
+
+    Args:
+        model: the model name the endpoints report (``GET /v1/models``) and answer with.
+        parser, request_sampling, max_turns: for each episode's
+            :class:`~agentenv.endpoint.EpisodeRecorder`.
+        host: the interface to bind (127.0.0.1: this machine only).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str = "policy",
+        parser: ToolCallParser | None = None,
+        request_sampling: bool = False,
+        max_turns: int | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.model = model
+        self.parser = parser
+        self.request_sampling = request_sampling
+        self.max_turns = max_turns
+        self.host = host
+        self._recorders: dict[str, EpisodeRecorder] = {}
+        self._roles: dict[str, dict[str, Endpoint]] = {}
+        self._users = 0
+        self._url = ""
+        self._client: httpx.AsyncClient | None = None
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        router = Router()
+        router.add("POST", f"{_PREFIX}{{key}}/v1/chat/completions", self._chat, long_poll=True)
+        router.add("POST", f"{_PREFIX}{{key}}/v1/responses", self._responses, long_poll=True)
+        router.add("GET", f"{_PREFIX}{{key}}/v1/models", self._models)
+        self._router = router
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The connection pool the endpoints' clients share (while the server runs)."""
+        if self._client is None:
+            raise ConfigError("the agent server is not running: use it inside open()")
+        return self._client
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` while the server runs."""
+        return self._url
+
+    @contextlib.asynccontextmanager
+    async def open(self, episode: Episode, *, role: str | None = None) -> AsyncIterator[Endpoint]:
+        """An endpoint for ``episode``, closed (its calls answered 410) on exit."""
+        await self._acquire()
+        try:
+            endpoint = self._register(episode, role)
+            try:
+                yield endpoint
+            finally:
+                for e in [endpoint, *self._roles.pop(endpoint.key, {}).values()]:
+                    e.recorder.close()
+                    self._recorders.pop(e.key, None)
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled episode gives it back too
+                await self._release()
+
+    def role_endpoint(self, parent: Endpoint, name: str) -> Endpoint:
+        roles = self._roles.setdefault(parent.key, {})
+        if name not in roles:
+            if parent.recorder.closed:
+                raise ConfigError("this episode's endpoint is closed")
+            roles[name] = self._register(parent.recorder.episode, name)
+        return roles[name]
+
+    def role_endpoints(self, parent: Endpoint) -> Iterable[Endpoint]:
+        return self._roles.get(parent.key, {}).values()
+
+    def _register(self, episode: Episode, role: str | None) -> Endpoint:
+        key = secrets.token_hex(8)
+        recorder = EpisodeRecorder(
+            episode,
+            role=role,
+            parser=self.parser,
+            request_sampling=self.request_sampling,
+            max_turns=self.max_turns,
+        )
+        self._recorders[key] = recorder
+        return Endpoint(f"{self._url}{_PREFIX}{key}/v1", key, recorder, self)
+
+    # -- routes --------------------------------------------------------------------------
+    def _recorder(self, request: Request) -> EpisodeRecorder:
+        key = request.path[len(_PREFIX) :].split("/", 1)[0]
+        recorder = self._recorders.get(key)
+        if recorder is None:
+            raise ChatError(
+                410,
+                f"no episode holds the endpoint {key!r}: it has ended (or never existed)",
+                code="episode_ended",
+            )
+        return recorder
+
+    async def _chat(self, request: Request) -> Response | StreamingResponse:
+        try:
+            recorder = self._recorder(request)
+        except ChatError as e:
+            return e.to_response()
+        return await _answer(request, recorder, self.model)
+
+    async def _responses(self, request: Request) -> Response | StreamingResponse:
+        try:
+            recorder = self._recorder(request)
+        except ChatError as e:
+            return e.to_response()
+        return await _answer(request, recorder, self.model, _RESPONSES)
+
+    async def _models(self, request: Request) -> Response:
+        try:
+            self._recorder(request)
+        except ChatError as e:
+            return e.to_response()
+        return Response.json(models_body([self.model]))
+
+    # -- lifetime: running while an episode holds an endpoint ------------------------------
+    def _state_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:  # a new event loop (a new run)
+            self._lock, self._loop = asyncio.Lock(), loop
+            self._users, self._task, self._client = 0, None, None
+        return self._lock
+
+    async def _acquire(self) -> None:
+        async with self._state_lock():
+            if self._users == 0:
+                await self._start()
+            self._users += 1
+
+    async def _release(self) -> None:
+        async with self._state_lock():
+            self._users -= 1
+            if self._users == 0:
+                await self._shutdown()
+
+    async def _start(self) -> None:
+        from agentenv._http import HTTPServer
+
+        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+
+        async def serve() -> None:
+            try:
+                async with HTTPServer(self._router, host=self.host, shutdown_grace=1.0) as http:
+                    started.set_result(http.url)
+                    await stop.wait()
+            except BaseException as e:
+                if not started.done():
+                    started.set_exception(e)
+                raise
+
+        self._stop = stop
+        self._task = asyncio.create_task(serve(), name="agentenv agent server")
+        self._url = await started
+        self._client = async_client(self._url, timeout=httpx.Timeout(None), max_connections=4096)
+
+    async def _shutdown(self) -> None:
+        client, task, stop = self._client, self._task, self._stop
+        self._client = self._task = self._stop = None
+        if client is not None:
+            await client.aclose()
+        if stop is not None:
+            stop.set()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def endpoints(self) -> Iterable[str]:
+        """The keys of the endpoints open now."""
+        return list(self._recorders)
