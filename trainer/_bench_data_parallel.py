@@ -45,7 +45,9 @@ def add_parser(sub: Any) -> None:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, metavar="N", help="ranks (default 2)")
-    parser.add_argument("--device", default="cpu", help="cpu (gloo, default) or cuda (NCCL)")
+    parser.add_argument(
+        "--device", default="cpu", metavar="DEVICE", help="cpu (gloo, default) or cuda (NCCL)"
+    )
     parser.add_argument("--layers", type=int, default=4, metavar="N", help="decoder layers (4)")
     parser.add_argument("--hidden", type=int, default=256, metavar="N", help="hidden size (256)")
     parser.add_argument("--vocab", type=int, default=8192, metavar="N", help="vocabulary (8192)")
@@ -56,7 +58,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=4, metavar="N", help="rows (default 4)")
     parser.add_argument("--tokens", type=int, default=128, metavar="N", help="per row (128)")
     parser.add_argument(
-        "--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {STRATEGIES}"
+        "--strategies",
+        default=",".join(STRATEGIES),
+        metavar="NAMES",
+        help=f"comma-separated: {STRATEGIES}",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 

@@ -71,9 +71,9 @@ def add_parser(sub: Any) -> None:
         parser = sub.add_parser("rollout", help="episodes/s through rollout workers")
     plain = parser.get_default("handler")
     group = parser.add_argument_group(
-        "rollout workers (--workers N: episodes/s of a CPU-bound environment in one process, "
-        "on 1 and on N workers on namespace hosts)"
-    )
+        "rollout workers", "--workers N: episodes/s of a CPU-bound environment in one "
+        "process, on 1 and on N workers",
+    )  # fmt: skip
     _add_arguments(group, json_flag=plain is None)
     parser.description = (parser.description or "") + "\n\n" + (__doc__ or "")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
