@@ -182,7 +182,7 @@ def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrenc
     )
     return RolloutWorkers(
         spec, p.rollout_num_workers, max_task_retries=p.rollout_worker_retries,
-        start_timeout=p.placement_timeout,
+        start_timeout=p.placement_timeout, announce=config.checkpoint.save,
     )  # fmt: skip
 
 

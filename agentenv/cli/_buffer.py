@@ -133,8 +133,18 @@ def add_parser(sub: Any) -> None:
     )
     serve.set_defaults(handler=run_serve)
 
-    stats = actions.add_parser("stats", help="summarise a Buffer on disk (read-only)")
-    stats.add_argument("path", type=Path, help="the Buffer's directory (or its buffer.sqlite)")
+    stats = actions.add_parser(
+        "stats", help="summarise a Buffer on disk (read-only), or a served one's counters"
+    )
+    stats.add_argument(
+        "path", help="the Buffer's directory (or its buffer.sqlite), or a served Buffer's URL "
+        "(agentenv buffer serve, or a run's: SAVE/buffer.json names it)",
+    )  # fmt: skip
+    stats.add_argument(
+        "--token-file", type=Path, metavar="FILE",
+        help="a served Buffer's bearer token (default: SAVE/buffer.token beside the URL's "
+        "buffer.json, else $AGENTENV_BUFFER_TOKEN)",
+    )  # fmt: skip
     stats.add_argument("--json", action="store_true", help="print one JSON object last")
     stats.set_defaults(handler=run_stats)
 
@@ -406,6 +416,15 @@ def render(path: Path, summary: dict[str, Any]) -> str:
 def run_stats(args: argparse.Namespace) -> int:
     from agentenv.buffer import open_readonly
 
+    if str(args.path).startswith(("http://", "https://")):
+        return _served_stats(str(args.path), args)
+    path = Path(args.path)
+    if path.name == "buffer.json" and path.is_file():  # a run's served Buffer
+        info = json.loads(path.read_text())
+        if args.token_file is None:
+            args.token_file = path.with_name("buffer.token")
+        return _served_stats(str(info["url"]), args)
+    args.path = path
     store = open_readonly(args.path)
     try:
         summary = summarise(store)
@@ -414,6 +433,33 @@ def run_stats(args: argparse.Namespace) -> int:
     print(render(args.path, summary))
     if args.json:
         print(json.dumps(summary, separators=(",", ":")))
+    return 0
+
+
+def _served_stats(url: str, args: argparse.Namespace) -> int:
+    """A served Buffer's counters (:class:`~agentenv.buffer.BufferStats`), live."""
+    from agentenv.buffer import BufferClient
+
+    if args.token_file is not None:
+        token = read_token(args.token_file)
+    else:
+        token = os.environ.get("AGENTENV_BUFFER_TOKEN", "")
+        if not token:
+            raise ConfigError(
+                f"{url} is a served Buffer: pass --token-file FILE (its bearer token) or set "
+                "$AGENTENV_BUFFER_TOKEN"
+            )
+
+    async def fetch() -> dict[str, Any]:
+        async with BufferClient(url, token=token) as client:
+            return (await client.statistics()).to_dict()
+
+    stats = anyio.run(fetch)
+    print(f"agentenv buffer stats  {url}  (served, live)")
+    for key, value in stats.items():
+        print(f"  {key:<24} {value}")
+    if args.json:
+        print(json.dumps(stats, separators=(",", ":")))
     return 0
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -198,6 +200,9 @@ class RolloutWorkers:
         start_timeout: seconds the workers have to build their environments.
         buffer_host: the address the workers reach the driver's Buffer at (default: this
             node's address as Ray knows it).
+        announce: a directory where the served Buffer is announced while it serves:
+            ``buffer.json`` (its URL) and ``buffer.token`` (its bearer token, mode 600),
+            for ``agentenv buffer stats DIR/buffer.json``.
     """
 
     def __init__(
@@ -208,6 +213,7 @@ class RolloutWorkers:
         max_task_retries: int = 2,
         start_timeout: float = 300.0,
         buffer_host: str | None = None,
+        announce: os.PathLike[str] | str | None = None,
     ) -> None:
         if num_workers < 1:
             raise ConfigError(f"num_workers must be at least 1, got {num_workers}")
@@ -218,6 +224,7 @@ class RolloutWorkers:
         self.max_task_retries = max_task_retries
         self.start_timeout = start_timeout
         self.buffer_host = buffer_host
+        self.announce = None if announce is None else Path(announce)
         self._workers: list[_Worker] = []
         self._buffer: Any = None
         self._buffer_url = ""
@@ -243,6 +250,8 @@ class RolloutWorkers:
         refused: ConfigError | None = None
         async with BufferServer(buffer, token=self._token, host=host, port=0) as server:
             self._buffer_url = server.url
+            if self.announce is not None:
+                self._announce(self.announce)
             try:
                 await self._start_all()
             except ConfigError as e:  # raised as itself, not in the server's task group
@@ -274,6 +283,18 @@ class RolloutWorkers:
         self._workers = workers
         where = "; ".join(f"worker {w.index} on {w.where}" for w in workers)
         log.info("%d rollout workers: %s", len(workers), where)
+
+    def _announce(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        token = directory / "buffer.token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._token + "\n")
+        (directory / "buffer.json").write_text(json.dumps({"url": self._buffer_url}) + "\n")
+        log.info(
+            "the run's Buffer is served at %s (agentenv buffer stats %s)",
+            self._buffer_url, directory / "buffer.json",
+        )  # fmt: skip
 
     def _ask(self) -> str:
         parts = {"CPU": self.spec.num_cpus, **self.spec.resources}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -97,12 +98,13 @@ async def _groups(buffer: Buffer) -> list[str]:
 
 @pytest.mark.anyio
 async def test_a_killed_workers_part_is_played_again_and_every_group_is_put_once(
-    ray_cluster: Any, served: tuple[str, ChatTokenizer], model: Path
+    ray_cluster: Any, served: tuple[str, ChatTokenizer], model: Path, tmp_path: Path
 ) -> None:
     url, _ = served
     spec = WorkerSpec(f"{__name__}:SlowEnv", {}, str(model), url, concurrency=2)
     tasks = SlowEnv().tasks("train")[:8]
-    async with _buffer() as buffer, RolloutWorkers(spec, 2).serving(buffer) as workers:
+    group = RolloutWorkers(spec, 2, announce=tmp_path)
+    async with _buffer() as buffer, group.serving(buffer) as workers:
         assert len(workers.live()) == 2
         victim = workers.live()[0]
 
@@ -122,6 +124,12 @@ async def test_a_killed_workers_part_is_played_again_and_every_group_is_put_once
         assert result.stats.episodes >= len(tasks) * N
         stats = await buffer.statistics()
         assert stats.kept == len(tasks) and stats.in_flight == 0
+        # The served Buffer, from another process: agentenv buffer stats SAVE/buffer.json.
+        cmd = [sys.executable, "-m", "agentenv", "buffer", "stats", str(tmp_path / "buffer.json")]
+        done = await anyio.run_process([*cmd, "--json"], check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        live = json.loads(done.stdout.decode().splitlines()[-1])
+        assert live["kept"] == len(tasks) and live["groups_put"] == stats.groups_put
         # The replacement joins; the next round runs on both.
         await workers.wait_ready(timeout=120)
         assert workers.metrics()["rollout/workers_alive"] == 2
