@@ -1,4 +1,5 @@
-"""Prompt data files: tasks from JSONL, and errors that name the line and the key."""
+"""Prompt data files: tasks from JSONL, errors that name the line and the key, and
+``agentenv train`` skipping (and reporting) bad rows."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_agentenv_train_takes_prompt_data_and_names_a_missing_key(tmp_path: Path) -> None:
+def test_agentenv_train_takes_prompt_data_and_skips_a_bad_row_naming_it(tmp_path: Path) -> None:
     import json
     import subprocess
     import sys
@@ -83,7 +84,15 @@ def test_agentenv_train_takes_prompt_data_and_names_a_missing_key(tmp_path: Path
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1])["steps"] == 1
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"text": "no label"}) + "\n")
+    bad.write_text(
+        json.dumps(rows[0]) + "\n" + json.dumps({"text": "no label"}) + "\n"
+        + "".join(json.dumps(r) + "\n" for r in rows[1:])
+    )  # fmt: skip
     out = train(bad)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "bad.jsonl line 2 has no key 'label' (keys: ['text']); skipped" in out.stderr
+    only_bad = tmp_path / "only_bad.jsonl"
+    only_bad.write_text(json.dumps({"text": "no label"}) + "\n")
+    out = train(only_bad)
     assert out.returncode == 2
-    assert "bad.jsonl line 2 has no key 'label'" in out.stderr
+    assert "has no tasks (only_bad.jsonl line 1 has no key 'label'" in out.stderr
