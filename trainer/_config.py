@@ -51,8 +51,9 @@ class ModelConfig(Group):
         "--hf-checkpoint", "smollm2-135m", "model name or HF directory", metavar="MODEL"
     )
     ref_load: str | None = setting(
-        "--ref-load", None, "the KL reference (default: the starting model; only it is "
-        "supported yet, so leave it out or pass --hf-checkpoint's)", metavar="MODEL",
+        "--ref-load", None, "--backend megatron: the KL reference checkpoint (default: the "
+        "starting model, the only one supported yet with a KL weight; torch: leave it out)",
+        metavar="MODEL",
     )  # fmt: skip
     device: str = setting("--device", "cpu", "cpu, cuda or cuda:N", metavar="DEVICE")
 
@@ -506,6 +507,12 @@ class TrainConfig(Group):
             steps = self.rollout.num_rollout * self.rollout.num_steps_per_rollout
             self.optimizer = self.optimizer.model_copy(update={"lr_decay_iters": steps})
         ref = self.model.ref_load
+        if ref is not None and ref != self.model.hf_checkpoint and self.parallel.backend == "torch":
+            raise ConfigError(
+                f"--ref-load {ref!r} is a megatron reference checkpoint (--backend megatron); "
+                "the torch backend's KL reference is the starting model (--hf-checkpoint "
+                f"{self.model.hf_checkpoint!r}): leave --ref-load out, or pass --backend megatron"
+            )
         if ref is not None and ref != self.model.hf_checkpoint and self.algorithm.kl_coef > 0:
             raise ConfigError(
                 f"--ref-load {ref!r}: a reference other than the starting model "

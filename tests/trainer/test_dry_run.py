@@ -188,6 +188,21 @@ def test_a_dry_run_finds_what_a_run_would_stop_on(
     assert err.startswith("agentenv train: error: ") and message in err
 
 
+def test_the_torch_backend_refuses_megatrons_reference_and_parallelism_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    megatron_only = ("--tensor-model-parallel-size", "--sequence-parallel",
+                     "--pipeline-model-parallel-size", "--context-parallel-size")  # fmt: skip
+    argv = [a for a in _argv(tmp_path, without=megatron_only) if a != "megatron"]
+    argv = [a for a in argv if a != "--backend"]
+    assert _train([*argv, "--backend", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert "--ref-load '/root/GLM-Z1-9B-0414_torch_dist' is a megatron reference checkpoint" in err
+    assert "leave --ref-load out, or pass --backend megatron" in err
+    assert _train([*_argv(tmp_path), "--backend", "torch"]) == 2
+    assert "need --backend megatron" in capsys.readouterr().err
+
+
 def test_slimes_placement_flags_are_read_into_the_placement_group(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
