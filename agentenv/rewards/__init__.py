@@ -9,6 +9,13 @@ equivalence with ``math-verify`` (the ``rewards`` extra) in worker processes
 """
 
 from agentenv.rewards._extract import after_thinking, last_boxed, last_number, normalize_text
+from agentenv.rewards._judge import (
+    JUDGE_TEMPLATE,
+    JudgeRubric,
+    JudgeStats,
+    label_verdict,
+    score_verdict,
+)
 from agentenv.rewards._remote import RemoteReward
 from agentenv.rewards._rules import minerva_normalize
 from agentenv.rewards._types import (
@@ -23,14 +30,18 @@ from agentenv.rewards._verdict import Verdict
 from agentenv.rewards._verifier import Equivalence, MathVerifier
 
 __all__ = [
+    "JUDGE_TEMPLATE",
     "RM_TYPES",
     "Equivalence",
+    "JudgeRubric",
+    "JudgeStats",
     "MathVerifier",
     "RemoteReward",
     "RuleReward",
     "Verdict",
     "after_thinking",
     "check_rm_type",
+    "label_verdict",
     "last_boxed",
     "last_number",
     "load_reward_function",
@@ -38,4 +49,5 @@ __all__ = [
     "normalize_text",
     "reward_rubric",
     "score",
+    "score_verdict",
 ]
