@@ -238,13 +238,13 @@ class JudgeRubric(Rubric):
     async def _call(self, task: Task, answer: str) -> float:
         ids = self.prompt_ids(task, answer)
         self._rid += 1
+        rid = f"judge-{id(self):x}/{self._rid}"  # unique across judges on one engine
         async with self._limit:
             self._counts["calls"] += 1
             start = time.perf_counter()
             try:
                 with anyio.fail_after(self.timeout_s):
-                    completion = await self.judge.generate(ids, self.sampling,
-                                                           rid=f"judge/{self._rid}")  # fmt: skip
+                    completion = await self.judge.generate(ids, self.sampling, rid=rid)
             except TimeoutError:
                 raise RewardError(f"the judge did not answer in {self.timeout_s:g} s") from None
             except RewardError:

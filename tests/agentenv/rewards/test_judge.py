@@ -49,6 +49,7 @@ class CountingJudge:
         self.inner = ScriptedModel(tokenizer, grader)
         self.tokenizer = tokenizer
         self.calls = 0
+        self.rids: list[str | None] = []
         self.release = anyio.Event()
         self.hold, self.hang = hold, hang
 
@@ -56,6 +57,7 @@ class CountingJudge:
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
     ) -> Completion:
         self.calls += 1
+        self.rids.append(rid)
         if self.hang:
             await anyio.sleep_forever()
         if self.hold:
@@ -105,6 +107,12 @@ async def test_answers_asked_together_share_one_call_in_flight(smollm2: ChatToke
         judge.release.set()
     assert sorted(results) == [0.0, 1.0, 1.0, 1.0]
     assert judge.calls == 2
+    # Calls in flight together have their own request ids, also across judges of one engine.
+    other = JudgeRubric(judge, max_concurrency=1)
+    async with anyio.create_task_group() as tg:
+        for reply in ["Rome", "Oslo"]:
+            tg.start_soon(other.score_answer, TASK, reply)
+    assert len(set(judge.rids)) == len(judge.rids) == 4
 
 
 def test_an_unreadable_verdict_fails_the_sample_with_the_reason(smollm2: ChatTokenizer) -> None:
