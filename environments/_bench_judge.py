@@ -63,7 +63,8 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
                           "number alone.")  # fmt: skip
     out: dict[str, Any] = {"model": model, "task": {"dataset": DATASET, "config": CONFIG}}
     async with Engine(model, context_length=1024) as engine:
-        judge = JudgeRubric(engine, tokenizer, max_concurrency=n)
+        # A loaded 2-core machine takes minutes for a batch: the limit is not measured here.
+        judge = JudgeRubric(engine, tokenizer, max_concurrency=n, timeout_s=1800)
         # 1. n distinct answers at once: the reference's neighbours, none repeated.
         items = [(t, str(int(str(t.answer)) + i % 3 - 1)) for i, t in enumerate(env.tasks("test"))]
         await judge.score_answer(items[0][0], "warm-up")  # weights paged in, kernels chosen
@@ -86,7 +87,8 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
         )  # fmt: skip
         train = env.tasks("train")[:tasks]
         await run_rollouts(env, train, engine, sink=sink, config=config, tokenizer=tokenizer)
-        grouped = JudgeRubric(engine, tokenizer, max_concurrency=group_size * tasks)
+        grouped = JudgeRubric(engine, tokenizer, max_concurrency=group_size * tasks,
+                              timeout_s=1800)  # fmt: skip
         by_id = {t.id: t for t in train}
         verdicts: list[tuple[float, float]] = []
 
