@@ -54,7 +54,7 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
     """The two measurements of the module docstring, as one record."""
     from agentenv import ChatTokenizer, ListSink, RolloutConfig, SamplingParams, run_rollouts
     from agentenv.engine import Engine
-    from agentenv.rewards import JudgeRubric
+    from agentenv.rewards import JudgeRubric, last_number
     from environments.reasoning_gym import ReasoningGymEnv
 
     tokenizer = ChatTokenizer.load(model)
@@ -87,33 +87,36 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
         )  # fmt: skip
         train = env.tasks("train")[:tasks]
         await run_rollouts(env, train, engine, sink=sink, config=config, tokenizer=tokenizer)
-        grouped = JudgeRubric(engine, tokenizer, max_concurrency=group_size * tasks,
-                              timeout_s=1800)  # fmt: skip
         by_id = {t.id: t for t in train}
-        verdicts: list[tuple[float, float]] = []
+        out["grpo_groups"] = {"groups": tasks, "group_size": group_size}
+        # The judge sees the whole reply, then only its final answer (its last number).
+        for kind, extract in (("whole_reply", None), ("final_answer", last_number)):
+            grouped = JudgeRubric(engine, tokenizer, max_concurrency=group_size * tasks,
+                                  extract=extract, timeout_s=1800)  # fmt: skip
+            verdicts: list[tuple[float, float]] = []
 
-        async def judge_one(sample: Any) -> None:
-            task = by_id[str(sample.group_id).split("@")[0]]
-            reply = tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-            verdicts.append((await grouped.score_answer(task, reply), sample.reward))
+            async def judge_one(sample: Any, rubric: JudgeRubric = grouped,
+                                into: list[tuple[float, float]] = verdicts) -> None:  # fmt: skip
+                task = by_id[str(sample.group_id).split("@")[0]]
+                reply = tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+                into.append((await rubric.score_answer(task, reply), sample.reward))
 
-        started = time.perf_counter()
-        async with anyio_group() as tg:
-            for sample in sink.samples:
-                tg.start_soon(judge_one, sample)
-        wall = time.perf_counter() - started
-        stats = grouped.stats()
-        agree = sum(1 for j, v in verdicts if (j >= 0.5) == (v >= 0.5))
-        out["grpo_groups"] = {
-            "groups": tasks, "group_size": group_size, "judgements": stats.judgements,
-            "judge_calls": stats.calls, "hit_rate": round(stats.hit_rate, 3),
-            "wall_s": round(wall, 2),
-            "judgements_per_s": round(stats.judgements / wall, 2),
-            "verifier_reward_mean": round(sum(v for _, v in verdicts) / len(verdicts), 3),
-            "judge_reward_mean": round(sum(j for j, _ in verdicts) / len(verdicts), 3),
-            "agreement_with_verifier": round(agree / len(verdicts), 3),
-            "load_average": round(os.getloadavg()[0], 2),
-        }  # fmt: skip
+            started = time.perf_counter()
+            async with anyio_group() as tg:
+                for sample in sink.samples:
+                    tg.start_soon(judge_one, sample)
+            wall = time.perf_counter() - started
+            stats = grouped.stats()
+            agree = sum(1 for j, v in verdicts if (j >= 0.5) == (v >= 0.5))
+            out["grpo_groups"][kind] = {
+                "judgements": stats.judgements, "judge_calls": stats.calls,
+                "hit_rate": round(stats.hit_rate, 3), "wall_s": round(wall, 2),
+                "judgements_per_s": round(stats.judgements / wall, 2),
+                "verifier_reward_mean": round(sum(v for _, v in verdicts) / len(verdicts), 3),
+                "judge_reward_mean": round(sum(j for j, _ in verdicts) / len(verdicts), 3),
+                "agreement_with_verifier": round(agree / len(verdicts), 3),
+                "load_average": round(os.getloadavg()[0], 2),
+            }  # fmt: skip
     return out
 
 

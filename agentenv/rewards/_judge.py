@@ -10,7 +10,9 @@ number is the reward.
   flight together (up to ``max_concurrency``), so an engine decodes them in one batch.
 - **Cached**: the same (question, answer, reference) is judged once -- a call in flight
   is shared by every episode that asks it, a finished one is kept (``cache_size``
-  entries, least recently used out).
+  entries, least recently used out). The answer is the reply after its thinking, or what
+  ``extract`` takes from it (the final answer: replies that differ in their wording but
+  not in their answer are then one judgement).
 - **Failures are failed samples**: a verdict the parser cannot read, a judge that does
   not answer in ``timeout_s`` or that fails raise :class:`~agentenv.RewardError`, so the
   episode's sample fails with that reason; failures are not cached.
@@ -132,6 +134,10 @@ class JudgeRubric(Rubric):
             are filled in (the task's prompt, the reply after its thinking, the task's
             answer).
         parser: reads the verdict (default :func:`label_verdict`).
+        extract: what of the reply the judge sees, and the cache keys on (default: the
+            reply after its thinking); e.g. :func:`~agentenv.rewards.last_number` judges
+            the final answer only, so the answers a group repeats cost one call. A reply
+            it finds nothing in is judged as it is.
         sampling: the judge's sampling (default greedy, 16 new tokens).
         max_concurrency: judge calls in flight at once.
         timeout_s: a judge call that takes longer fails its sample.
@@ -147,6 +153,7 @@ class JudgeRubric(Rubric):
         *,
         template: str = JUDGE_TEMPLATE,
         parser: VerdictParser | None = None,
+        extract: Callable[[str], str | None] | None = None,
         sampling: SamplingParams | None = None,
         max_concurrency: int = 64,
         timeout_s: float = 60.0,
@@ -174,6 +181,7 @@ class JudgeRubric(Rubric):
         self.tokenizer = tokenizer
         self.template = template
         self.parser = parser or label_verdict()
+        self.extract = extract
         self.sampling = sampling or SamplingParams(max_new_tokens=16, temperature=0.0)
         self.timeout_s = timeout_s
         self.cache_size = cache_size
@@ -209,7 +217,10 @@ class JudgeRubric(Rubric):
 
     async def score_answer(self, task: Task, reply: str) -> float:
         """The verdict on ``reply`` to ``task`` (cached; see the module docstring)."""
-        answer = " ".join((after_thinking(reply) or "").split())
+        answer = after_thinking(reply) or ""
+        if self.extract is not None:
+            answer = self.extract(answer) or answer
+        answer = " ".join(answer.split())
         key = (_question(task), answer, "" if task.answer is None else str(task.answer))
         self._counts["judgements"] += 1
         if key in self._done:

@@ -90,6 +90,19 @@ def test_a_group_is_judged_and_repeated_answers_cost_one_call(smollm2: ChatToken
     assert stats.hit_rate == pytest.approx(0.4)
 
 
+def test_judging_the_extracted_answer_makes_rewordings_one_judgement(
+    smollm2: ChatTokenizer,
+) -> None:
+    judge = CountingJudge(smollm2)
+    rubric = JudgeRubric(judge, extract=lambda reply: reply.split()[-1].strip(".") or None)
+    replies = iter(["It is Paris.", "Surely Paris", "Lyon", "The capital is Paris"])
+    policy = ScriptedModel(smollm2, lambda ctx: next(replies))
+    samples = run(judged_env(rubric), policy, tasks=[TASK], n_samples_per_prompt=4,
+                  concurrency=1).samples  # fmt: skip
+    assert [s.reward for s in samples] == [1.0, 1.0, 0.0, 1.0]
+    assert judge.calls == 2 and rubric.stats().hit_rate == 0.5
+
+
 @pytest.mark.anyio
 async def test_answers_asked_together_share_one_call_in_flight(smollm2: ChatTokenizer) -> None:
     judge = CountingJudge(smollm2, hold=True)
