@@ -15,6 +15,7 @@ GRPO groups of a reasoning-gym task.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -52,7 +53,14 @@ def _main(args: argparse.Namespace) -> int:
 
 async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, Any]:
     """The two measurements of the module docstring, as one record."""
-    from agentenv import ChatTokenizer, ListSink, RolloutConfig, SamplingParams, run_rollouts
+    from agentenv import (
+        ChatTokenizer,
+        ListSink,
+        RewardError,
+        RolloutConfig,
+        SamplingParams,
+        run_rollouts,
+    )
     from agentenv.engine import Engine
     from agentenv.rewards import JudgeRubric, last_number
     from environments.reasoning_gym import ReasoningGymEnv
@@ -67,15 +75,17 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
         judge = JudgeRubric(engine, tokenizer, max_concurrency=n, timeout_s=1800)
         # 1. n distinct answers at once: the reference's neighbours, none repeated.
         items = [(t, str(int(str(t.answer)) + i % 3 - 1)) for i, t in enumerate(env.tasks("test"))]
-        await judge.score_answer(items[0][0], "warm-up")  # weights paged in, kernels chosen
+        with contextlib.suppress(RewardError):  # weights paged in, kernels chosen
+            await judge.score_answer(items[0][0], "warm-up")
         start_load = os.getloadavg()[0]
         started = time.perf_counter()
         async with anyio_group() as tg:
             for task, answer in items:
-                tg.start_soon(judge.score_answer, task, answer)
+                tg.start_soon(_judged, judge, task, answer)
         wall = time.perf_counter() - started
         out["throughput"] = {
-            "judgements": len(items), "wall_s": round(wall, 2),
+            "judgements": len(items), "failures": judge.stats().failures,
+            "wall_s": round(wall, 2),
             "judgements_per_s": round(len(items) / wall, 2),
             "load_average": [round(start_load, 2), round(os.getloadavg()[0], 2)],
         }  # fmt: skip
@@ -99,7 +109,8 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
                                 into: list[tuple[float, float]] = verdicts) -> None:  # fmt: skip
                 task = by_id[str(sample.group_id).split("@")[0]]
                 reply = tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-                into.append((await rubric.score_answer(task, reply), sample.reward))
+                with contextlib.suppress(RewardError):  # unreadable: in the judge's stats
+                    into.append((await rubric.score_answer(task, reply), sample.reward))
 
             started = time.perf_counter()
             async with anyio_group() as tg:
@@ -110,6 +121,7 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
             agree = sum(1 for j, v in verdicts if (j >= 0.5) == (v >= 0.5))
             out["grpo_groups"][kind] = {
                 "judgements": stats.judgements, "judge_calls": stats.calls,
+                "failures": stats.failures,
                 "hit_rate": round(stats.hit_rate, 3), "wall_s": round(wall, 2),
                 "judgements_per_s": round(stats.judgements / wall, 2),
                 "verifier_reward_mean": round(sum(v for _, v in verdicts) / len(verdicts), 3),
@@ -118,6 +130,13 @@ async def bench(model: str, n: int, tasks: int, group_size: int) -> dict[str, An
                 "load_average": round(os.getloadavg()[0], 2),
             }  # fmt: skip
     return out
+
+
+async def _judged(judge: Any, task: Any, answer: str) -> None:
+    from agentenv import RewardError
+
+    with contextlib.suppress(RewardError):  # an unreadable verdict: in the judge's stats
+        await judge.score_answer(task, answer)
 
 
 def anyio_group() -> Any:
