@@ -35,10 +35,24 @@ def add_parser(sub: Any) -> None:
         "judge", help="the LLM judge on the embedded engine: judgements/s, cache hit rate",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--model", default="smollm2-135m", help="judge and policy model")
-    parser.add_argument("--n", type=int, default=64, help="distinct answers judged at once")
-    parser.add_argument("--tasks", type=int, default=16, help="GRPO groups")
-    parser.add_argument("--group-size", type=int, default=8, help="samples per group")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        metavar="MODEL",
+        help="judge and policy model (default: smollm2-135m)",
+    )
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=64,
+        metavar="N",
+        help="distinct answers judged at once (default: 64)",
+    )
+    parser.add_argument(
+        "--tasks", type=int, default=16, metavar="N", help="GRPO groups (default: 16)"
+    )
+    parser.add_argument("--group-size", type=int, default=8, metavar="N",
+                        help="samples per group (default: 8)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON line")
     parser.set_defaults(handler=_main)
 
