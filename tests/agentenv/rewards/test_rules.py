@@ -119,3 +119,19 @@ def test_extraction(text: str, thinking: str | None, boxed: str | None, number: 
     assert after_thinking(text) == thinking
     assert last_boxed(text) == boxed
     assert last_number(text) == number
+
+
+def test_the_public_surface_is_sorted_complete_and_documented() -> None:
+    import inspect
+
+    import agentenv.rewards as rewards
+
+    names = rewards.__all__
+    assert names == sorted(names, key=lambda n: (not n.isupper(), n))
+    public = {n for n in dir(rewards) if not n.startswith("_")}
+    modules = {n for n in public if inspect.ismodule(getattr(rewards, n))}
+    assert set(names) == public - modules
+    for name in names:
+        value = getattr(rewards, name)
+        if not name.isupper():
+            assert inspect.getdoc(value), f"{name} has no docstring"
