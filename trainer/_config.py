@@ -41,10 +41,7 @@ __all__ = [
 ]
 
 # slime's flags for what is not supported yet, and what to do instead.
-NOT_YET: dict[str, str] = {
-    "--rm-type": "reward models by name are not supported yet: the environment's rubric "
-    "scores the episodes (--env)",
-}
+NOT_YET: dict[str, str] = {}
 
 
 class ModelConfig(Group):
@@ -54,26 +51,30 @@ class ModelConfig(Group):
         "--hf-checkpoint", "smollm2-135m", "model name or HF directory", metavar="MODEL"
     )
     ref_load: str | None = setting(
-        "--ref-load", None, "the KL reference (default: the starting model; only it is "
-        "supported yet, so leave it out or pass --hf-checkpoint's)", metavar="MODEL",
+        "--ref-load", None, "--backend megatron: the KL reference checkpoint (default: the "
+        "starting model, the only one supported yet with a KL weight; torch: leave it out)",
+        metavar="MODEL",
     )  # fmt: skip
     device: str = setting("--device", "cpu", "cpu, cuda or cuda:N", metavar="DEVICE")
 
 
 class DataConfig(Group):
-    """The environment and its training prompts (``config.data``)."""
+    """The environment, its training prompts and how the episodes are scored
+    (``config.data``)."""
 
-    env: str = setting(
-        "--env", doc="registered environment name, package.module:Class or path/file.py:Class",
-        metavar="NAME",
+    env: str | None = setting(
+        "--env", None, "registered environment name, package.module:Class or "
+        "path/file.py:Class (default with --prompt-data: prompt_data, one answer per "
+        "prompt scored by --rm-type or --custom-rm-path)", metavar="NAME",
     )  # fmt: skip
     env_args: dict[str, Any] = setting(
         "--env-args", default_factory=dict,
         doc="JSON object of keyword arguments for the environment",
     )  # fmt: skip
     prompt_data: Path | None = setting(
-        "--prompt-data", None, "JSONL of training prompts (default: the environment's train "
-        "split)", metavar="FILE",
+        "--prompt-data", None, "training prompts: JSONL, .parquet or a datasets "
+        "save_to_disk directory (default: the environment's train split; bad rows are "
+        "skipped, each reported)", metavar="FILE",
     )  # fmt: skip
     input_key: str = setting(
         "--input-key", "prompt", "the prompt's key in --prompt-data", metavar="KEY"
@@ -82,10 +83,86 @@ class DataConfig(Group):
         "--label-key", "label", "the answer's key in --prompt-data (the reward compares "
         "with it)", metavar="KEY",
     )  # fmt: skip
+    metadata_key: str | None = setting(
+        "--metadata-key", "metadata", "--prompt-data: the key of each row's metadata "
+        "object, merged into the task's info (a row's own rm_type among it)", metavar="KEY",
+    )  # fmt: skip
     apply_chat_template: bool = setting(
         "--apply-chat-template", True,
         "render prompts with the model's chat template (else raw text)",
     )  # fmt: skip
+    rm_type: str | None = setting(
+        "--rm-type", None, "score each episode's answer by slime's reward type: math, "
+        "deepscaler, dapo, f1, remote_rm, or boxed_ before a rule type (replaces the "
+        "environment's rubric)", metavar="TYPE",
+    )  # fmt: skip
+    rm_url: str | None = setting(
+        "--rm-url", None, "--rm-type remote_rm: the reward service (POST {prompt, "
+        "response, label} -> a number)", metavar="URL",
+    )  # fmt: skip
+    reward_key: str | None = setting(
+        "--reward-key", None, "--rm-type remote_rm: the reward's field when the service "
+        "answers an object", metavar="KEY",
+    )  # fmt: skip
+    custom_rm_path: str | None = setting(
+        "--custom-rm-path", None, "the reward function module:function or "
+        "path/file.py:function, (task, state) -> float, sync or async (replaces the "
+        "environment's rubric)", metavar="FN",
+    )  # fmt: skip
+    group_rm: bool = setting(
+        "--group-rm", False, "--custom-rm-path's function scores a whole group: "
+        "(task, samples) -> one float per sample",
+    )  # fmt: skip
+
+    @pydantic.model_validator(mode="after")
+    def _rules(self) -> Self:
+        if self.env is None and self.prompt_data is None:
+            raise ConfigError(
+                "--env NAME or --prompt-data FILE is required (the environment, or prompts "
+                "scored by --rm-type)"
+            )
+        if self.rm_type is not None:
+            from agentenv.rewards import check_rm_type
+
+            check_rm_type(self.rm_type)
+        if self.rm_type == "remote_rm" and self.rm_url is None:
+            raise ConfigError(
+                "--rm-type remote_rm needs --rm-url, the reward service's URL "
+                "(e.g. http://127.0.0.1:8000/reward)"
+            )
+        if self.rm_url is not None and not self.rm_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--rm-url must start with http:// or https://, got {self.rm_url!r}")
+        if self.rm_type is not None and self.custom_rm_path is not None:
+            raise ConfigError(
+                f"--rm-type {self.rm_type} and --custom-rm-path {self.custom_rm_path} both "
+                "name the reward: pass one"
+            )
+        if self.group_rm and self.custom_rm_path is None:
+            raise ConfigError(
+                "--group-rm scores whole groups with --custom-rm-path's function: pass "
+                "--custom-rm-path module:function"
+            )
+        if self.env is None and self.rm_type is None and self.custom_rm_path is None:
+            raise ConfigError(
+                "--prompt-data without --env needs a reward: --rm-type (math, deepscaler, "
+                "dapo, f1, remote_rm) or --custom-rm-path module:function"
+            )
+        return self
+
+    @property
+    def reward_args(self) -> dict[str, Any]:
+        """The reward flags given, as :func:`agentenv.rewards.reward_rubric` takes them
+        (empty: the environment's own rubric scores)."""
+        args = {
+            "rm_type": self.rm_type, "rm_url": self.rm_url, "reward_key": self.reward_key,
+            "custom_rm_path": self.custom_rm_path,
+        }  # fmt: skip
+        out: dict[str, Any] = {k: v for k, v in args.items() if v is not None}
+        if not (self.rm_type or self.custom_rm_path):
+            return {}
+        if self.group_rm:
+            out["group_rm"] = True
+        return out
 
 
 class EngineConfig(Group):
@@ -454,6 +531,12 @@ class TrainConfig(Group):
             steps = self.rollout.num_rollout * self.rollout.num_steps_per_rollout
             self.optimizer = self.optimizer.model_copy(update={"lr_decay_iters": steps})
         ref = self.model.ref_load
+        if ref is not None and ref != self.model.hf_checkpoint and self.parallel.backend == "torch":
+            raise ConfigError(
+                f"--ref-load {ref!r} is a megatron reference checkpoint (--backend megatron); "
+                "the torch backend's KL reference is the starting model (--hf-checkpoint "
+                f"{self.model.hf_checkpoint!r}): leave --ref-load out, or pass --backend megatron"
+            )
         if ref is not None and ref != self.model.hf_checkpoint and self.algorithm.kl_coef > 0:
             raise ConfigError(
                 f"--ref-load {ref!r}: a reference other than the starting model "

@@ -118,7 +118,7 @@ def plot(
     try:
         path = str(
             plot_run(
-                history, save / "metrics.png", title=f"GRPO on {config.data.env}",
+                history, save / "metrics.png", title=f"GRPO on {config.data.env or 'prompt_data'}",
                 eval_before=before, eval_after=after,
             )
         )  # fmt: skip
@@ -142,7 +142,7 @@ def summary(
 ) -> dict[str, Any]:
     """The run in one JSON object: rewards before and after, first and last, timings."""
     return {
-        "env": config.data.env,
+        "env": config.data.env or "prompt_data",
         "steps": config.rollout.num_rollout,
         "schedule": config.rollout.schedule,
         "precision": precision,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,38 +35,71 @@ __all__ = [
     "weights_dir",
 ]
 
+log = logging.getLogger("trainer.data")
+
 # Prompts as they are, no chat markers (--no-apply-chat-template).
 RAW_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunTasks:
-    """The environment, the tasks it trains on and the held-out tasks it is scored on."""
+    """The environment, the tasks it trains on, the held-out tasks it is scored on, and
+    the prompt data rows skipped (each with its file, line and key)."""
 
     env: Environment
     train: Sequence[Task]
     held_out: Sequence[Task]
+    skipped: Sequence[str] = ()
 
 
 def load_tasks(config: TrainConfig) -> RunTasks:
-    """The environment (``--env``), its training tasks (``--prompt-data``, else its train
-    split; refused when a round would need more distinct tasks) and the first
-    ``--n-eval`` of its test split."""
+    """The environment (``--env``; without it, ``prompt_data`` over ``--prompt-data``),
+    its training tasks (``--prompt-data``, else its train split; refused when a round
+    would need more distinct tasks) and the first ``--n-eval`` of its test split. The
+    reward flags (``--rm-type``, ``--custom-rm-path``) replace the environment's rubric."""
     from agentenv import load_environment
 
     data = config.data
-    env = load_environment(data.env, data.env_args)
+    keys: dict[str, Any] = {"input_key": data.input_key, "label_key": data.label_key,
+            "metadata_key": data.metadata_key}  # fmt: skip
+    skipped: list[str] = []
     train: Sequence[Task]
-    if data.prompt_data is not None:
-        from trainer._data import load_prompt_data
-
-        train = load_prompt_data(
-            data.prompt_data, input_key=data.input_key, label_key=data.label_key
-        )
-    else:
+    if data.env is None:
+        assert data.prompt_data is not None  # the config's rule
+        args = {"path": str(data.prompt_data), **keys, **data.reward_args, **data.env_args}
+        env = load_environment("prompt_data", args)
         train = env.tasks("train")
+        skipped += getattr(env, "skipped", [])
+    else:
+        env = load_environment(data.env, data.env_args)
+        if data.reward_args:
+            _score_with(env, data.env, data.reward_args)
+        if data.prompt_data is not None:
+            from agentenv import read_prompt_data
+
+            rows = read_prompt_data(data.prompt_data, **keys)
+            for problem in rows.skipped:
+                log.warning("%s; skipped", problem)
+            train, skipped = rows.tasks, rows.skipped
+        else:
+            train = env.tasks("train")
     config.rollout.check_tasks(train)
-    return RunTasks(env, train, env.tasks("test")[: config.eval.n_eval])
+    return RunTasks(env, train, env.tasks("test")[: config.eval.n_eval], skipped)
+
+
+def _score_with(env: Environment, name: str, reward_args: dict[str, Any]) -> None:
+    """The reward flags' rubric in place of ``env``'s own."""
+    from agentenv import MultiTurnEnv
+    from agentenv.rewards import reward_rubric
+
+    if not isinstance(env, MultiTurnEnv):
+        flags = " ".join(f"--{k.replace('_', '-')}" for k in reward_args)
+        raise ConfigError(
+            f"{flags}: --env {name} ({type(env).__name__}) scores its own episodes in its "
+            "rollout; the reward flags replace the rubric of a SingleTurnEnv, MultiTurnEnv "
+            "or ToolEnv (or leave --env out for prompt_data)"
+        )
+    env.rubric = reward_rubric(**reward_args)
 
 
 def load_tokenizer(config: TrainConfig) -> ChatTokenizer:
@@ -199,6 +233,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         "found": {
             "train_tasks": len(tasks.train),
             "held_out_tasks": len(tasks.held_out),
+            "skipped_rows": list(tasks.skipped),
             "resume_from": None if source is None else str(source),
         },
     }

@@ -1,4 +1,5 @@
-"""Prompt data files: tasks from JSONL, and errors that name the line and the key."""
+"""Prompt data files: tasks from JSONL, errors that name the line and the key, and
+``agentenv train`` skipping (and reporting) bad rows."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_agentenv_train_takes_prompt_data_and_names_a_missing_key(tmp_path: Path) -> None:
+def test_agentenv_train_takes_prompt_data_and_skips_a_bad_row_naming_it(tmp_path: Path) -> None:
     import json
     import subprocess
     import sys
@@ -83,7 +84,37 @@ def test_agentenv_train_takes_prompt_data_and_names_a_missing_key(tmp_path: Path
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1])["steps"] == 1
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"text": "no label"}) + "\n")
+    bad.write_text(
+        json.dumps(rows[0]) + "\n" + json.dumps({"text": "no label"}) + "\n"
+        + "".join(json.dumps(r) + "\n" for r in rows[1:])
+    )  # fmt: skip
     out = train(bad)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "bad.jsonl line 2 has no key 'label' (keys: ['text']); skipped" in out.stderr
+    only_bad = tmp_path / "only_bad.jsonl"
+    only_bad.write_text(json.dumps({"text": "no label"}) + "\n")
+    out = train(only_bad)
     assert out.returncode == 2
-    assert "bad.jsonl line 2 has no key 'label'" in out.stderr
+    assert "has no tasks (only_bad.jsonl line 1 has no key 'label'" in out.stderr
+
+
+def test_rows_go_to_a_tool_environment_and_the_reward_flags_replace_its_rubric(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from agentenv.rewards import RuleReward
+    from trainer import TrainConfig
+    from trainer._setup import load_tasks
+
+    rows = [{"question": f"What is {i} * 3?", "answer": str(3 * i)} for i in range(4)]
+    data = write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
+    config = TrainConfig(env="calculator", prompt_data=data, input_key="question",
+                         label_key="answer", rm_type="math", rollout_batch_size=4,
+                         n_samples_per_prompt=2, global_batch_size=8, n_eval=2)  # fmt: skip
+    tasks = load_tasks(config)
+    assert [t.prompt for t in tasks.train] == [r["question"] for r in rows]
+    assert type(tasks.env).__name__ == "CalculatorEnv"
+    [(fn, weight)] = tasks.env.rubric.funcs  # type: ignore[attr-defined]
+    assert isinstance(fn, RuleReward) and fn.rm_type == "math" and weight == 1.0
+    assert len(tasks.held_out) == 2  # the environment's own test split

@@ -63,9 +63,9 @@ SLIME_GLM_Z1_9B: dict[str, list[str]] = {
 }  # fmt: skip
 
 # What the script does not say because slime has no other choice (megatron, SGLang, the
-# GPUs of its Ray job), and the environment that scores the episodes.
+# GPUs of its Ray job). Without --env the prompts are scored by --rm-type (prompt_data).
 OURS = [
-    "--env", "arithmetic", "--backend", "megatron", "--actor-num-gpus-per-node", "4",
+    "--backend", "megatron", "--actor-num-gpus-per-node", "4",
     "--rollout-engine", "sglang", "--device", "cuda", "--sglang-mem-fraction-static", "0.5",
 ]  # fmt: skip
 
@@ -103,9 +103,10 @@ def _train(argv: list[str]) -> int:
 def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _train(_argv(tmp_path, without=("--rm-type",))) == 0
+    assert _train(_argv(tmp_path)) == 0
     out = json.loads(capsys.readouterr().out)
     config = out["config"]
+    assert config["data"] == config["data"] | {"env": None, "rm_type": "deepscaler"}
     assert config["rollout"]["sampling"]["max_new_tokens"] == 8192
     assert config["rollout"]["global_batch_size"] == 256
     assert config["algorithm"] == config["algorithm"] | {
@@ -117,7 +118,9 @@ def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
         "--tensor-model-parallel-size", "2", "--sequence-parallel",
         "--pipeline-model-parallel-size", "1", "--context-parallel-size", "2",
     ]  # fmt: skip
-    assert out["found"] == {"train_tasks": 40, "held_out_tasks": 64, "resume_from": None}
+    assert out["found"] == {
+        "train_tasks": 40, "held_out_tasks": 0, "resume_from": None, "skipped_rows": [],
+    }  # fmt: skip
     assert out["megatron"]["tensor_model_parallel_size"] == 2
     assert not (tmp_path / "run").exists()  # --load == --save: a fresh start; nothing written
 
@@ -125,14 +128,25 @@ def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--rm-type", "deepscaler"], "--rm-type: reward models by name are not supported yet"),
+        (["--rm-type", "deepscalar"], "--rm-type 'deepscalar' is not a reward type; known: "
+                                      "dapo, deepscaler, f1, math, remote_rm"),
+        (["--rm-type", "remote_rm"], "--rm-type remote_rm needs --rm-url"),
+        (["--rm-type", "math", "--custom-rm-path", "x:y"], "both name the reward: pass one"),
+        (["--rm-type", "math", "--env", "nim"], "--rm-type: --env nim (NimEnv) scores its own"),
     ],
-)
-def test_what_is_not_supported_yet_is_refused_naming_the_alternative(
+)  # fmt: skip
+def test_bad_reward_flags_are_refused_naming_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert _train([*_argv(tmp_path, without=("--rm-type",)), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_without_a_reward_the_prompts_need_an_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _train(_argv(tmp_path, without=("--rm-type",))) == 2
+    assert "--prompt-data without --env needs a reward: --rm-type" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -169,16 +183,31 @@ def test_what_is_not_supported_yet_is_refused_naming_the_alternative(
 def test_a_dry_run_finds_what_a_run_would_stop_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], change: list[str], message: str
 ) -> None:
-    assert _train([*_argv(tmp_path, without=("--rm-type",)), *change]) == 2
+    assert _train([*_argv(tmp_path), *change]) == 2
     err = capsys.readouterr().err
     assert err.startswith("agentenv train: error: ") and message in err
+
+
+def test_the_torch_backend_refuses_megatrons_reference_and_parallelism_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    megatron_only = ("--tensor-model-parallel-size", "--sequence-parallel",
+                     "--pipeline-model-parallel-size", "--context-parallel-size")  # fmt: skip
+    argv = [a for a in _argv(tmp_path, without=megatron_only) if a != "megatron"]
+    argv = [a for a in argv if a != "--backend"]
+    assert _train([*argv, "--backend", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert "--ref-load '/root/GLM-Z1-9B-0414_torch_dist' is a megatron reference checkpoint" in err
+    assert "leave --ref-load out, or pass --backend megatron" in err
+    assert _train([*_argv(tmp_path), "--backend", "torch"]) == 2
+    assert "need --backend megatron" in capsys.readouterr().err
 
 
 def test_slimes_placement_flags_are_read_into_the_placement_group(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     placement = ["--actor-num-nodes", "1", "--rollout-num-gpus", "4", "--ray-address", "auto"]
-    assert _train([*_argv(tmp_path, without=("--rm-type",)), *placement]) == 0
+    assert _train([*_argv(tmp_path), *placement]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["placement"] == (
         "8 bundles of {GPU: 1, CPU: 1} (1 node(s) x 4 trainer GPUs + 4 engine GPUs, disaggregated)"
@@ -188,5 +217,5 @@ def test_slimes_placement_flags_are_read_into_the_placement_group(
         "ray_address": "auto", "actor_num_nodes": 1, "rollout_num_gpus": 4,
         "colocate": False, "placement_timeout": 120.0,
     }  # fmt: skip
-    assert _train([*_argv(tmp_path, without=("--rm-type",)), "--colocate"]) == 0
+    assert _train([*_argv(tmp_path), "--colocate"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["placement"]["colocate"] is True

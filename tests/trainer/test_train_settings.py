@@ -174,11 +174,11 @@ def test_config_files_in_three_formats_and_flags_override(tmp_path: Path) -> Non
             ".yaml",
             "rollout.lr: Extra inputs are not permitted, got 1",
         ),
-        ("env: x\nrm_type: deepscaler\n", ".yaml", "--rm-type: reward models by name are not"),
+        ("env: x\nrm_type: deepscalar\n", ".yaml", "--rm-type 'deepscalar' is not a reward"),
         ("env: [unclosed\n", ".yaml", "does not parse"),
         ("- a\n- b\n", ".yaml", "must hold a mapping"),
         ("env=x", ".ini", "expected a .yaml, .yml, .json or .toml file"),
-        ("num_rollout: 3\n", ".yaml", "--env: Field required"),
+        ("num_rollout: 3\n", ".yaml", "--env NAME or --prompt-data FILE is required"),
         ("env: x\nuse_dynamic_batch_size: false\n", ".yaml", "always packed by"),
     ],
 )
