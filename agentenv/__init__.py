@@ -31,6 +31,7 @@ from agentenv._generator import Completion, FinishReason, Generator, SamplingPar
 from agentenv._messages import Message, validate_messages
 from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, ToolEnv
 from agentenv._names import resolve_name
+from agentenv._policies import load_policy
 from agentenv._prompt_data import PromptData, load_prompt_data, read_prompt_data
 from agentenv._registry import load_environment, register
 from agentenv._rewards import Rubric, State, reward
@@ -123,6 +124,7 @@ __all__ = [
     "ToolEnv",
     "Transcript",
     "load_environment",
+    "load_policy",
     "load_prompt_data",
     "play_match",
     "read_prompt_data",

@@ -110,8 +110,7 @@ def _measure(args: argparse.Namespace, address: str | None, tokenizer: str) -> d
     """In the driver's host: the three ways, timed."""
     import anyio
 
-    from agentenv import RolloutConfig, SamplingParams, run_rollouts
-    from agentenv._policies import load_policy
+    from agentenv import RolloutConfig, SamplingParams, load_policy, run_rollouts
     from agentenv.buffer import Buffer, BufferConfig
     from trainer.distributed import RolloutWorkers, WorkerSpec, connect
 
@@ -170,9 +169,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.local:
         result.update(_measure(args, None, tokenizer))
     else:
-        from trainer.distributed._hosts import Hosts, available, popen
+        from trainer.distributed import Hosts, hosts_available, popen
 
-        why = available()
+        why = hosts_available()
         if why is not None:
             raise SystemExit(f"agentenv bench rollout: {why}; pass --local")
         with Hosts(args.workers + 1) as hosts, tempfile.TemporaryDirectory() as tmp:

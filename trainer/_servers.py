@@ -165,10 +165,13 @@ def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrenc
         )
     resources = {p.rollout_worker_resource: 1.0} if p.rollout_worker_resource else {}
     from agentenv.engine import resolve_model
+    from trainer._setup import RAW_TEMPLATE, env_spec
 
+    env = env_spec(config)
     spec = WorkerSpec(
-        config.data.env, dict(config.data.env_args), str(resolve_model(config.model.hf_checkpoint)),
-        url, chat_template=config.data.apply_chat_template, api_key=config.engine.api_key(),
+        env.name, dict(env.args), str(resolve_model(config.model.hf_checkpoint)), url,
+        chat_template=None if config.data.apply_chat_template else RAW_TEMPLATE,
+        reward_args=dict(env.reward_args), api_key=config.engine.api_key(),
         concurrency=concurrency,
         num_cpus=p.rollout_num_cpus_per_worker, resources=resources,
         max_worker_rss_mb=p.rollout_worker_max_rss_mb,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError, Environment, Task
+from trainer._envs import EnvSpec, build_env
 
 if TYPE_CHECKING:
     from agentenv import ChatTokenizer
@@ -57,23 +58,16 @@ def load_tasks(config: TrainConfig) -> RunTasks:
     its training tasks (``--prompt-data``, else its train split; refused when a round
     would need more distinct tasks) and the first ``--n-eval`` of its test split. The
     reward flags (``--rm-type``, ``--custom-rm-path``) replace the environment's rubric."""
-    from agentenv import load_environment
-
     data = config.data
     keys: dict[str, Any] = {"input_key": data.input_key, "label_key": data.label_key,
             "metadata_key": data.metadata_key}  # fmt: skip
     skipped: list[str] = []
     train: Sequence[Task]
+    env = build_env(env_spec(config))
     if data.env is None:
-        assert data.prompt_data is not None  # the config's rule
-        args = {"path": str(data.prompt_data), **keys, **data.reward_args, **data.env_args}
-        env = load_environment("prompt_data", args)
         train = env.tasks("train")
         skipped += getattr(env, "skipped", [])
     else:
-        env = load_environment(data.env, data.env_args)
-        if data.reward_args:
-            _score_with(env, data.env, data.reward_args)
         if data.prompt_data is not None:
             from agentenv import read_prompt_data
 
@@ -87,19 +81,17 @@ def load_tasks(config: TrainConfig) -> RunTasks:
     return RunTasks(env, train, env.tasks("test")[: config.eval.n_eval], skipped)
 
 
-def _score_with(env: Environment, name: str, reward_args: dict[str, Any]) -> None:
-    """The reward flags' rubric in place of ``env``'s own."""
-    from agentenv import MultiTurnEnv
-    from agentenv.rewards import reward_rubric
-
-    if not isinstance(env, MultiTurnEnv):
-        flags = " ".join(f"--{k.replace('_', '-')}" for k in reward_args)
-        raise ConfigError(
-            f"{flags}: --env {name} ({type(env).__name__}) scores its own episodes in its "
-            "rollout; the reward flags replace the rubric of a SingleTurnEnv, MultiTurnEnv "
-            "or ToolEnv (or leave --env out for prompt_data)"
-        )
-    env.rubric = reward_rubric(**reward_args)
+def env_spec(config: TrainConfig) -> EnvSpec:
+    """What builds the run's environment (here, and in every rollout worker): ``--env``
+    with ``--env-args`` and the reward flags, or ``prompt_data`` over ``--prompt-data``."""
+    data = config.data
+    if data.env is None:
+        assert data.prompt_data is not None  # the config's rule
+        keys = {"input_key": data.input_key, "label_key": data.label_key,
+                "metadata_key": data.metadata_key}  # fmt: skip
+        args = {"path": str(data.prompt_data), **keys, **data.reward_args, **data.env_args}
+        return EnvSpec("prompt_data", args, {})
+    return EnvSpec(data.env, dict(data.env_args), dict(data.reward_args))
 
 
 def load_tokenizer(config: TrainConfig) -> ChatTokenizer:

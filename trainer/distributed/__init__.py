@@ -26,6 +26,8 @@ from trainer.distributed._engine_group import (
     GroupSync,
 )
 from trainer.distributed._engine_hooks import EngineHooks
+from trainer.distributed._hosts import Hosts, popen
+from trainer.distributed._hosts import available as hosts_available
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 from trainer.distributed._sender import RankSender
@@ -44,6 +46,7 @@ __all__ = [
     "EngineSpec",
     "EngineStatistics",
     "GroupSync",
+    "Hosts",
     "Placed",
     "Placement",
     "PlacementTimeoutError",
@@ -59,7 +62,9 @@ __all__ = [
     "Worker",
     "WorkerSpec",
     "connect",
+    "hosts_available",
     "node_address",
+    "popen",
 ]
 
 

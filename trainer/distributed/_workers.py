@@ -51,7 +51,8 @@ log = logging.getLogger("trainer.distributed")
 class WorkerSpec:
     """What every rollout worker builds: the environment (``env`` a registered name or
     ``module:Class``, with ``env_args``), the tokenizer (the model directory
-    ``tokenizer``, with its chat template or, ``chat_template=False``, the raw one), the
+    ``tokenizer``, with its chat template or ``chat_template`` in its place), the reward
+    flags' rubric in place of the environment's (``reward_args``), the
     policy (``policy_url``: the router or a server, with ``api_key``), and its concurrency
     (episodes in flight per worker)."""
 
@@ -59,7 +60,8 @@ class WorkerSpec:
     env_args: Mapping[str, Any]
     tokenizer: str
     policy_url: str  # or scripted:<file> (agentenv eval's scripted models: no engine)
-    chat_template: bool = True
+    chat_template: str | None = None  # a template in place of the model's
+    reward_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     api_key: str | None = None
     concurrency: int = 64
     num_cpus: float = 1.0
@@ -91,7 +93,7 @@ class RolloutWorker:
     """The body of one worker's actor (async: its own event loop)."""
 
     def __init__(self, spec: WorkerSpec, buffer_url: str, buffer_token: str) -> None:
-        from agentenv import load_environment
+        from trainer._envs import EnvSpec, build_env
 
         self.spec = spec
         self.buffer_url = buffer_url
@@ -100,7 +102,7 @@ class RolloutWorker:
         # message; :meth:`where` raises it as itself.
         self.error: BaseException | None = None
         try:
-            self.env = load_environment(spec.env, dict(spec.env_args))
+            self.env = build_env(EnvSpec(spec.env, spec.env_args, spec.reward_args))
             self.env.check()
             self.tokenizer = _tokenizer(spec)
         except Exception as e:
@@ -137,7 +139,7 @@ class RolloutWorker:
 @contextlib.asynccontextmanager
 async def _policy(spec: WorkerSpec, tokenizer: Any) -> AsyncIterator[Any]:
     if spec.policy_url.startswith("scripted:"):
-        from agentenv._policies import load_policy
+        from agentenv import load_policy
 
         yield load_policy(spec.policy_url, tokenizer=spec.tokenizer)[0]
         return
@@ -149,10 +151,9 @@ async def _policy(spec: WorkerSpec, tokenizer: Any) -> AsyncIterator[Any]:
 
 def _tokenizer(spec: WorkerSpec) -> Any:
     from agentenv import ChatTokenizer
-    from trainer._setup import RAW_TEMPLATE
 
     tokenizer = ChatTokenizer.load(spec.tokenizer)
-    return tokenizer if spec.chat_template else tokenizer.with_template(RAW_TEMPLATE)
+    return tokenizer if spec.chat_template is None else tokenizer.with_template(spec.chat_template)
 
 
 class _CountingSink:

@@ -18,7 +18,8 @@ import pytest
 
 from agentenv import Rubric, State, Task
 from tests.trainer.test_loop import GoodTokensEnv, good_tokens, tiny_llama
-from trainer.distributed._hosts import Hosts, available, popen
+from trainer.distributed import Hosts, popen
+from trainer.distributed import hosts_available as available
 
 pytestmark = [
     pytest.mark.slow,
