@@ -203,3 +203,20 @@ def test_a_run_with_rollout_workers_gives_the_samples_of_a_run_in_one_process(
             assert b[name] == pytest.approx(a[name], rel=1e-12), (name, a[name], b[name])
         assert b["rollout/workers_alive"] == 2.0 and b["rollout/worker_restarts"] == 0.0
         assert b["rollout/worker_retries"] == 0.0
+
+
+@pytest.mark.anyio
+async def test_a_worker_over_its_memory_limit_is_replaced_after_its_round(
+    ray_cluster: Any, served: tuple[str, ChatTokenizer], model: Path
+) -> None:
+    url, _ = served
+    # 1 MB: every worker is over it (an environment that leaks, as far as the limit knows).
+    spec = WorkerSpec(f"{__name__}:SlowEnv", {}, str(model), url, max_worker_rss_mb=1.0)
+    tasks = SlowEnv().tasks("train")[:4]
+    async with _buffer() as buffer, RolloutWorkers(spec, 2).serving(buffer) as workers:
+        await workers.play(tasks, _config())
+        assert (await buffer.statistics()).kept == len(tasks)  # the round's groups are in
+        metrics = workers.metrics()
+        assert metrics["rollout/worker_recycled"] == 2 and metrics["rollout/worker_restarts"] == 2
+        await workers.wait_ready(timeout=120)
+        assert workers.metrics()["rollout/workers_alive"] == 2  # the replacements
