@@ -215,7 +215,9 @@ def test_slimes_placement_flags_are_read_into_the_placement_group(
     config = out["config"]
     assert config["placement"] == {
         "ray_address": "auto", "actor_num_nodes": 1, "rollout_num_gpus": 4,
-        "colocate": False, "placement_timeout": 120.0,
+        "colocate": False, "placement_timeout": 120.0, "rollout_num_workers": 0,
+        "rollout_num_cpus_per_worker": 1.0, "rollout_worker_resource": None,
+        "rollout_worker_retries": 2, "rollout_worker_max_rss_mb": None,
     }  # fmt: skip
     assert _train([*_argv(tmp_path), "--colocate"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["placement"]["colocate"] is True
