@@ -289,8 +289,9 @@ class MicroBatchBackend(Backend):
     #: and the model gets them rounded. Without them an update smaller than half the
     #: parameter's bf16 spacing is lost (at |w| = 0.05 anything below ~1e-4).
     master: list[torch.Tensor] | None = None
-    #: This rank's place among data-parallel ranks (set once torch.distributed is up):
-    #: a step then runs this rank's share of the micro-batches and sums the gradients.
+    #: This rank's place among data-parallel ranks (set once torch.distributed is up and
+    #: attached to the model): a step then runs this rank's share of the micro-batches
+    #: through DDP, which sums the gradients.
     data_parallel: DataParallel | None = None
 
     def _make_optimizer(self, *, master_weights: bool = False) -> None:
@@ -370,15 +371,22 @@ class MicroBatchBackend(Backend):
         groups = plan.groups
         if dp is not None:
             groups = dp.share(groups, [len(it.ids) for it in plan.items])
-        for group in groups:
-            lps, ents = self._forward(
-                [plan.items[i] for i in group], with_entropy=plan.want_entropy
-            )
-            loss, part = self._micro_loss(plan, group, lps, ents)
-            loss.backward()  # type: ignore[no-untyped-call]
+        for k, group in enumerate(groups):
+            batch = [plan.items[i] for i in group]
+            if dp is None:
+                lps, ents = self._forward(batch, with_entropy=plan.want_entropy)
+                loss, part = self._micro_loss(plan, group, lps, ents)
+                loss.backward()  # type: ignore[no-untyped-call]
+            else:  # DDP averages over the ranks: the losses are the step's shares, summed
+                with dp.micro_batch(last=k == len(groups) - 1):
+                    lps, ents = dp.forward(batch, with_entropy=plan.want_entropy)
+                    loss, part = self._micro_loss(plan, group, lps, ents)
+                    (loss * dp.world_size).backward()  # type: ignore[no-untyped-call]
             tally.add(part)
         if dp is not None:
-            dp.sum_gradients(self._trained)
+            if not groups:  # fewer micro-batches than ranks: this one adds zeros
+                first = [plan.items[plan.groups[0][0]]]
+                dp.idle(lambda: torch.cat(dp.forward(first, with_entropy=False)[0]).sum())
             tally = Tally.of(dp.gather(tally))
         t2 = time.perf_counter()
         updated: list[torch.Tensor] = self._trained

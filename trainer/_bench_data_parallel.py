@@ -1,6 +1,6 @@
 """``agentenv bench data-parallel``: how the torch backend's data-parallel ranks should sum
 their gradients -- its own one flat all-reduce after the step's micro-batches
-(:class:`~trainer._data_parallel.DataParallel`), torch's ``DistributedDataParallel``
+(what :class:`~trainer._data_parallel.DataParallel` did first), torch's ``DistributedDataParallel``
 (bucketed all-reduces overlapped with the last micro-batch's backward, ``no_sync`` for the
 others) or FSDP2's ``fully_shard`` (parameters, gradients and optimizer state sharded over
 the ranks; each decoder layer and the root a unit, gradients reduce-scattered at the last
@@ -98,6 +98,27 @@ def _peak(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def _flat_sum(params: Sequence[Any]) -> None:
+    """The gradients of ``params`` summed over the ranks with one all-reduce of one flat
+    buffer per dtype (what the torch backend did before it used DDP)."""
+    import torch
+    import torch.distributed as dist
+
+    buckets: dict[Any, list[Any]] = {}
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+    for members in buckets.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in members])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in members:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
 def _rank(strategy: str, rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     """One rank of ``strategy``; rank 0 writes the results to stdout as JSON."""
     import torch
@@ -153,7 +174,7 @@ def _rank(strategy: str, rank: int, world: int, port: int, args: argparse.Namesp
             else:
                 (wrapped(input_ids=ids, labels=ids).loss * scale).backward()
         if strategy == "flat_all_reduce" and world > 1:
-            dp.sum_gradients(list(model.parameters()))
+            _flat_sum(list(model.parameters()))
         opt.step()
         if cuda:
             torch.cuda.synchronize()

@@ -3,11 +3,12 @@
 loop talks to, which fans each call out to them.
 
 A step goes to every rank with the whole batch; each runs its share of the micro-batches
-and the gradients are summed over the ranks before the update
+and the gradients are summed over the ranks by torch's DDP during the last one's backward
 (:class:`~trainer._data_parallel.DataParallel`), so every rank holds the same weights
-and a step on N ranks is the step on one, up to the order of fp32 additions. Why not
-FSDP2: the models this backend trains fit on one GPU, and a whole copy per rank keeps
-its checkpoints, its HF export and the engine's weight updates exactly as on one device;
+and a step on N ranks is the step on one, up to the order of fp32 additions. Why DDP and
+not FSDP2 or one flat all-reduce: ``agentenv bench data-parallel`` (docs/benchmarks.md);
+the models this backend trains fit on one GPU, and a whole copy per rank keeps its
+checkpoints, its HF export and the engine's weight updates exactly as on one device;
 sharding is what megatron's distributed optimizer is for.
 """
 
@@ -60,7 +61,9 @@ class TorchRank(TorchBackend):
         )
         super().__init__(spec.model, device=device, **spec.kwargs)
         if rendezvous.world_size > 1:  # one rank: the plain step
-            self.data_parallel = DataParallel(rendezvous.rank, rendezvous.world_size)
+            dp = DataParallel(rendezvous.rank, rendezvous.world_size)
+            dp.attach(self.model, self._forward)
+            self.data_parallel = dp
 
     def shutdown(self) -> None:
         import torch.distributed as dist

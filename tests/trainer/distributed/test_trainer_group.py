@@ -60,8 +60,15 @@ def test_a_two_rank_step_equals_a_one_rank_step(ray_cluster: Any, tmp_path: Path
         lps = group.logprobs(samples)
         for a, b in zip(lps, one.logprobs(samples), strict=True):
             assert torch.allclose(a, b, atol=1e-5)
+        # One micro-batch for two ranks: rank 1 has none, and still takes part in the sum.
+        small = [samples[0]]
+        assert one.train_step(small, [1.0])["micro_batches"] == 1
+        got = group.train_step(small, [1.0])
+        assert got["micro_batches"] == 1
+        for name, w in one.state_dict().items():
+            torch.testing.assert_close(group.state_dict()[name], w, rtol=1e-4, atol=1e-5)
         group.save_checkpoint(tmp_path / "ckpt", {"step": 1})
         assert one.load_checkpoint(tmp_path / "ckpt") == {"step": 1}  # one rank resumes it
-        assert group.load_checkpoint(tmp_path / "ckpt") == {"step": 1} and group.steps == 1
+        assert group.load_checkpoint(tmp_path / "ckpt") == {"step": 1} and group.steps == 2
     finally:
         group.close()
