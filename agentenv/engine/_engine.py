@@ -764,7 +764,7 @@ class Engine:
     def _remove(self, gone: set[_Request]) -> None:
         """Take ``gone`` out of the batch, releasing them; the others keep their order and
         move up to fill the rows (their table rows copied)."""
-        keep = []
+        keep: list[_Request] = []
         for old, req in enumerate(self._running):
             if req in gone:
                 self._release(req)

@@ -387,21 +387,6 @@ class LlamaModel:
         gqa = self.config.num_heads != self.config.num_kv_heads
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
-    def _attend_one(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
-    ) -> torch.Tensor:
-        """Decode attention: q [B, H, 1, D] against keys/values [B, KV, L, D], where
-        ``visible`` [B, L] marks each row's positions; returns [B, H * D]. Query heads are
-        grouped onto their key/value head with a view (no copy of the cache)."""
-        c = self.config
-        b = q.shape[0]
-        group = c.num_heads // c.num_kv_heads
-        q = q.reshape(b, c.num_kv_heads, group, c.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * (c.head_dim**-0.5)
-        scores = scores.float().masked_fill(~visible[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(weights, values).reshape(b, c.num_heads * c.head_dim)
-
     # -- forward passes --------------------------------------------------------------------
     def _rows(self, n: int) -> int:
         """Rows a matrix multiplication runs with for ``n`` real ones: on CPU at least
@@ -481,16 +466,16 @@ class LlamaModel:
         ``0 .. start + len(tokens) - 1`` (the cached ones and those for the new tokens)."""
         c = self.config
         dev = self.device
-        n = sum(len(q.tokens) for q in seqs)
+        n = sum(len(x.tokens) for x in seqs)
         rows = self._rows(n)
         ids_l: list[int] = []
         pos_l: list[int] = []
-        for q in seqs:
-            ids_l += q.tokens
-            pos_l += range(q.start, q.start + len(q.tokens))
+        for x in seqs:
+            ids_l += x.tokens
+            pos_l += range(x.start, x.start + len(x.tokens))
         pad = rows - n
-        table_rows = torch.tensor([q.row for q in seqs], device=dev)
-        counts = [len(q.tokens) for q in seqs]
+        table_rows = torch.tensor([x.row for x in seqs], device=dev)
+        counts = [len(x.tokens) for x in seqs]
         owner = torch.repeat_interleave(table_rows, torch.tensor(counts, device=dev))
         ids = torch.tensor(ids_l + [0] * pad, device=dev)
         pos = torch.tensor(pos_l + [0] * pad, device=dev)
@@ -509,7 +494,7 @@ class LlamaModel:
         back = torch.arange(s, device=dev).repeat_interleave(
             torch.tensor(counts, device=dev)
         ) * t + torch.cat([torch.arange(k, device=dev) for k in counts])
-        ends = [q.start + len(q.tokens) for q in seqs]
+        ends = [x.start + len(x.tokens) for x in seqs]
         length = round_up(max(ends), KEY_BLOCK)
         index = pool.table[table_rows, :length]
         self._rope_table(max(ends))

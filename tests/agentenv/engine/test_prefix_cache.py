@@ -67,7 +67,7 @@ async def _episode(engine: Engine, seed: int, turns: int = 3) -> list[Any]:
     prompt = [*SYSTEM, 400 + seed, 401, 402]
     out = []
     for turn in range(turns):
-        params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=seed * 10 + turn)
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed * 10 + turn)
         c = await engine.generate(prompt, params)
         out.append(c)
         prompt = prompt + c.output_ids + [30, 2, 600 + turn, 601, 2]
@@ -79,13 +79,13 @@ async def _workload(engine: Engine) -> list[Any]:
     group of 4 arriving at once, and two 3-turn episodes running side by side."""
     results: list[Any] = []
     for i in range(4):
-        p = SamplingParams(max_new_tokens=10, temperature=1.0, seed=i)
+        p = SamplingParams(max_new_tokens=5, temperature=1.0, seed=i)
         results.append(await engine.generate([*SYSTEM, 77, 78, 79], p))
     together: list[Any] = [None] * 4
     episodes: list[Any] = [None] * 2
 
     async def one(i: int) -> None:
-        p = SamplingParams(max_new_tokens=10, temperature=1.0, seed=50 + i)
+        p = SamplingParams(max_new_tokens=5, temperature=1.0, seed=50 + i)
         together[i] = await engine.generate([*SYSTEM, 90, 91], p)
 
     async def episode(i: int) -> None:
