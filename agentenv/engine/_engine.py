@@ -521,17 +521,16 @@ class Engine:
             self._released = self._released - chosen
 
     def _free(self, tags: frozenset[str]) -> None:
-        if "kv_cache" in tags and self.pool.k.numel():
+        if "kv_cache" in tags and self.pool.kv.numel():
             self._drop_tree()  # the cached keys and values go with the pool
-            empty = torch.empty(0, dtype=self.dtype, device=self.device)
-            self.pool.k, self.pool.v = empty, empty.clone()
+            self.pool.kv = torch.empty(0, dtype=self.dtype, device=self.device)
         if "cuda_graph" in tags and self.model.graphs is not None:
             self.model.graphs = None
             self._graphs_freed = True
         torch.cuda.empty_cache()
 
     def _restore(self, tags: frozenset[str]) -> None:
-        if "kv_cache" in tags and not self.pool.k.numel():
+        if "kv_cache" in tags and not self.pool.kv.numel():
             self.pool = self._new_pool()
             self.tree = RadixCache(self.pool)
         if "cuda_graph" in tags and self._graphs_freed:
@@ -922,8 +921,10 @@ class Engine:
                 pool.set_row(row, len(req.slots) - 1, [slot])
             slots.append(slot)
         try:
-            ids = [r.output[-1] for r in self._running]
-            positions = [r.length - 1 for r in self._running]
+            # A row that finished (or failed) in this step's prefill has no token to feed
+            # (or one that does not matter): it computes a dummy one, dropped after.
+            ids = [r.output[-1] if r.output and r.finish is None else 0 for r in self._running]
+            positions = [r.length - 1 if r.finish is None else 0 for r in self._running]
             logits = self.model.decode(ids, positions, slots, pool)
             rows = [i for i, r in enumerate(self._running) if r.finish is None]
             if len(rows) < len(self._running):

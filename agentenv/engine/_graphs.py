@@ -79,7 +79,7 @@ class DecodeGraphs:
         """Like the eager decode: logits [len(ids), V] float32 (a view, valid until the next
         call)."""
         model = self.model
-        key = (pool.k.data_ptr(), pool.v.data_ptr(), pool.table.data_ptr(), model._cos.data_ptr())
+        key = (pool.kv.data_ptr(), pool.table.data_ptr(), model._cos.data_ptr())
         if key != self._key:  # reallocated: the old graphs read stale memory
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()  # the old pool goes with them

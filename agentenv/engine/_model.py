@@ -42,10 +42,18 @@ import torch.nn.functional as F
 from agentenv._errors import ConfigError
 from agentenv.engine._pool import KVPool
 
-__all__ = ["KEY_BLOCK", "DecodeReplay", "LlamaModel", "ModelConfig", "Prefill", "round_up"]
+__all__ = [
+    "KEY_BLOCK",
+    "DecodeReplay",
+    "LlamaModel",
+    "ModelConfig",
+    "Prefill",
+    "Visible",
+    "round_up",
+]
 
 # Keys are attended in blocks of this many positions (a table's columns are a multiple).
-KEY_BLOCK = 64
+KEY_BLOCK = 128
 # On CPU every matrix product runs with at least this many rows (linear layers) or query
 # rows (attention): fewer take other BLAS kernels, whose rounding differs (see _rows).
 MIN_ROWS = 16
@@ -137,6 +145,45 @@ class ModelConfig:
             attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
             eos_token_ids=eos_ids,
         )
+
+
+class Visible:
+    """Which keys each query of a forward sees (its own position and those before),
+    computed once per forward and shared by every layer: on CPU an additive bias (0 or
+    -inf) per key block over the query rows as :meth:`LlamaModel._attention` orders them,
+    kept when small; on CUDA one boolean mask."""
+
+    def __init__(self, qpos: torch.Tensor, length: int, group: int, cpu: bool) -> None:
+        s, t = qpos.shape
+        self.qpos, self.length, self.cpu = qpos, length, cpu
+        self._mask: torch.Tensor | None = None
+        self._bias: dict[int, torch.Tensor] = {}
+        rows = group * t
+        pos = qpos.view(s, 1, 1, t).expand(s, 1, group, t).reshape(s, 1, rows, 1)
+        if cpu and rows < MIN_QUERY_ROWS:
+            pos = F.pad(pos, (0, 0, 0, MIN_QUERY_ROWS - rows))
+        self._rows = pos
+        self._keep = pos.numel() * length <= 1 << 22
+
+    def bias(self, start: int) -> torch.Tensor:
+        """[S, 1, rows, KEY_BLOCK] float32: 0 where the row sees the key, else -inf."""
+        cached = self._bias.get(start)
+        if cached is not None:
+            return cached
+        keys = torch.arange(start, start + KEY_BLOCK, device=self.qpos.device)
+        hidden = keys.view(1, 1, 1, -1) > self._rows
+        out = torch.zeros(hidden.shape, device=self.qpos.device).masked_fill_(hidden, float("-inf"))
+        if self._keep:
+            self._bias[start] = out
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """[S, 1, T, L] bool: True where the query sees the key (SDPA's mask)."""
+        if self._mask is None:
+            s, t = self.qpos.shape
+            keys = torch.arange(self.length, device=self.qpos.device)
+            self._mask = keys.view(1, 1, 1, -1) <= self.qpos.view(s, 1, t, 1)
+        return self._mask
 
 
 class _Layer:
@@ -395,11 +442,11 @@ class LlamaModel:
         return max(n, MIN_ROWS) if self.device.type == "cpu" else n
 
     def _attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, qpos: torch.Tensor
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: Visible
     ) -> torch.Tensor:
         """q [S, H, T, D] against keys/values [S, KV, L, D] (positions 0 .. L-1 of each
         sequence; ``L`` a multiple of :data:`KEY_BLOCK`); query ``t`` of sequence ``s``
-        sees the keys at positions <= ``qpos[s, t]``. Returns [S, H, T, D].
+        sees the keys at positions <= its own (``visible``). Returns [S, H, T, D].
 
         On CUDA: one masked SDPA. On CPU: an online softmax over key blocks of
         :data:`KEY_BLOCK` positions with at least :data:`MIN_QUERY_ROWS` query rows per
@@ -410,43 +457,42 @@ class LlamaModel:
         decoded one at a time give the same keys, values and logits."""
         c = self.config
         s, h, t, d = q.shape
-        length = keys.shape[2]
-        kpos = torch.arange(length, device=q.device)
         if self.device.type != "cpu":
-            mask = kpos.view(1, 1, 1, length) <= qpos.view(s, 1, t, 1)
             gqa = c.num_heads != c.num_kv_heads
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
-        kv, group = c.num_kv_heads, c.num_heads // c.num_kv_heads
-        rows = group * t
-        qr = q.reshape(s, kv, rows, d)  # rows ordered (head of the group, query)
-        pos = qpos.view(s, 1, 1, t).expand(s, 1, group, t).reshape(s, 1, rows, 1)
+            out: torch.Tensor = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=visible.mask(), enable_gqa=gqa
+            )
+            return out
+        rows = h // c.num_kv_heads * t
+        qr = q.reshape(s, c.num_kv_heads, rows, d) * (d**-0.5)  # rows: (head, query)
         if rows < MIN_QUERY_ROWS:
-            extra = MIN_QUERY_ROWS - rows
-            qr = torch.cat([qr, qr.new_zeros(s, kv, extra, d)], dim=2)
-            pos = torch.cat([pos, pos.new_zeros(s, 1, extra, 1)], dim=2)
-        scale = d**-0.5
-        m = torch.full(qr.shape[:3], float("-inf"), device=q.device)
-        total = torch.zeros(qr.shape[:3], device=q.device)
-        acc = torch.zeros(qr.shape, dtype=torch.float32, device=q.device)
-        for start in range(0, length, KEY_BLOCK):
-            stop = start + KEY_BLOCK
-            kb, vb = keys[:, :, start:stop], values[:, :, start:stop]
-            scores = (torch.matmul(qr, kb.transpose(-1, -2)) * scale).float()
-            scores = scores.masked_fill(kpos[start:stop].view(1, 1, 1, -1) > pos, float("-inf"))
-            m_new = torch.maximum(m, scores.amax(-1))
+            qr = F.pad(qr, (0, 0, 0, MIN_QUERY_ROWS - rows))
+        fp32 = torch.float32
+        m = total = acc = qr  # bound in the first block
+        for j, start in enumerate(range(0, keys.shape[2], KEY_BLOCK)):
+            kb = keys[:, :, start : start + KEY_BLOCK]
+            vb = values[:, :, start : start + KEY_BLOCK]
+            scores = torch.matmul(qr, kb.transpose(-1, -2)).to(fp32) + visible.bias(start)
+            if j == 0:
+                m = scores.amax(-1, keepdim=True)
+                p = torch.exp(scores - m)
+                total = p.sum(-1, keepdim=True)
+                acc = torch.matmul(p.to(vb.dtype), vb).to(fp32)
+                continue
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = torch.exp(scores - m_new.unsqueeze(-1))
-            total = total * alpha + p.sum(-1)
-            acc = acc * alpha.unsqueeze(-1) + torch.matmul(p.to(vb.dtype), vb).float()
+            p = torch.exp(scores - m_new)
+            total = total * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + torch.matmul(p.to(vb.dtype), vb).to(fp32)
             m = m_new
-        out = (acc / total.unsqueeze(-1)).to(q.dtype)[:, :, :rows]
-        return out.reshape(s, h, t, d)
+        result: torch.Tensor = (acc / total).to(q.dtype)[:, :, :rows].reshape(s, h, t, d)
+        return result
 
     def _gather(self, pool: KVPool, li: int, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Layer ``li``'s keys and values at pool slots ``index`` [S, L]: [S, KV, L, D]."""
-        k = pool.k[li][index].transpose(1, 2)
-        v = pool.v[li][index].transpose(1, 2)
-        return k, v
+        """Layer ``li``'s keys and values at pool slots ``index`` [S, L]: [S, KV, L, D]
+        each (one gather for both)."""
+        kv = pool.kv[li][index]  # [S, L, 2, KV, D]
+        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on rows [n, hidden] -> [n, V] float32."""
@@ -501,13 +547,14 @@ class LlamaModel:
         cos = self._cos[pos].view(1, rows, 1, -1)
         sin = self._sin[pos].view(1, rows, 1, -1)
         h = self.embed[ids].unsqueeze(0)  # [1, rows, hidden]
+        visible = Visible(qpos, length, c.num_heads // c.num_kv_heads, self.device.type == "cpu")
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # q [1, H, rows, D], k/v [1, KV, rows, D]
-            pool.k[li, slots] = k[0].transpose(0, 1)
-            pool.v[li, slots] = v[0].transpose(0, 1)
+            pool.kv[li, slots, 0] = k[0].transpose(0, 1)
+            pool.kv[li, slots, 1] = v[0].transpose(0, 1)
             keys, values = self._gather(pool, li, index)
             qs = q[0].transpose(0, 1)[packed].permute(0, 2, 1, 3)  # [S, H, T, D]
-            out = self._attention(qs, keys, values, qpos)
+            out = self._attention(qs, keys, values, visible)
             flat = out.permute(0, 2, 1, 3).reshape(s * t, c.num_heads * c.head_dim)[back]
             if pad:
                 flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
@@ -532,14 +579,15 @@ class LlamaModel:
         sin = self._sin[positions].view(b, 1, 1, -1)
         h = self.embed[ids].unsqueeze(1)  # [B, 1, hidden]
         index = pool.table[:b, :length]
-        qpos = positions.view(b, 1)
         c = self.config
+        group = c.num_heads // c.num_kv_heads
+        visible = Visible(positions.view(b, 1), length, group, self.device.type == "cpu")
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            pool.k[li, slots] = k[:, :, 0]
-            pool.v[li, slots] = v[:, :, 0]
+            pool.kv[li, slots, 0] = k[:, :, 0]
+            pool.kv[li, slots, 1] = v[:, :, 0]
             keys, values = self._gather(pool, li, index)
-            out = self._attention(q, keys, values, qpos).reshape(b, c.num_heads * c.head_dim)
+            out = self._attention(q, keys, values, visible).reshape(b, c.num_heads * c.head_dim)
             h = h + F.linear(out, layer.o).unsqueeze(1)
             h = h + self._mlp(layer, h)
         return self._linear(self._rms(h[:, 0], self.norm), self.lm_head).float()

@@ -1,13 +1,14 @@
 """The key/value pool: memory that follows the live tokens, allocated once.
 
 As SGLang's ``TokenToKVPool`` and ``ReqToTokenPool``: :class:`KVPool` holds the keys and
-values of ``size`` tokens, ``[layers, size + 1, kv_heads, head_dim]`` each, and hands out
-token slots one at a time (slot 0 is never handed out: padding rows of a batch write their
-keys there, and unused table entries point at it). A sequence's tokens live in any slots;
-its row of :attr:`KVPool.table` (``[rows, context_length]`` slot ids) says which, and the
-forward passes gather keys and values by those indices. The tensors never move or grow, so
-captured CUDA graphs stay valid; a slot is freed when nothing refers to it any more
-(the prefix cache, :mod:`agentenv.engine._radix`, and the requests count references).
+values of ``size`` tokens (``kv``: ``[layers, size + 1, 2, kv_heads, head_dim]``, key and
+value side by side) and hands out token slots one at a time (slot 0 is never handed out:
+padding rows of a batch write their keys there, and unused table entries point at it).
+A sequence's tokens live in any slots; its row of :attr:`KVPool.table` (``[rows,
+context_length]`` slot ids) says which, and the forward passes gather keys and values by
+those indices. The tensors never move or grow, so captured CUDA graphs stay valid; a slot
+is freed when nothing refers to it any more (the prefix cache,
+:mod:`agentenv.engine._radix`, and the requests count references).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ class KVPool:
         self.context_length = context_length
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (config.num_layers, size + 1, config.num_kv_heads, config.head_dim)
-        self.k = _zeros(shape, dtype, self.device)
-        self.v = _zeros(shape, dtype, self.device)
+        # Keys and values side by side, so that one gather reads both.
+        shape = (config.num_layers, size + 1, 2, config.num_kv_heads, config.head_dim)
+        self.kv = _zeros(shape, dtype, self.device)
         self.table = torch.zeros((rows, context_length), dtype=torch.int64, device=self.device)
         # Lowest slots first (popped from the end), so a small load touches few pages.
         self._free = list(range(size, 0, -1))

@@ -284,7 +284,7 @@ async def test_released_memory_is_freed_and_restored(engine: Engine) -> None:
     with pytest.raises(GenerationError, match=r"memory is released .*resume it"):
         await engine.generate([1, 2, 3], params)
     await engine._on_thread(engine._free, frozenset({"kv_cache", "cuda_graph"}))
-    assert engine.pool.k.numel() == 0 and engine.cached_tokens == 0
+    assert engine.pool.kv.numel() == 0 and engine.cached_tokens == 0
     await engine.resume_memory(["kv_cache"])
     assert engine.released == {"weights", "cuda_graph"}
     await engine._on_thread(engine._restore, frozenset({"kv_cache", "cuda_graph"}))
