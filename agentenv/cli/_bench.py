@@ -3,6 +3,7 @@
     agentenv bench rollout [--quick] [--json]
     agentenv bench buffer [--quick] [--json]
     agentenv bench engine [--quick] [--device cpu|cuda] [--json]
+    agentenv bench engine --grpo [--groups 4 16] [--device cpu|cuda] [--json]
     agentenv bench client [--quick] [--json]
     agentenv bench http [--quick] [--repeat N] [--json]
     agentenv bench sandbox [--quick] [--json]      (from the sandboxes package)
@@ -14,13 +15,15 @@ CPU core; in the same run it plays the equivalent episode through PrimeIntellect
 
 ``engine`` measures generated tokens/s of the embedded engine against Hugging Face
 ``generate`` on the same model, prompts, sampling and device, at 1, 8, 32 and 128
-concurrent requests. ``client`` measures the requests/s the SGLang client sustains with
-4,096 requests in flight against an instant stand-in server (client on one core, server on
-the other), and the same with plain httpx for comparison. ``http`` serves the Buffer
-service's and ``agentenv serve``'s handlers (over an instant engine) on agentenv's
-HTTPServer (aiohttp underneath, with agentenv's connection rules) and on a plain aiohttp
-application, server and client each on one core, and reports requests/s of each and
-their ratio: what agentenv's layer costs.
+concurrent requests; with ``--grpo`` it runs a GRPO-shaped workload instead (groups of 8
+samples of 200-token prompts, with and without the prefix cache, against HF ``generate``
+with ``num_return_sequences=8``, and a 5-turn tool episode). ``client`` measures the
+requests/s the SGLang client sustains with 4,096 requests in flight against an instant
+stand-in server (client on one core, server on the other), and the same with plain httpx
+for comparison. ``http`` serves the Buffer service's and ``agentenv serve``'s handlers
+(over an instant engine) on agentenv's HTTPServer (aiohttp underneath, with agentenv's
+connection rules) and on a plain aiohttp application, server and client each on one core,
+and reports requests/s of each and their ratio: what agentenv's layer costs.
 """
 
 from __future__ import annotations
@@ -101,6 +104,19 @@ def add_parser(sub: Any) -> None:
         help="concurrency levels (default: 1 8 32 128)",
     )
     engine.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps")
+    engine.add_argument(
+        "--grpo",
+        action="store_true",
+        help="the GRPO-shaped workload: prompt prefills with and without the prefix cache",
+    )
+    engine.add_argument(
+        "--groups",
+        type=int,
+        nargs="+",
+        default=[4, 16],
+        metavar="G",
+        help="--grpo: groups of 8 samples (default: 4 16)",
+    )
     engine.set_defaults(handler=run_engine)
     client = kinds.add_parser("client", help="SGLang client requests/s, 4,096 in flight")
     client.add_argument("--quick", action="store_true", help="fewer requests (< 60 s)")
@@ -233,6 +249,17 @@ def _emit(results: dict[str, Any], as_json: bool) -> None:
 def run_engine(args: argparse.Namespace) -> int:
     from agentenv.bench import engine_bench as bench
 
+    if args.grpo:
+        from agentenv.bench._grpo_engine import bench as grpo
+        from agentenv.engine import resolve_model
+
+        if any(g < 1 for g in args.groups):
+            raise ConfigError(f"--groups must be positive, got {args.groups}")
+        found = grpo(
+            model_dir=Path(resolve_model(args.model)), device=args.device, groups=args.groups
+        )
+        _emit({"bench": "engine_grpo", "device": args.device, **found}, args.json)
+        return 0
     levels = [c for c in args.levels if c > 0]
     if not levels:
         raise ConfigError("--levels needs at least one positive concurrency")

@@ -47,6 +47,22 @@ class ServeConfig(pydantic.BaseModel):
     context_length: int | None = pydantic.Field(
         None, ge=2, description="longest prompt + completion (default: the model's)"
     )
+    max_total_tokens: int | None = pydantic.Field(
+        None,
+        ge=2,
+        description="tokens the key/value pool holds, requests and prefix cache together "
+        "(default: 8192 on CPU; on CUDA what --mem-fraction-static leaves)",
+    )
+    mem_fraction_static: float | None = pydantic.Field(
+        None,
+        gt=0,
+        lt=1,
+        description="CUDA: fraction of the GPU's memory for weights and key/value pool "
+        "(default 0.88; memory in use at start counts against it)",
+    )
+    disable_radix_cache: bool = pydantic.Field(
+        False, description="no prefix cache: every prompt is computed whole"
+    )
     weight_version: str = pydantic.Field("default", description="initial weight version")
     cuda_graphs: bool = pydantic.Field(
         True, description="on CUDA, replay captured graphs for decode steps"
@@ -113,6 +129,9 @@ async def serve(cfg: ServeConfig) -> None:
         context_length=cfg.context_length,
         weight_version=cfg.weight_version,
         cuda_graphs=cfg.cuda_graphs,
+        max_total_tokens=cfg.max_total_tokens,
+        mem_fraction_static=cfg.mem_fraction_static,
+        prefix_cache=not cfg.disable_radix_cache,
     )
     tokenizer = await anyio.to_thread.run_sync(ChatTokenizer.load, str(engine.model_path))
     name = Path(engine.model_path).name

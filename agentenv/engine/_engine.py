@@ -38,12 +38,24 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
-from agentenv.engine._model import KVCache, LlamaModel
+from agentenv.engine._model import KEY_BLOCK, MIN_ROWS, LlamaModel, Prefill, round_up
 from agentenv.engine._models import resolve_model
+from agentenv.engine._pool import KVPool, bytes_per_token
+from agentenv.engine._radix import Node, RadixCache
 from agentenv.engine._sampler import SampleRow, sample
 from agentenv.engine._thread import ModelThread
 
-__all__ = ["Engine", "EngineChunk"]
+__all__ = ["CPU_POOL_TOKENS", "Engine", "EngineChunk"]
+
+# The key/value pool on CPU when no budget is given: SmolLM2-135M's context, 360 MiB at
+# float32 (its pages are touched, and count in the RSS, only as tokens are written).
+CPU_POOL_TOKENS = 8192
+# Admission keeps free this fraction of each running request's remaining tokens; it decays
+# by the step while nothing is retracted and rises by a step on each retraction.
+NEW_TOKEN_RATIO = 0.7
+MIN_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+NEW_TOKEN_RATIO_STEP = 0.2
 
 T = TypeVar("T")
 
@@ -82,10 +94,24 @@ class _Request:
     held: list[EngineChunk] = dataclasses.field(default_factory=list)
     cached: int = 0
     error: str | None = None
+    # Pool slots of the positions whose keys and values are in the pool (all but the
+    # last token's while it runs; one reference each), and the prefix-cache node it locks.
+    slots: list[int] = dataclasses.field(default_factory=list)
+    node: Node | None = None
+    tree: RadixCache | None = None
+    admitted: bool = False  # prefilled once (a retracted request resumes without sampling)
+    ready: int = 0  # leading positions whose keys and values were in the pool at admission
+    copy_of: _Request | None = None  # the same prompt admitted in the same step
 
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose keys and values the pool must hold before its next step."""
+        if not self.admitted:
+            return self.prompt
+        return (self.prompt + self.output)[:-1]
 
 
 class Engine:
@@ -104,7 +130,15 @@ class Engine:
         tokenizer: for stop strings; default ``tokenizer.json`` beside the weights.
         cuda_graphs: on CUDA, replay captured graphs for decode steps (SGLang's default
             too); ``False`` runs every step eagerly.
-        prefill_tokens: padded prompt tokens per prefill forward (newcomers are batched).
+        prefill_tokens: prompt tokens per prefill forward (newcomers are packed together).
+        max_total_tokens: tokens the key/value pool holds, all requests and the prefix
+            cache together (SGLang's ``--max-total-tokens``); default on CPU
+            :data:`CPU_POOL_TOKENS`, on CUDA what ``mem_fraction_static`` leaves.
+        mem_fraction_static: on CUDA, the fraction of the GPU's memory for the weights and
+            the pool together (SGLang's ``--mem-fraction-static``, default 0.88); what is
+            in use already at start (weights, another process) counts against it.
+        prefix_cache: keep finished requests' keys and values in a radix tree and reuse
+            them for prompts that start the same (SGLang's radix cache; on by default).
     """
 
     def __init__(
@@ -120,16 +154,32 @@ class Engine:
         tokenizer: Any = None,
         cuda_graphs: bool = True,
         prefill_tokens: int = 8192,
+        max_total_tokens: int | None = None,
+        mem_fraction_static: float | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         if max_running < 1:
             raise ConfigError(f"max_running must be at least 1, got {max_running}")
+        if max_total_tokens is not None and max_total_tokens < 2:
+            raise ConfigError(f"max_total_tokens must be at least 2, got {max_total_tokens}")
+        if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
+            raise ConfigError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+        self.prefix_cache = prefix_cache
         self.model_path = resolve_model(str(model))
         self.device = device
         self.dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
         self.residual_dtype = residual_dtype or self.dtype
         self._thread = ModelThread()
         try:
-            self._setup(max_running, context_length, weight_version, tokenizer, cuda_graphs)
+            self._setup(
+                max_running,
+                context_length,
+                weight_version,
+                tokenizer,
+                cuda_graphs,
+                max_total_tokens,
+                mem_fraction_static,
+            )
         except BaseException:
             self._thread.close()
             raise
@@ -149,8 +199,14 @@ class Engine:
         self._looping = False
         self.steps = 0
         self._released: frozenset[str] = frozenset()
-        self._cache_slots = max_running
         self._graphs_freed = False
+        # Admission reserves this fraction of each running request's remaining tokens
+        # (SGLang's new_token_ratio: decays while nothing is retracted, rises on a retract).
+        self._ratio = NEW_TOKEN_RATIO
+        self.retractions = 0
+        self._retracted: list[_Request] = []  # out of the batch, back to the queue next
+        self.prefill_computed = 0  # prompt tokens whose keys and values were computed
+        self.prefill_cached = 0  # prompt tokens taken from the prefix cache or a group copy
 
     def _setup(
         self,
@@ -159,6 +215,8 @@ class Engine:
         weight_version: str,
         tokenizer: Any,
         cuda_graphs: bool,
+        max_total_tokens: int | None,
+        mem_fraction_static: float | None,
     ) -> None:
         device = self.device
         if torch.device(device).index is not None:  # cuda:N: the model thread's device
@@ -168,13 +226,28 @@ class Engine:
                 self.model_path, dtype=self.dtype, device=device, residual_dtype=self.residual_dtype
             )
         )
-        self._cache = self._thread.call(
-            lambda: KVCache(self.model.config, max_running, 256, self.dtype, device)
-        )
         config = self.model.config
-        self.context_length = min(
+        context = min(
             context_length or config.max_position_embeddings, config.max_position_embeddings
         )
+        per_token = bytes_per_token(config, self.dtype)
+        tokens = max_total_tokens
+        if tokens is None:  # more than every row at the full context would stay unused
+            tokens = min(self._pool_budget(per_token, mem_fraction_static), max_running * context)
+        if context_length is not None and tokens < context:
+            raise ConfigError(
+                f"the key/value pool holds {tokens} tokens ({tokens * per_token / 2**20:.0f} "
+                f"MiB at {per_token} bytes a token), fewer than one request of the context "
+                f"length {context}: raise max_total_tokens (--max-total-tokens) to at least "
+                f"{context}, or lower context_length (--context-length) to {tokens} or less"
+            )
+        self.context_length = min(context, tokens)
+        self.max_total_tokens = tokens
+        self.bytes_per_token = per_token
+        self._pool_rows = max(max_running, MIN_ROWS)
+        self.pool = self._thread.call(self._new_pool)
+        self.tree = RadixCache(self.pool)
+        self._thread.call(self.model._rope_table, round_up(self.context_length, KEY_BLOCK))
         self.max_running = max_running
         self.weight_version = weight_version
         if tokenizer is None:
@@ -185,7 +258,35 @@ class Engine:
         if cuda_graphs and self.model.device.type == "cuda":
             from agentenv.engine._graphs import DecodeGraphs
 
-            self.model.graphs = DecodeGraphs(self.model, max_running)
+            self.model.graphs = DecodeGraphs(self.model, max_running, self.context_length)
+
+    def _pool_budget(self, per_token: int, fraction: float | None) -> int:
+        """Tokens of the default pool: :data:`CPU_POOL_TOKENS` on CPU; on CUDA what
+        ``fraction`` of the GPU's memory leaves after what is in use."""
+        if self.model.device.type != "cuda":
+            return CPU_POOL_TOKENS
+        free, total = self._thread.call(torch.cuda.mem_get_info, self.model.device)
+        fraction = fraction or 0.88
+        budget = int(fraction * total) - (total - free)
+        tokens = budget // per_token
+        if tokens < 2:
+            raise ConfigError(
+                f"mem_fraction_static {fraction} of the GPU's {total / 2**30:.1f} GiB leaves "
+                f"{budget / 2**30:.2f} GiB for the key/value pool with "
+                f"{(total - free) / 2**30:.1f} GiB in use: raise mem_fraction_static "
+                "(--mem-fraction-static) or set max_total_tokens (--max-total-tokens)"
+            )
+        return int(tokens)
+
+    def _new_pool(self) -> KVPool:
+        return KVPool(
+            self.model.config,
+            self.max_total_tokens,
+            self._pool_rows,
+            round_up(self.context_length, KEY_BLOCK),
+            self.dtype,
+            self.device,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -237,17 +338,25 @@ class Engine:
         if any(t >= vocab for t in params.stop_token_ids):
             bad = next(t for t in params.stop_token_ids if t >= vocab)
             raise ConfigError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad}")
+        # A context cut to the pool's size says so (the pool holds one request at least).
+        pool = (
+            f" The key/value pool holds {self.max_total_tokens} tokens in all "
+            "(raise --max-total-tokens for longer requests)."
+            if self.context_length == self.max_total_tokens
+            and self.context_length < self.model.config.max_position_embeddings
+            else ""
+        )
         if len(ids) >= self.context_length:
             raise ContextLengthError(
                 f"The input ({len(ids)} tokens) is longer than the model's context length "
-                f"({self.context_length} tokens)."
+                f"({self.context_length} tokens).{pool}"
             )
         if len(ids) + params.max_new_tokens > self.context_length:
             raise ContextLengthError(
                 f"Requested token count exceeds the model's maximum context length of "
                 f"{self.context_length} tokens. You requested a total of "
                 f"{len(ids) + params.max_new_tokens} tokens: {len(ids)} tokens from the input "
-                f"messages and {params.max_new_tokens} tokens for the completion."
+                f"messages and {params.max_new_tokens} tokens for the completion.{pool}"
             )
 
     # -- requests --------------------------------------------------------------------------
@@ -412,24 +521,53 @@ class Engine:
             self._released = self._released - chosen
 
     def _free(self, tags: frozenset[str]) -> None:
-        if "kv_cache" in tags and self._cache.slots:
-            config, slots = self.model.config, self._cache.slots
-            self._cache_slots = slots
-            self._cache = KVCache(config, 0, 0, self.dtype, self.device)
+        if "kv_cache" in tags and self.pool.kv.numel():
+            self._drop_tree()  # the cached keys and values go with the pool
+            self.pool.kv = torch.empty(0, dtype=self.dtype, device=self.device)
         if "cuda_graph" in tags and self.model.graphs is not None:
             self.model.graphs = None
             self._graphs_freed = True
         torch.cuda.empty_cache()
 
     def _restore(self, tags: frozenset[str]) -> None:
-        if "kv_cache" in tags and not self._cache.slots:
-            config = self.model.config
-            self._cache = KVCache(config, self._cache_slots, 256, self.dtype, self.device)
+        if "kv_cache" in tags and not self.pool.kv.numel():
+            self.pool = self._new_pool()
+            self.tree = RadixCache(self.pool)
         if "cuda_graph" in tags and self._graphs_freed:
             from agentenv.engine._graphs import DecodeGraphs
 
-            self.model.graphs = DecodeGraphs(self.model, self.max_running)
+            self.model.graphs = DecodeGraphs(self.model, self.max_running, self.context_length)
             self._graphs_freed = False
+
+    def _drop_tree(self) -> None:
+        """Forget every cached prefix: a new, empty tree (requests that locked nodes of the
+        old one unlock them there, and never insert into the new one)."""
+        self.tree.drop()
+        self.tree = RadixCache(self.pool)
+
+    def _invalidate(self) -> None:
+        """After new weights (on the model thread, between steps): no key or value computed
+        with the old ones is used again. The prefix cache is dropped, and every running
+        request is retracted: it waits at the head of the queue and, resumed, recomputes
+        its prompt and output so far with the new weights before its next token."""
+        self._drop_tree()
+        live = [r for r in self._running if r.finish is None]
+        self._retracted.extend(live)
+        self._retract(live)
+
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache (SGLang's ``/flush_cache``); refused (``False``) while
+        requests run or wait, as SGLang refuses it."""
+        async with self._step_lock:
+            if self._by_rid:
+                return False
+            await self._on_thread(self._drop_tree)
+            return True
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens the prefix cache holds now."""
+        return self.tree.size
 
     async def update_weights(
         self,
@@ -444,7 +582,8 @@ class Engine:
         update), the others keep their values; otherwise every weight must be there."""
         install = self.model.update_weights if partial else self.model.set_weights
         async with self._step_lock:
-            await self._on_thread(install, dict(tensors))
+            await self._on_thread(self._install, install, dict(tensors))
+            self._requeue()
             if weight_version is not None:
                 self.weight_version = weight_version
 
@@ -462,9 +601,23 @@ class Engine:
         if not await anyio.Path(directory).is_dir():
             raise ConfigError(f"model_path {str(path)!r} is not a directory")
         async with self._step_lock:
-            await self._on_thread(self.model.load_weights, directory)
+            await self._on_thread(self._install, self.model.load_weights, directory)
+            self._requeue()
             if weight_version is not None:
                 self.weight_version = weight_version
+
+    def _install(self, install: Callable[[Any], None], weights: Any) -> None:
+        try:
+            install(weights)
+        finally:  # a refused update changed nothing, but a failed one may have
+            self._invalidate()
+
+    def _requeue(self) -> None:
+        """Retracted requests back at the head of the queue (on the event loop)."""
+        if self._retracted:
+            back, self._retracted = self._retracted, []
+            self._waiting = back + self._waiting
+            self._wake.set()
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
@@ -493,33 +646,44 @@ class Engine:
                 if self._paused:
                     continue
                 room = self.max_running - len(self._running)
-                admitted, self._waiting = self._waiting[:room], self._waiting[room:]
+                candidates, self._waiting = self._waiting[:room], self._waiting[room:]
                 try:
-                    await self._on_thread(self._step, admitted)
+                    back = await self._on_thread(self._step, candidates)
                 except Exception as e:
                     if self._closed:
                         raise
                     # Not one request's fault, as far as the step could tell: every request
                     # of the step fails, the engine goes on with the next ones.
                     log.exception("an engine step failed; its requests fail")
-                    for req in {*admitted, *self._running}:
+                    back = [r for r in self._retracted if r.finish is None]
+                    self._retracted = []
+                    for req in {*candidates, *self._running, *back}:
                         self._fail(req, e)
                     self._dropped.extend(
-                        r for r in admitted if r not in self._running and r not in self._dropped
+                        r
+                        for r in [*candidates, *back]
+                        if r not in self._running and r not in self._dropped
                     )
+                    back = []
+                self._waiting = back + self._waiting
                 self._deliver()
             await anyio.lowlevel.checkpoint()
 
-    def _step(self, admitted: list[_Request]) -> None:
-        """One scheduler step (on the model thread): prefill newcomers, decode everyone.
+    def _step(self, candidates: list[_Request]) -> list[_Request]:
+        """One scheduler step (on the model thread): admit what the pool has room for,
+        prefill it, decode everyone; returns the requests to put back at the head of the
+        queue (those not admitted, and those retracted to make room), in order.
 
-        Invariant: a running request's cache holds every position but its last token's,
-        which the next decode feeds in.
+        Invariant: a running request's pool slots hold every position but its last
+        token's, which the next decode feeds in.
         """
         self._finish_aborted_running()
-        model, cache = self.model, self._cache
+        gone = [r for r in self._running if r.finish is not None]
+        if gone:  # aborted: their memory is free for this step's newcomers
+            self._dropped.extend(gone)
+            self._remove(set(gone))
         fresh = []
-        for req in admitted:
+        for req in candidates:
             if req.aborted:
                 req.finish = FinishReason("abort", message=req.aborted)
                 self._dropped.append(req)
@@ -528,75 +692,248 @@ class Engine:
                 self._dropped.append(req)
             else:
                 fresh.append(req)
-        # Newcomers are prefilled together, shortest first, in forwards of at most
-        # `prefill_tokens` padded tokens. A prompt that arrives several times in one step
-        # (a GRPO group) is computed once; its copies get the keys and values copied.
-        unique: dict[tuple[int, ...], list[_Request]] = {}
-        for req in fresh:
-            unique.setdefault(tuple(req.prompt), []).append(req)
-        firsts = sorted((reqs[0] for reqs in unique.values()), key=lambda r: len(r.prompt))
-        while firsts:
-            take = 1
-            while (
-                take < len(firsts) and (take + 1) * len(firsts[take].prompt) <= self.prefill_tokens
-            ):
+        admitted, waiting = self._admit(fresh)
+        self._prefill_all(admitted)
+        self._decode_step()
+        self.steps += 1
+        back, self._retracted = [*self._retracted, *waiting], []
+        return back
+
+    # -- memory ----------------------------------------------------------------------------
+    def _reserve(self, req: _Request) -> int:
+        """Pool slots kept free for ``req``'s coming tokens when admitting others."""
+        left = max(req.params.max_new_tokens - len(req.output), 0)
+        return math.ceil(self._ratio * left)
+
+    def _admit(self, fresh: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+        """The longest head of ``fresh`` the pool has room for (its prompts' uncached
+        tokens, plus a share of every running request's coming tokens); each admitted one
+        gets its cached prefix (locked) and pool slots for the rest. The first request
+        always goes in when nothing runs: one request of the context length always fits."""
+        pool, tree = self.pool, self.tree
+        reserve = sum(self._reserve(r) for r in self._running if r.finish is None)
+        admitted: list[_Request] = []
+        firsts: dict[tuple[int, ...], _Request] = {}
+        pending = 0
+        rest: list[_Request] = []
+        for i, req in enumerate(fresh):
+            tokens = req.kv_tokens()
+            first = None if req.admitted or not self.prefix_cache else firsts.get(tuple(tokens))
+            slots: list[int] = []
+            node = None
+            if first is None and self.prefix_cache:
+                slots, node = tree.match(tokens if req.admitted else tokens[:-1])
+                tree.lock(node)
+            need = 0 if first is not None else len(tokens) - len(slots)
+            room = pool.available + tree.evictable - pending
+            if (self._running or admitted) and need + reserve + self._reserve(req) > room:
+                if node is not None:
+                    tree.unlock(node)
+                rest = fresh[i:]
+                break
+            pending += need
+            reserve += self._reserve(req)
+            if first is None:
+                pool.share(slots)
+                req.slots, req.node, req.tree = slots, node, tree if node is not None else None
+                req.ready = len(slots)
+                if not req.admitted:
+                    firsts[tuple(tokens)] = req
+            req.copy_of = first
+            admitted.append(req)
+        if pool.available < pending:
+            tree.evict(pending - pool.available)
+        for req in admitted:
+            if req.copy_of is None:
+                req.slots = req.slots + pool.alloc(len(req.kv_tokens()) - len(req.slots))
+        return admitted, rest
+
+    def _release(self, req: _Request) -> None:
+        """``req`` leaves the batch: its keys and values go into the prefix cache (when it
+        is on and they were computed with the current weights), its references go."""
+        tree = req.tree
+        if tree is not None:
+            if tree is self.tree and req.error is None and req.slots:
+                tree.insert((req.prompt + req.output)[: len(req.slots)], req.slots)
+            if req.node is not None:
+                tree.unlock(req.node)
+        self.pool.release(req.slots)
+        req.slots, req.node, req.tree = [], None, None
+
+    def _remove(self, gone: set[_Request]) -> None:
+        """Take ``gone`` out of the batch, releasing them; the others keep their order and
+        move up to fill the rows (their table rows copied)."""
+        keep: list[_Request] = []
+        for old, req in enumerate(self._running):
+            if req in gone:
+                self._release(req)
+                continue
+            if old != len(keep):
+                self.pool.move_row(old, len(keep), len(req.slots))
+            keep.append(req)
+        self._running[:] = keep
+
+    def _retract(self, reqs: list[_Request]) -> None:
+        """Take running ``reqs`` out to wait (their keys and values into the prefix cache,
+        where the resumed request will likely find them again)."""
+        if reqs:
+            self.retractions += len(reqs)
+            self._remove(set(reqs))
+
+    # -- prefill and decode ----------------------------------------------------------------
+    def _prefill_all(self, admitted: list[_Request]) -> None:
+        """Prefill the admitted requests in forwards of at most ``prefill_tokens`` new
+        tokens, shortest first; the copies of a prompt (a GRPO group arriving at once)
+        share its first request's slots and logits."""
+        copies: dict[int, list[_Request]] = {}
+        todo: list[_Request] = []
+        for req in admitted:
+            first = req.copy_of
+            if first is not None:
+                copies.setdefault(id(first), []).append(req)
+            else:
+                todo.append(req)
+        todo.sort(key=lambda r: len(r.slots) - r.ready)
+        while todo:
+            take, tokens = 1, len(todo[0].slots) - todo[0].ready
+            while take < len(todo):
+                more = len(todo[take].slots) - todo[take].ready
+                if tokens + more > self.prefill_tokens:
+                    break
+                tokens += more
                 take += 1
-            chunk, firsts = firsts[:take], firsts[take:]
+            chunk, todo = todo[:take], todo[take:]
             try:
-                self._prefill(chunk, unique)
+                self._prefill(chunk, copies)
             except Exception as e:
                 # Only these prompts were touched; alone, each fails or goes through.
                 log.warning("prefilling %d prompts together failed: %r", len(chunk), e)
                 for req in chunk:
                     try:
-                        self._prefill([req], unique)
+                        self._prefill([req], copies)
                     except Exception as alone:
                         log.exception("prefilling request %r failed; it fails", req.rid)
-                        for r in unique[tuple(req.prompt)]:
+                        for r in [req, *copies.get(id(req), [])]:
                             self._fail(r, alone)
+                            self._release(r)
                             self._dropped.append(r)
-        live = [i for i, r in enumerate(self._running) if r.finish is None]
-        if live:
-            try:
-                # Every slot takes part (a finished one's row is wasted, and dropped after).
-                ids = [r.output[-1] for r in self._running]
-                positions = [r.length - 1 for r in self._running]
-                logits = model.decode(ids, positions, cache)
-                if len(live) < len(self._running):
-                    logits = logits[live]
-                self._sample([self._running[i] for i in live], logits)
-            except Exception as e:
-                log.exception("a decode step failed; its %d requests fail", len(live))
-                for i in live:
-                    self._fail(self._running[i], e)
-        self.steps += 1
 
-    def _prefill(
-        self, chunk: list[_Request], unique: dict[tuple[int, ...], list[_Request]]
-    ) -> None:
-        """Prefill ``chunk`` (one request per distinct prompt), give the copies of each
-        prompt its keys and values, and sample everyone's first token. On an exception the
-        running batch is as it was."""
-        model, cache = self.model, self._cache
+    def _prefill(self, chunk: list[_Request], copies: dict[int, list[_Request]]) -> None:
+        """Prefill ``chunk`` into new rows of the batch, give each prompt's copies its
+        slots and sample everyone's first token (a resumed request samples nothing: its
+        next token comes from the decode). On an exception the batch is as it was."""
+        model, pool = self.model, self.pool
         first = len(self._running)
         self._running.extend(chunk)
         try:
-            logits = model.prefill([r.prompt for r in chunk], first, cache)
-            copies: list[_Request] = []
+            seqs = []
+            for i, req in enumerate(chunk):
+                pool.set_row(first + i, 0, req.slots)
+                seqs.append(Prefill(first + i, req.ready, req.kv_tokens()[req.ready :]))
+            computing = [q for q in seqs if q.tokens]
+            logits = model.prefill(computing, pool) if computing else None
+            rows_of = {q.row: j for j, q in enumerate(computing)}
+            sampled: list[_Request] = []
             rows: list[int] = []
             for i, req in enumerate(chunk):
-                for copy in unique[tuple(req.prompt)][1:]:
-                    cache.move(first + i, len(self._running), len(req.prompt))
+                new = len(seqs[i].tokens)
+                self.prefill_computed += new
+                if not req.admitted:
+                    req.cached = seqs[i].start
+                    self.prefill_cached += seqs[i].start
+                    sampled.append(req)
+                    rows.append(rows_of[first + i])
+                self._cache_prompt(req, first + i)
+                for copy in copies.get(id(req), []):
+                    copy.slots = list(req.slots)
+                    pool.share(copy.slots)
+                    if req.node is not None and req.tree is not None:
+                        req.tree.lock(req.node)
+                        copy.node, copy.tree = req.node, req.tree
                     copy.cached = len(copy.prompt)
+                    self.prefill_cached += len(copy.prompt)
+                    pool.set_row(len(self._running), 0, copy.slots)
                     self._running.append(copy)
-                    copies.append(copy)
-                    rows.append(i)
-            if copies:
-                logits = torch.cat([logits, logits[rows]])
-            self._sample([*chunk, *copies], logits)
+                    sampled.append(copy)
+                    rows.append(rows_of[first + i])
+            for req in chunk:
+                req.admitted = True
+            if sampled:
+                assert logits is not None
+                self._sample(sampled, logits[rows])
         except Exception:
+            for req in self._running[first:]:
+                if req not in chunk:  # a copy: it leaves with its prompt's request
+                    self._release(req)
             del self._running[first:]
             raise
+
+    def _cache_prompt(self, req: _Request, row: int) -> None:
+        """After its prefill, ``req``'s prompt goes into the prefix cache at once, so that
+        requests arriving while it runs share it; where the tree had the same tokens
+        already, ``req`` takes the tree's slots instead of its own."""
+        tree = self.tree
+        if not self.prefix_cache or (req.tree is not None and req.tree is not tree):
+            return
+        tokens = req.kv_tokens()
+        have, node = tree.insert(tokens, req.slots)
+        if have != req.slots:
+            self.pool.share(have)
+            self.pool.release(req.slots)
+            req.slots = list(have)
+            self.pool.set_row(row, 0, req.slots)
+        tree.lock(node)
+        if req.node is not None and req.tree is not None:
+            req.tree.unlock(req.node)
+        req.node, req.tree = node, tree
+
+    def _decode_step(self) -> None:
+        """Advance every running request by one token: a pool slot each for the token fed
+        in (evicting cached prefixes, then retracting the newest requests, when the pool
+        is full), then one batched forward."""
+        pool = self.pool
+        live = [r for r in self._running if r.finish is None]
+        if not live:
+            return
+        if pool.available < len(live):
+            self.tree.evict(len(live) - pool.available)
+        retracted = []
+        while pool.available < len(live) and len(live) > 1:
+            victim = live.pop()  # the newest
+            retracted.append(victim)
+            self._retracted.insert(0, victim)
+            # Its keys and values go into the cache: evictable, but likely reused.
+            self._retract([victim])
+            if pool.available < len(live):
+                self.tree.evict(len(live) - pool.available)
+        if retracted:
+            self._ratio = min(1.0, self._ratio + NEW_TOKEN_RATIO_STEP)
+            log.info("pool full: %d requests retracted to wait", len(retracted))
+        else:
+            self._ratio = max(MIN_TOKEN_RATIO, self._ratio - NEW_TOKEN_RATIO_DECAY)
+        new = pool.alloc(len(live))
+        given = dict(zip(map(id, live), new, strict=True))
+        slots = []
+        for row, req in enumerate(self._running):
+            slot = given.get(id(req), 0)  # a finished row writes to the spare slot
+            if slot:
+                req.slots.append(slot)
+                pool.set_row(row, len(req.slots) - 1, [slot])
+            slots.append(slot)
+        try:
+            # A row that finished (or failed) in this step's prefill has no token to feed
+            # (or one that does not matter): it computes a dummy one, dropped after.
+            ids = [r.output[-1] if r.output and r.finish is None else 0 for r in self._running]
+            positions = [r.length - 1 if r.finish is None else 0 for r in self._running]
+            logits = self.model.decode(ids, positions, slots, pool)
+            rows = [i for i, r in enumerate(self._running) if r.finish is None]
+            if len(rows) < len(self._running):
+                logits = logits[rows]
+            self._sample([self._running[i] for i in rows], logits)
+        except Exception as e:
+            log.exception("a decode step failed; its %d requests fail", len(live))
+            for req in live:
+                self._fail(req, e)
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
         rows = [
@@ -703,20 +1040,10 @@ class Engine:
             self._by_rid.pop(r.rid, None)
 
     def _compact(self) -> None:
-        """Drop finished requests; the last running ones move into the freed slots."""
-        running = self._running
-        slot = 0
-        while slot < len(running):
-            if running[slot].finish is None:
-                slot += 1
-                continue
-            last = running.pop()
-            if slot == len(running):  # the finished one was the last
-                break
-            if last.finish is None:
-                self._cache.move(len(running), slot, last.length)
-                running[slot] = last
-                slot += 1
+        """Drop finished requests (their memory released); the others move up."""
+        gone = {r for r in self._running if r.finish is not None}
+        if gone:
+            self._remove(gone)
 
 
 MEMORY_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})

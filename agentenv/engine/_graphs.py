@@ -3,14 +3,17 @@
 A decode step of a small model is bound by kernel launches, not by the GPU's arithmetic:
 each of its ~40 kernels per layer costs the CPU more to launch than the GPU to run.
 :class:`DecodeGraphs` captures :meth:`LlamaModel._decode <agentenv.engine._model.LlamaModel>`
-once per batch-size bucket and replays it. A graph reads its inputs from fixed buffers,
-writes its logits into one buffer that every bucket shares (rows ``0 .. b-1``: a graph's own
-output would stay allocated in the graphs' memory pool, one ``[b, V]`` float32 tensor per
-bucket -- 1.7 GB for SmolLM2's vocabulary at 512 requests), and
-attends to the whole cache capacity (positions beyond a row's length are masked), so it
-stays valid while sequences grow; when the cache or the RoPE table is reallocated (the cache
-doubled), the graphs are captured again. Rows past the live batch write their keys to the
-last cache position, which no sequence uses (the model keeps one position spare).
+once per (batch-size bucket, attended-length bucket) and replays it. A graph reads its
+inputs (token ids, positions, the pool slots the new keys go to) from fixed buffers, the
+key/value pool and its slot table, allocated once and never moved, and writes its logits
+into one buffer that every graph shares (rows ``0 .. b-1``: a graph's own output would
+stay allocated in the graphs' memory pool, one ``[b, V]`` float32 tensor per graph). It
+attends to the first ``L`` table columns, ``L`` the smallest power-of-two multiple of
+:data:`~agentenv.engine._model.KEY_BLOCK` covering the batch's longest sequence (positions
+beyond a row's length are masked), so a sequence that grows moves to the next length's
+graph. Rows past the live batch write their keys to pool slot 0, which no sequence uses.
+If the pool is reallocated (its memory released and taken back), the graphs are captured
+again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from agentenv.engine._model import KVCache, LlamaModel
+    from agentenv.engine._model import LlamaModel
+    from agentenv.engine._pool import KVPool
 
 __all__ = ["DecodeGraphs"]
 
@@ -34,60 +38,82 @@ def buckets(max_batch: int) -> list[int]:
     return sorted(s for s in sizes if s <= max_batch)
 
 
-class DecodeGraphs:
-    """The captured decode graphs of one model and cache (CUDA only)."""
+def lengths(context: int, block: int) -> list[int]:
+    """Attended lengths that get a graph: block, 2 * block, 4 * block, ... up to the
+    table's width (``context`` rounded up to a block)."""
+    top = -(-context // block) * block
+    out, n = [], block
+    while n < top:
+        out.append(n)
+        n *= 2
+    out.append(top)
+    return out
 
-    def __init__(self, model: LlamaModel, max_batch: int) -> None:
+
+class DecodeGraphs:
+    """The captured decode graphs of one model and key/value pool (CUDA only)."""
+
+    def __init__(self, model: LlamaModel, max_batch: int, context: int) -> None:
+        from agentenv.engine._model import KEY_BLOCK
+
         if model.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.model = model
         self.buckets = buckets(max_batch)
+        self.lengths = lengths(context, KEY_BLOCK)
         self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._key: tuple[int, ...] = ()
         self._ids = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
         self._pos = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
+        self._slots = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
         # Outside the graphs' pool: it outlives a recapture.
         self._logits = torch.empty(
             (max_batch, model.config.vocab_size), dtype=torch.float32, device=model.device
         )
         self.captures = 0
 
-    def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor:
+    def decode(
+        self, ids: list[int], positions: list[int], slots: list[int], pool: KVPool
+    ) -> torch.Tensor:
         """Like the eager decode: logits [len(ids), V] float32 (a view, valid until the next
         call)."""
         model = self.model
-        model._rope_table(cache.capacity)
-        key = (cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, model._cos.data_ptr())
+        key = (pool.kv.data_ptr(), pool.table.data_ptr(), model._cos.data_ptr())
         if key != self._key:  # reallocated: the old graphs read stale memory
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()  # the old pool goes with them
             self._key = key
         n = len(ids)
         b = self.buckets[bisect.bisect_left(self.buckets, n)]
-        entry = self._graphs.get(b)
+        length = self.lengths[bisect.bisect_left(self.lengths, max(positions) + 1)]
+        entry = self._graphs.get((b, length))
         if entry is None:
-            entry = self._graphs[b] = self._capture(b, cache)
+            entry = self._graphs[(b, length)] = self._capture(b, length, pool)
         graph, out = entry
-        spare = cache.capacity - 1
         self._ids[:n].copy_(torch.tensor(ids), non_blocking=True)
         self._pos[:n].copy_(torch.tensor(positions), non_blocking=True)
+        self._slots[:n].copy_(torch.tensor(slots), non_blocking=True)
         if b > n:
             self._ids[n:b].zero_()
-            self._pos[n:b].fill_(spare)
+            self._pos[n:b].zero_()
+            self._slots[n:b].zero_()
         graph.replay()
         return out[:n]
 
-    def _capture(self, b: int, cache: KVCache) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(
+        self, b: int, length: int, pool: KVPool
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         model = self.model
-        ids, pos = self._ids[:b], self._pos[:b]
+        ids, pos, slots = self._ids[:b], self._pos[:b], self._slots[:b]
         ids.zero_()
-        pos.fill_(cache.capacity - 1)  # every row writes to the spare position
+        pos.zero_()
+        slots.zero_()  # every row writes to the spare slot 0
         with torch.cuda.device(model.device):  # capture on the model's GPU, not cuda:0
             side = torch.cuda.Stream(device=model.device)  # type: ignore[no-untyped-call]
             side.wait_stream(torch.cuda.current_stream(model.device))
             with torch.cuda.stream(side):  # warm-up: lazy initialisations outside capture
-                model._decode(ids, pos, cache, cache.capacity)
+                model._decode(ids, pos, slots, pool, length)
             torch.cuda.current_stream(model.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: a trainer on another thread of this process may launch work
@@ -95,7 +121,7 @@ class DecodeGraphs:
             with torch.cuda.graph(
                 graph, pool=self._pool, stream=side, capture_error_mode="thread_local"
             ):
-                logits = model._decode(ids, pos, cache, cache.capacity)
+                logits = model._decode(ids, pos, slots, pool, length)
                 out = self._logits[:b]
                 out.copy_(logits)
             del logits  # its pool memory goes back to the pool for the next capture

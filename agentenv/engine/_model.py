@@ -5,14 +5,18 @@ Covers the Hugging Face ``LlamaForCausalLM``, ``MistralForCausalLM`` and
 optional q/k/v biases, tied or separate output embeddings), loaded from a model directory
 (``config.json`` + ``*.safetensors``). It computes exactly what the HF implementation
 computes (``tests/agentenv/engine`` checks logits against ``transformers``), but its forward takes a
-*batch of sequences at different positions* against one shared key/value cache:
+*batch of sequences at different positions* against one shared key/value pool:
 
-* :class:`KVCache` holds ``[layers, slots, kv_heads, capacity, head_dim]`` keys and
-  values. Running sequences occupy slots ``0 .. n-1`` (kept compact), so a decode step
-  attends to a plain slice of the cache -- no gather, no copy.
-* :meth:`LlamaModel.prefill` runs one prompt (or the new part of a prompt whose start is
-  cached) into a slot; :meth:`LlamaModel.decode` runs one new token for each of the first
-  ``n`` slots.
+* :class:`~agentenv.engine._pool.KVPool` holds every token's keys and values in slots;
+  sequence ``i`` of the running batch has row ``i`` of the pool's table, the slot of each
+  of its positions, and attention gathers keys and values by those indices.
+* :meth:`LlamaModel.prefill` computes the new tokens of several sequences (each possibly
+  on top of a cached prefix), packed in one forward; :meth:`LlamaModel.decode` runs one new
+  token for each of the first ``n`` table rows.
+* On CPU a token's keys, values and logits are a function of the tokens before it only,
+  bit for bit, whatever else shares its forward and however its sequence was split
+  between cache and computation (see :meth:`LlamaModel._attention`): the prefix cache
+  changes no number.
 
 Two dtypes: ``dtype`` for the matrix multiplications' weights, their outputs and the KV
 cache, and ``residual_dtype`` (default: ``dtype``) for the embeddings, the norms' weights,
@@ -26,6 +30,7 @@ update instead of once per forward (so the CUDA graphs need no autocast).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,8 +40,39 @@ import torch
 import torch.nn.functional as F
 
 from agentenv._errors import ConfigError
+from agentenv.engine._pool import KVPool
 
-__all__ = ["DecodeReplay", "KVCache", "LlamaModel", "ModelConfig"]
+__all__ = [
+    "KEY_BLOCK",
+    "DecodeReplay",
+    "LlamaModel",
+    "ModelConfig",
+    "Prefill",
+    "Visible",
+    "round_up",
+]
+
+# Keys are attended in blocks of this many positions (a table's columns are a multiple).
+KEY_BLOCK = 128
+# On CPU every matrix product runs with at least this many rows (linear layers) or query
+# rows (attention): fewer take other BLAS kernels, whose rounding differs (see _rows).
+MIN_ROWS = 16
+MIN_QUERY_ROWS = 8
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prefill:
+    """One sequence of a prefill: its table ``row``, how many of its first positions are
+    cached already (``start``), and the tokens to compute after them."""
+
+    row: int
+    start: int
+    tokens: list[int]
+
 
 _ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -44,7 +80,9 @@ _ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 class DecodeReplay(Protocol):
     """What replays the decode step instead of running it (``_graphs.DecodeGraphs``)."""
 
-    def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor: ...
+    def decode(
+        self, ids: list[int], positions: list[int], slots: list[int], pool: KVPool
+    ) -> torch.Tensor: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,42 +147,43 @@ class ModelConfig:
         )
 
 
-class KVCache:
-    """Keys and values of up to ``slots`` sequences, ``capacity`` tokens each (grows)."""
+class Visible:
+    """Which keys each query of a forward sees (its own position and those before),
+    computed once per forward and shared by every layer: on CPU an additive bias (0 or
+    -inf) per key block over the query rows as :meth:`LlamaModel._attention` orders them,
+    kept when small; on CUDA one boolean mask."""
 
-    def __init__(
-        self, config: ModelConfig, slots: int, capacity: int, dtype: torch.dtype, device: Any
-    ) -> None:
-        self.config = config
-        self.dtype = dtype
-        self.device = device
-        shape = (config.num_layers, slots, config.num_kv_heads, capacity, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, qpos: torch.Tensor, length: int, group: int, cpu: bool) -> None:
+        s, t = qpos.shape
+        self.qpos, self.length, self.cpu = qpos, length, cpu
+        self._mask: torch.Tensor | None = None
+        self._bias: dict[int, torch.Tensor] = {}
+        rows = group * t
+        pos = qpos.view(s, 1, 1, t).expand(s, 1, group, t).reshape(s, 1, rows, 1)
+        if cpu and rows < MIN_QUERY_ROWS:
+            pos = F.pad(pos, (0, 0, 0, MIN_QUERY_ROWS - rows))
+        self._rows = pos
+        self._keep = pos.numel() * length <= 1 << 22
 
-    @property
-    def slots(self) -> int:
-        return int(self.k.shape[1])
+    def bias(self, start: int) -> torch.Tensor:
+        """[S, 1, rows, KEY_BLOCK] float32: 0 where the row sees the key, else -inf."""
+        cached = self._bias.get(start)
+        if cached is not None:
+            return cached
+        keys = torch.arange(start, start + KEY_BLOCK, device=self.qpos.device)
+        hidden = keys.view(1, 1, 1, -1) > self._rows
+        out = torch.zeros(hidden.shape, device=self.qpos.device).masked_fill_(hidden, float("-inf"))
+        if self._keep:
+            self._bias[start] = out
+        return out
 
-    @property
-    def capacity(self) -> int:
-        return int(self.k.shape[3])
-
-    @torch.inference_mode()
-    def reserve(self, length: int) -> None:
-        """Make room for sequences of ``length`` tokens (doubling, so growth is rare)."""
-        if length <= self.capacity:
-            return
-        new = max(length, 2 * self.capacity)
-        pad = new - self.capacity
-        self.k = F.pad(self.k, (0, 0, 0, pad))
-        self.v = F.pad(self.v, (0, 0, 0, pad))
-
-    @torch.inference_mode()
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy a sequence's first ``length`` positions from slot ``src`` to ``dst``."""
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+    def mask(self) -> torch.Tensor:
+        """[S, 1, T, L] bool: True where the query sees the key (SDPA's mask)."""
+        if self._mask is None:
+            s, t = self.qpos.shape
+            keys = torch.arange(self.length, device=self.qpos.device)
+            self._mask = keys.view(1, 1, 1, -1) <= self.qpos.view(s, 1, t, 1)
+        return self._mask
 
 
 class _Layer:
@@ -395,83 +434,182 @@ class LlamaModel:
         gqa = self.config.num_heads != self.config.num_kv_heads
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
-    def _attend_one(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
-    ) -> torch.Tensor:
-        """Decode attention: q [B, H, 1, D] against keys/values [B, KV, L, D], where
-        ``visible`` [B, L] marks each row's positions; returns [B, H * D]. Query heads are
-        grouped onto their key/value head with a view (no copy of the cache)."""
-        c = self.config
-        b = q.shape[0]
-        group = c.num_heads // c.num_kv_heads
-        q = q.reshape(b, c.num_kv_heads, group, c.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * (c.head_dim**-0.5)
-        scores = scores.float().masked_fill(~visible[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(weights, values).reshape(b, c.num_heads * c.head_dim)
-
     # -- forward passes --------------------------------------------------------------------
-    @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], first_slot: int, cache: KVCache) -> torch.Tensor:
-        """Run whole prompts into slots ``first_slot ..`` (one each, one batched forward,
-        right-padded); return each prompt's last logits [n, V] in float32."""
+    def _rows(self, n: int) -> int:
+        """Rows a matrix multiplication runs with for ``n`` real ones: on CPU at least
+        :data:`MIN_ROWS` (below it the BLAS picks other kernels, whose rounding differs),
+        so a token's numbers never depend on how many others share its forward."""
+        return max(n, MIN_ROWS) if self.device.type == "cpu" else n
+
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: Visible
+    ) -> torch.Tensor:
+        """q [S, H, T, D] against keys/values [S, KV, L, D] (positions 0 .. L-1 of each
+        sequence; ``L`` a multiple of :data:`KEY_BLOCK`); query ``t`` of sequence ``s``
+        sees the keys at positions <= its own (``visible``). Returns [S, H, T, D].
+
+        On CUDA: one masked SDPA. On CPU: an online softmax over key blocks of
+        :data:`KEY_BLOCK` positions with at least :data:`MIN_QUERY_ROWS` query rows per
+        matrix product, so a query's result is a function of the keys it sees only -- a
+        block it cannot see changes nothing, bit for bit (its update multiplies by
+        exp(0) = 1 and adds 0) -- whatever the number of queries or the padded length:
+        a prompt prefilled whole, or its end on top of a cached prefix, or its tokens
+        decoded one at a time give the same keys, values and logits."""
         c = self.config
-        n = len(prompts)
-        lengths = [len(p) for p in prompts]
-        t = max(lengths)
-        cache.reserve(t + 1)
-        self._rope_table(t)
-        cos = self._cos[:t].view(1, t, 1, -1)
-        sin = self._sin[:t].view(1, t, 1, -1)
-        ids = torch.tensor([p + [0] * (t - len(p)) for p in prompts], device=self.device)
-        h = self.embed[ids]
-        slots = slice(first_slot, first_slot + n)
+        s, h, t, d = q.shape
+        if self.device.type != "cpu":
+            gqa = c.num_heads != c.num_kv_heads
+            out: torch.Tensor = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=visible.mask(), enable_gqa=gqa
+            )
+            return out
+        rows = h // c.num_kv_heads * t
+        qr = q.reshape(s, c.num_kv_heads, rows, d) * (d**-0.5)  # rows: (head, query)
+        if rows < MIN_QUERY_ROWS:
+            qr = F.pad(qr, (0, 0, 0, MIN_QUERY_ROWS - rows))
+        fp32 = torch.float32
+        m = total = acc = qr  # bound in the first block
+        for j, start in enumerate(range(0, keys.shape[2], KEY_BLOCK)):
+            kb = keys[:, :, start : start + KEY_BLOCK]
+            vb = values[:, :, start : start + KEY_BLOCK]
+            scores = torch.matmul(qr, kb.transpose(-1, -2)).to(fp32) + visible.bias(start)
+            if j == 0:
+                m = scores.amax(-1, keepdim=True)
+                p = torch.exp(scores - m)
+                total = p.sum(-1, keepdim=True)
+                acc = torch.matmul(p.to(vb.dtype), vb).to(fp32)
+                continue
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(scores - m_new)
+            total = total * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + torch.matmul(p.to(vb.dtype), vb).to(fp32)
+            m = m_new
+        result: torch.Tensor = (acc / total).to(q.dtype)[:, :, :rows].reshape(s, h, t, d)
+        return result
+
+    def _gather(self, pool: KVPool, li: int, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Layer ``li``'s keys and values at pool slots ``index`` [S, L]: [S, KV, L, D]
+        each (one gather for both)."""
+        kv = pool.kv[li][index]  # [S, L, 2, KV, D]
+        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and output layer on rows [n, hidden] -> [n, V] float32."""
+        n = h.shape[0]
+        rows = self._rows(n)
+        if rows > n:
+            h = torch.cat([h, h.new_zeros(rows - n, h.shape[1])])
+        return self._linear(self._rms(h, self.norm), self.lm_head).float()[:n]
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Prefill], pool: KVPool) -> torch.Tensor:
+        """Compute the keys and values of each sequence's new tokens on top of its cached
+        start (one forward for all, the tokens packed), writing them to the pool slots of
+        its table row; return each sequence's last logits [len(seqs), V] in float32.
+
+        Each sequence's table row must already hold the slots of its positions
+        ``0 .. start + len(tokens) - 1`` (the cached ones and those for the new tokens)."""
+        c = self.config
+        dev = self.device
+        n = sum(len(x.tokens) for x in seqs)
+        rows = self._rows(n)
+        ids_l: list[int] = []
+        pos_l: list[int] = []
+        for x in seqs:
+            ids_l += x.tokens
+            pos_l += range(x.start, x.start + len(x.tokens))
+        pad = rows - n
+        table_rows = torch.tensor([x.row for x in seqs], device=dev)
+        counts = [len(x.tokens) for x in seqs]
+        owner = torch.repeat_interleave(table_rows, torch.tensor(counts, device=dev))
+        ids = torch.tensor(ids_l + [0] * pad, device=dev)
+        pos = torch.tensor(pos_l + [0] * pad, device=dev)
+        slots = pool.table[owner, pos[:n]]
+        if pad:
+            slots = torch.cat([slots, slots.new_zeros(pad)])
+        # Each sequence's queries, padded to the longest [S, T]: indices into the packed rows.
+        t = max(counts)
+        s = len(seqs)
+        offsets = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=dev)
+        steps = torch.arange(t, device=dev)
+        valid = steps.view(1, t) < torch.tensor(counts, device=dev).view(s, 1)
+        packed = torch.where(valid, offsets.view(s, 1) + steps.view(1, t), n if pad else 0)
+        qpos = pos[packed]
+        # Back from [S, T] to the packed rows.
+        back = torch.arange(s, device=dev).repeat_interleave(
+            torch.tensor(counts, device=dev)
+        ) * t + torch.cat([torch.arange(k, device=dev) for k in counts])
+        ends = [x.start + len(x.tokens) for x in seqs]
+        length = round_up(max(ends), KEY_BLOCK)
+        index = pool.table[table_rows, :length]
+        self._rope_table(max(ends))
+        cos = self._cos[pos].view(1, rows, 1, -1)
+        sin = self._sin[pos].view(1, rows, 1, -1)
+        h = self.embed[ids].unsqueeze(0)  # [1, rows, hidden]
+        visible = Visible(qpos, length, c.num_heads // c.num_kv_heads, self.device.type == "cpu")
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
-            # Padding rows write past their prompt's end: positions nobody reads before
-            # overwriting them.
-            cache.k[li, slots, :, :t] = k
-            cache.v[li, slots, :, :t] = v
-            out = self._causal(q, k, v)
-            h = h + F.linear(out.transpose(1, 2).reshape(n, t, c.num_heads * c.head_dim), layer.o)
+            q, k, v = self._qkv(layer, h, cos, sin)  # q [1, H, rows, D], k/v [1, KV, rows, D]
+            pool.kv[li, slots, 0] = k[0].transpose(0, 1)
+            pool.kv[li, slots, 1] = v[0].transpose(0, 1)
+            keys, values = self._gather(pool, li, index)
+            qs = q[0].transpose(0, 1)[packed].permute(0, 2, 1, 3)  # [S, H, T, D]
+            out = self._attention(qs, keys, values, visible)
+            flat = out.permute(0, 2, 1, 3).reshape(s * t, c.num_heads * c.head_dim)[back]
+            if pad:
+                flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
+            h = h + F.linear(flat, layer.o).unsqueeze(0)
             h = h + self._mlp(layer, h)
-        last = h[torch.arange(n, device=self.device), torch.tensor(lengths, device=self.device) - 1]
-        return self._linear(self._rms(last, self.norm), self.lm_head).float()
+        last = torch.tensor(list(itertools.accumulate(counts)), device=dev) - 1
+        return self._logits(h[0, last])
 
     def _decode(
-        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, length: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        pool: KVPool,
+        length: int,
     ) -> torch.Tensor:
         """The decode forward on tensors (also what a CUDA graph captures): one token per
-        slot ``0 .. B-1``, attending to the first ``length`` cache positions."""
+        table row ``0 .. B-1`` at ``positions``, its keys and values written to ``slots``,
+        attending to the first ``length`` table columns (a multiple of KEY_BLOCK)."""
         b = ids.shape[0]
         cos = self._cos[positions].view(b, 1, 1, -1)
         sin = self._sin[positions].view(b, 1, 1, -1)
         h = self.embed[ids].unsqueeze(1)  # [B, 1, hidden]
-        visible = torch.arange(length, device=self.device).unsqueeze(0) <= positions.unsqueeze(1)
-        rows = torch.arange(b, device=self.device)
+        index = pool.table[:b, :length]
+        c = self.config
+        group = c.num_heads // c.num_kv_heads
+        visible = Visible(positions.view(b, 1), length, group, self.device.type == "cpu")
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            cache.k[li, rows, :, positions] = k[:, :, 0]
-            cache.v[li, rows, :, positions] = v[:, :, 0]
-            out = self._attend_one(
-                q, cache.k[li, :b, :, :length], cache.v[li, :b, :, :length], visible
-            )
+            pool.kv[li, slots, 0] = k[:, :, 0]
+            pool.kv[li, slots, 1] = v[:, :, 0]
+            keys, values = self._gather(pool, li, index)
+            out = self._attention(q, keys, values, visible).reshape(b, c.num_heads * c.head_dim)
             h = h + F.linear(out, layer.o).unsqueeze(1)
             h = h + self._mlp(layer, h)
         return self._linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
 
     @torch.inference_mode()
-    def decode(self, ids: list[int], positions: list[int], cache: KVCache) -> torch.Tensor:
-        """One token per sequence in slots ``0 .. len(ids)-1``, at ``positions``; returns
-        logits [B, V] in float32 (through a captured CUDA graph when one is enabled)."""
+    def decode(
+        self, ids: list[int], positions: list[int], slots: list[int], pool: KVPool
+    ) -> torch.Tensor:
+        """One token for each table row ``0 .. len(ids)-1``, at ``positions``, its keys and
+        values into pool ``slots``; returns logits [B, V] in float32 (through a captured
+        CUDA graph when one is enabled)."""
         longest = max(positions) + 1
-        cache.reserve(longest + 1)
-        self._rope_table(longest + 1)
+        self._rope_table(longest)
         if self.graphs is not None:
-            return self.graphs.decode(ids, positions, cache)
-        pos = torch.tensor(positions, device=self.device)
-        tokens = torch.tensor(ids, device=self.device)
-        return self._decode(tokens, pos, cache, longest)
+            return self.graphs.decode(ids, positions, slots, pool)
+        n = len(ids)
+        pad = self._rows(n) - n
+        dev = self.device
+        tokens = torch.tensor(ids + [0] * pad, device=dev)
+        pos = torch.tensor(positions + [0] * pad, device=dev)
+        where = torch.tensor(slots + [0] * pad, device=dev)
+        return self._decode(tokens, pos, where, pool, round_up(longest, KEY_BLOCK))[:n]
 
     @torch.inference_mode()
     def logprobs_of(self, ids: list[int]) -> list[float]:

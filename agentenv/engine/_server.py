@@ -11,7 +11,7 @@ and any other SGLang client talk to it unchanged::
     POST /abort_request            {"rid"} or {"abort_all": true}: 200, unknown rid a no-op
     POST /pause_generation         {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
-    POST /flush_cache              (GET too) 400 while requests run
+    POST /flush_cache              (GET too) drops the prefix cache; 400 while requests run
     POST /update_weights_from_disk {"model_path", "weight_version", ...}
     POST /update_weight_version    {"new_version"}
     POST /init_weights_update_group       {"master_address", "master_port", "rank_offset",
@@ -450,6 +450,8 @@ class EngineServer:
                 "model_path": str(e.model_path),
                 "context_length": e.context_length,
                 "max_running_requests": e.max_running,
+                "max_total_num_tokens": e.max_total_tokens,
+                "disable_radix_cache": not e.prefix_cache,
                 "device": e.device,
                 "dtype": str(e.dtype).removeprefix("torch."),
                 "weight_version": e.weight_version,
@@ -481,7 +483,7 @@ class EngineServer:
         return Response.json({"message": "Generation continued successfully.", "status": "ok"})
 
     async def _flush(self, request: Request) -> Response:
-        if self.engine.running:
+        if not await self.engine.flush_cache():
             raise _bad(
                 f"Cache not flushed because there are pending requests. "
                 f"#queue-req: {self.engine.running}"

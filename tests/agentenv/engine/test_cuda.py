@@ -98,8 +98,8 @@ async def test_graphs_match_eager_steps_and_a_plain_forward(tiny: tuple[Path, Pa
     async with _engine(tiny[0], True) as graphed:
         with_graphs = await _run(graphed, params)
         assert graphed.model.graphs is not None and graphed.model.graphs.captures > 0
-        # The cache grew past its first capacity (256) mid-run: graphs were re-captured.
-        assert graphed._cache.capacity > 256
+        # Sequences grew past the first attended lengths mid-run: graphs of several lengths.
+        assert len({length for _, length in graphed.model.graphs._graphs}) > 1
         worst = 0.0
         for prompt, c in zip(PROMPTS, with_graphs, strict=True):
             plain = graphed.model.logprobs_of(prompt + c.output_ids)[len(prompt) - 1 :]

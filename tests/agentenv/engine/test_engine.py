@@ -85,7 +85,9 @@ async def test_a_group_sharing_a_prompt_prefills_it_once(engine: Engine) -> None
     # prompt as cached, and every sample equals its solo run.
     params = [SamplingParams(max_new_tokens=8, temperature=1.0, seed=7 + i) for i in range(4)]
     solo = [await engine.generate(PROMPT, p) for p in params]
-    assert all(c.cached_tokens == 0 for c in solo)
+    # One after the other, the prefix cache serves all but the prompt's last token.
+    assert [c.cached_tokens for c in solo] == [0] + [len(PROMPT) - 1] * 3
+    assert await engine.flush_cache()
     group: list[Any] = [None] * 4
 
     async def one(i: int) -> None:
@@ -282,11 +284,11 @@ async def test_released_memory_is_freed_and_restored(engine: Engine) -> None:
     with pytest.raises(GenerationError, match=r"memory is released .*resume it"):
         await engine.generate([1, 2, 3], params)
     await engine._on_thread(engine._free, frozenset({"kv_cache", "cuda_graph"}))
-    assert engine._cache.k.numel() == 0 and engine._cache.slots == 0
+    assert engine.pool.kv.numel() == 0 and engine.cached_tokens == 0
     await engine.resume_memory(["kv_cache"])
     assert engine.released == {"weights", "cuda_graph"}
     await engine._on_thread(engine._restore, frozenset({"kv_cache", "cuda_graph"}))
-    assert engine._cache.slots == engine.max_running
+    assert engine.pool.size == engine.max_total_tokens and engine.pool.available == engine.pool.size
     await engine.resume_memory()
     assert engine.released == frozenset()
     assert (await engine.generate([1, 2, 3], params)).output_ids == before

@@ -347,10 +347,10 @@ async def test_a_request_that_fails_inside_the_engine_fails_alone(
     monkeypatch.setattr(engine_module, "sample", sample)
     real_prefill = engine.model.prefill
 
-    def prefill(prompts: list[list[int]], *args: Any) -> Any:
-        if [7, 7, 7] in prompts:
+    def prefill(seqs: list[Any], *args: Any) -> Any:
+        if any(seq.tokens == [7, 7, 7] for seq in seqs):
             raise RuntimeError("injected prefill failure")
-        return real_prefill(prompts, *args)
+        return real_prefill(seqs, *args)
 
     monkeypatch.setattr(engine.model, "prefill", prefill)
     sampled = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}
