@@ -12,9 +12,10 @@ from agentenv.bench._child import run_child
 
 if TYPE_CHECKING:
     from agentenv.bench._engine import bench as engine_bench
+    from agentenv.bench._grpo_engine import bench as grpo_engine_bench
     from agentenv.bench._http import compare as http_compare
 
-__all__ = ["engine_bench", "http_compare", "run_child"]
+__all__ = ["engine_bench", "grpo_engine_bench", "http_compare", "run_child"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from agentenv.bench._engine import bench
 
         return bench
+    if name == "grpo_engine_bench":
+        from agentenv.bench._grpo_engine import bench as grpo
+
+        return grpo
     if name == "http_compare":
         from agentenv.bench._http import compare
 

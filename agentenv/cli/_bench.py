@@ -250,7 +250,7 @@ def run_engine(args: argparse.Namespace) -> int:
     from agentenv.bench import engine_bench as bench
 
     if args.grpo:
-        from agentenv.bench._grpo_engine import bench as grpo
+        from agentenv.bench import grpo_engine_bench as grpo
         from agentenv.engine import resolve_model
 
         if any(g < 1 for g in args.groups):
