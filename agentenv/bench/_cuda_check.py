@@ -92,9 +92,10 @@ async def check(device: str, root: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
 
     def engine(path: Path, graphs: bool, cache: bool = True, **kw: Any) -> Engine:
+        kw.setdefault("context_length", 1024)
         return Engine(
             path, device=device, dtype=__import__("torch").float32, tokenizer=_Tokenizer(),
-            max_running=32, context_length=1024, cuda_graphs=graphs, prefix_cache=cache, **kw,
+            max_running=32, cuda_graphs=graphs, prefix_cache=cache, **kw,
         )  # fmt: skip
 
     runs = {}
@@ -130,10 +131,10 @@ async def check(device: str, root: Path) -> dict[str, Any]:
     # A small pool: retractions, same results as a roomy one.
     long = [SamplingParams(max_new_tokens=295, seed=i, ignore_eos=True) for i in range(3)]
     three = [[1 + i, 2, 3, 4, 5, 6, 7, 8, 9, 10] for i in range(3)]
-    async with engine(a, True, max_total_tokens=600) as e:
+    async with engine(a, True, max_total_tokens=600, context_length=320) as e:
         tight = await _run(e, three, long)
         results["retractions"] = e.retractions
-    async with engine(a, True, max_total_tokens=4000) as e:
+    async with engine(a, True, max_total_tokens=4000, context_length=320) as e:
         roomy = await _run(e, three, long)
     same3, gap3 = _gap(tight, roomy)
     results["retracted_vs_roomy"] = {"same_tokens": same3, "max_logprob_gap": gap3}
