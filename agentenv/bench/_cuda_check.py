@@ -26,20 +26,24 @@ import anyio
 from agentenv._generator import SamplingParams
 
 
-class _Tokenizer:
+class NumberTokenizer:
+    """Decodes ids as their numbers (no stop strings are used with it)."""
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return " ".join(map(str, ids))
 
 
-def _tiny(path: Path, seed: int) -> Path:
+def tiny_llama(path: Path, seed: int, *, hidden: int = 128, layers: int = 3) -> Path:
+    """A random Llama of 512 ids with peaked distributions (weights of std 0.15), saved
+    at ``path`` (also the engine tests' model)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=3,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
@@ -82,7 +86,7 @@ async def check(device: str, root: Path) -> dict[str, Any]:
 
     from agentenv.engine import Engine
 
-    a, b = _tiny(root / "a", 0), _tiny(root / "b", 1)
+    a, b = tiny_llama(root / "a", 0), tiny_llama(root / "b", 1)
     system = [1 + (j * 7) % 500 for j in range(60)]
     prompts = [[*system, 400 + i, 401] for i in range(4) for _ in range(4)]
     params = [
@@ -94,7 +98,7 @@ async def check(device: str, root: Path) -> dict[str, Any]:
     def engine(path: Path, graphs: bool, cache: bool = True, **kw: Any) -> Engine:
         kw.setdefault("context_length", 1024)
         return Engine(
-            path, device=device, dtype=__import__("torch").float32, tokenizer=_Tokenizer(),
+            path, device=device, dtype=__import__("torch").float32, tokenizer=NumberTokenizer(),
             max_running=32, cuda_graphs=graphs, prefix_cache=cache, **kw,
         )  # fmt: skip
 

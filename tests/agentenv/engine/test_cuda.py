@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from agentenv import SamplingParams
+from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
 from agentenv.engine import Engine
 
 pytestmark = [
@@ -29,38 +30,10 @@ DEVICE = os.environ.get("AGENTENV_TEST_CUDA_DEVICE", "cuda")
 PROMPTS = [[1 + (i * 7 + j) % 500 for j in range(5 + 9 * i)] for i in range(11)]
 
 
-class _Tokenizer:  # stop strings are not used here
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return " ".join(map(str, ids))
-
-
-def _tiny(path: Path, seed: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger weights than the default init: peaked distributions
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15)
-    model.save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return _tiny(root / "a", 0), _tiny(root / "b", 1)
+    return tiny_llama(root / "a", 0), tiny_llama(root / "b", 1)
 
 
 async def _run(engine: Engine, params: SamplingParams) -> list[Any]:
@@ -88,7 +61,7 @@ def _engine(
         residual_dtype=residual_dtype,
         max_running=16,
         context_length=1024,
-        tokenizer=_Tokenizer(),
+        tokenizer=NumberTokenizer(),
         cuda_graphs=graphs,
     )
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import anyio
 import pytest
-import torch
 
 from agentenv import ConfigError, ContextLengthError, SamplingParams
+from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
 from agentenv.engine import Engine, resolve_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -23,38 +23,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
 SYSTEM = [1, 504, 3458, 314, 253, 1345, 28, 2817, 5122, 30, 2]
 
 
-class _Tokenizer:  # stop strings are not used here
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return " ".join(map(str, ids))
-
-
-def _tiny(path: Path, seed: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # peaked distributions
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15)
-    model.save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return _tiny(root / "a", 0), _tiny(root / "b", 1)
+    return tiny_llama(root / "a", 0, hidden=64, layers=2), tiny_llama(
+        root / "b", 1, hidden=64, layers=2
+    )
 
 
 def _prompt(i: int, n: int) -> list[int]:
@@ -125,7 +99,7 @@ async def test_outputs_are_bitwise_those_without_the_prefix_cache() -> None:
 
 async def test_a_group_prefills_its_prompt_once(tiny: tuple[Path, Path]) -> None:
     prompt = _prompt(0, 200)
-    async with Engine(tiny[0], tokenizer=_Tokenizer(), max_total_tokens=4096) as engine:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer(), max_total_tokens=4096) as engine:
         for i in range(8):
             params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=i)
             await engine.generate(prompt, params)
@@ -138,10 +112,10 @@ async def test_a_pool_smaller_than_one_request_is_refused_at_start(
     tiny: tuple[Path, Path],
 ) -> None:
     with pytest.raises(ConfigError, match=r"holds 100 tokens .* context length 256") as e:
-        Engine(tiny[0], tokenizer=_Tokenizer(), context_length=256, max_total_tokens=100)
+        Engine(tiny[0], tokenizer=NumberTokenizer(), context_length=256, max_total_tokens=100)
     assert "--max-total-tokens" in str(e.value)
     # Without a context length the pool's size is the context: longer requests are refused.
-    async with Engine(tiny[0], tokenizer=_Tokenizer(), max_total_tokens=100) as engine:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer(), max_total_tokens=100) as engine:
         assert engine.context_length == 100
         with pytest.raises(ContextLengthError, match="pool holds 100 tokens"):
             await engine.generate(_prompt(1, 120), SamplingParams(max_new_tokens=1))
@@ -174,7 +148,7 @@ async def test_a_thousand_waiting_requests_under_memory_pressure_all_complete(
         SamplingParams(max_new_tokens=1 + i % 4, temperature=1.0, seed=i, ignore_eos=True)
         for i in range(1000)
     ]
-    tight = Engine(tiny[0], tokenizer=_Tokenizer(), max_running=32, max_total_tokens=200)
+    tight = Engine(tiny[0], tokenizer=NumberTokenizer(), max_running=32, max_total_tokens=200)
     most = 0
     async with tight:
         async with anyio.create_task_group() as tg:
@@ -192,7 +166,7 @@ async def test_a_thousand_waiting_requests_under_memory_pressure_all_complete(
         assert most > 500 and tight.running == 0
     assert all(len(c.output_ids) == p.max_new_tokens for c, p in zip(got, params, strict=True))
     sample = list(range(0, 1000, 25))
-    async with Engine(tiny[0], tokenizer=_Tokenizer(), max_total_tokens=20000) as roomy:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer(), max_total_tokens=20000) as roomy:
         expected = await _run(roomy, [prompts[i] for i in sample], [params[i] for i in sample])
     for i, e in zip(sample, expected, strict=True):
         assert got[i].output_ids == e.output_ids and got[i].logprobs == e.logprobs
@@ -210,10 +184,10 @@ async def test_a_full_pool_retracts_a_request_which_resumes_unchanged(
         SamplingParams(max_new_tokens=295, temperature=1.0, seed=i, ignore_eos=True)
         for i in range(3)
     ]
-    async with Engine(tiny[0], tokenizer=_Tokenizer(), max_total_tokens=600) as tight:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer(), max_total_tokens=600) as tight:
         got = await _run(tight, prompts, params)
         assert tight.retractions > 0
-    async with Engine(tiny[0], tokenizer=_Tokenizer(), max_total_tokens=4000) as roomy:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer(), max_total_tokens=4000) as roomy:
         expected = await _run(roomy, prompts, params)
         assert roomy.retractions == 0
     for a, b in zip(got, expected, strict=True):
@@ -226,9 +200,9 @@ async def test_a_weight_update_drops_every_cached_key(tiny: tuple[Path, Path]) -
     prompt = _prompt(3, 40)
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     new = load_file(str(tiny[1] / "model.safetensors"))
-    async with Engine(tiny[1], tokenizer=_Tokenizer()) as reference:
+    async with Engine(tiny[1], tokenizer=NumberTokenizer()) as reference:
         expected = await reference.generate(prompt, params)
-    async with Engine(tiny[0], tokenizer=_Tokenizer()) as engine:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer()) as engine:
         await engine.generate(prompt, params)
         assert (await engine.generate(prompt, params)).cached_tokens == len(prompt) - 1
         await engine.update_weights(new)
@@ -259,7 +233,7 @@ async def test_requests_running_through_an_update_recompute_their_keys(
     prompt = _prompt(4, 30)
     greedy = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     result: dict[str, Any] = {}
-    async with Engine(tiny[0], tokenizer=_Tokenizer()) as engine:
+    async with Engine(tiny[0], tokenizer=NumberTokenizer()) as engine:
 
         async def run() -> None:
             result["c"] = await engine.generate(prompt, greedy)
@@ -280,7 +254,7 @@ async def test_requests_running_through_an_update_recompute_their_keys(
     spans = c.version_spans
     assert [v for v, _ in spans] == ["default", "v2"]
     k = spans[0][1]
-    async with Engine(tiny[1], tokenizer=_Tokenizer()) as reference:
+    async with Engine(tiny[1], tokenizer=NumberTokenizer()) as reference:
         rest = await reference.generate(
             prompt + c.output_ids[:k], dataclasses.replace(greedy, max_new_tokens=40 - k)
         )
