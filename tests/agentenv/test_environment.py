@@ -342,16 +342,30 @@ async def test_concurrency_is_bounded_and_run_is_cancellable(smollm2: ChatTokeni
         Echo(), tasks(40), Slow(), tokenizer=smollm2, config=RolloutConfig(concurrency=7)
     )
     assert peak == 7
-    sink = ListSink()
-    with anyio.move_on_after(0.5):
-        await run_rollouts(
-            Echo(),
-            tasks(10_000),
-            Slow(),
-            tokenizer=smollm2,
-            sink=sink,
-            config=RolloutConfig(concurrency=8),
-        )
+    started = anyio.Event()
+
+    class FirstPut(ListSink):
+        async def put_group(self, samples: Sequence[Sample]) -> None:
+            await super().put_group(samples)
+            started.set()
+
+    sink = FirstPut()
+    with anyio.fail_after(60):  # cancelled once groups arrive, whatever the machine's load
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_started() -> None:
+                await started.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_started)
+            await run_rollouts(
+                Echo(),
+                tasks(10_000),
+                Slow(),
+                tokenizer=smollm2,
+                sink=sink,
+                config=RolloutConfig(concurrency=8),
+            )
     assert in_flight == 0 and 0 < len(sink.samples) < 10_000
 
 
