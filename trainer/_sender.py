@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: The broadcast's process-group backend.
 Transport = Literal["nccl", "gloo"]
 
-__all__ = ["LocalSender", "TensorMeta", "WeightSender", "buckets"]
+__all__ = ["LocalSender", "TensorMeta", "WeightSender", "buckets", "sender_of"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -177,37 +177,30 @@ class LocalSender:
             group.abort()
 
     def post_tensors(self, urls: Sequence[str], version: str, api_key: str | None) -> None:
-        import httpx
+        import anyio
 
         from agentenv.engine import serialize_named_tensors
-        from agentenv.sglang import SGLangError
 
         state = self._state_dict()
         if not state:  # a rank that holds none of the weights (megatron's others)
             return
         tensors = [(n, t) for b in buckets(state, 1 << 62) for n, t in b]
         payload = serialize_named_tensors(tensors)
-        body = {"serialized_named_tensors": [payload], "weight_version": version}
-        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        with httpx.Client(timeout=600.0, headers=headers) as http:
-            for url in urls:
-                r = http.post(url.rstrip("/") + "/update_weights_from_tensor", json=body)
-                if r.status_code != 200:
-                    raise SGLangError(
-                        f"{url} refused the weights (HTTP {r.status_code}): {_message(r)}",
-                        status=r.status_code, url=url,
-                    )  # fmt: skip
+        # A thread of its own (the sync's worker thread, or a rank actor's): its own loop.
+        anyio.run(_post_payload, list(urls), payload, version, api_key)
         del tensors, state  # the servers have copied them
 
 
-def _message(response: Any) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return str(response.text)[:500]
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message", body))
-        return str(body.get("message", body))
-    return str(body)
+async def _post_payload(urls: list[str], payload: str, version: str, api_key: str | None) -> None:
+    from agentenv.sglang import SGLangClient
+
+    for url in urls:  # the client raises the server's refusal (SGLangError)
+        async with SGLangClient(url, api_key=api_key, retries=0, timeout=600.0) as client:
+            await client.update_weights_from_tensor([payload], weight_version=version)
+
+
+def sender_of(backend: Any) -> WeightSender:
+    """``backend``'s weight sender; a duck-typed backend's is its ``state_dict``, read
+    in this process."""
+    own = getattr(backend, "weight_sender", None)
+    return own() if own is not None else LocalSender(backend.state_dict)

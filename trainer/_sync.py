@@ -32,7 +32,7 @@ import anyio
 from agentenv import ClosedResourceError, ConfigError
 from trainer._backend import Backend
 from trainer._files import replace_dir
-from trainer._sender import LocalSender, TensorMeta, WeightSender
+from trainer._sender import TensorMeta, WeightSender, sender_of
 
 __all__ = ["DiskSync", "DistributedSync", "InProcessSync", "TensorSync", "WeightSync"]
 
@@ -132,9 +132,7 @@ class TensorSync:
 
 
 def _one_sender(backend: Backend, clients: Sequence[Any]) -> list[tuple[WeightSender, list[Any]]]:
-    own = getattr(backend, "weight_sender", None)
-    sender = own() if own is not None else LocalSender(backend.state_dict)
-    return [(sender, list(clients))]
+    return [(sender_of(backend), list(clients))]
 
 
 class DistributedSync:
@@ -227,8 +225,7 @@ class DistributedSync:
             raise ClosedResourceError("the DistributedSync is closed")
         if self._sender is None or self._sender_of is not backend:
             await self._teardown()  # another backend's group, if any
-            own = getattr(backend, "weight_sender", None)  # a duck-typed backend: its state_dict
-            self._sender = own() if own is not None else LocalSender(backend.state_dict)
+            self._sender = sender_of(backend)
             self._sender_of = backend
         sender = self._sender
         buckets = await anyio.to_thread.run_sync(sender.prepare, self.bucket_bytes, self.backend)
