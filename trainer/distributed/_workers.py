@@ -34,7 +34,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -443,16 +443,12 @@ class RolloutWorkers:
     async def _pick(self) -> _Worker | None:
         """The least busy live worker; if none, the first replacement to be up (within
         ``start_timeout``); None if none comes."""
-        with anyio.move_on_after(self.start_timeout):
-            while True:
-                live = self.live()
-                if live:
-                    return min(live, key=lambda w: (w.retrying.locked(), w.in_flight, w.index))
-                if not self._pending:
-                    return None
-                await self._adopt_replacements()
-                await anyio.sleep(0.2)  # polls Ray for the replacements' placement
-        return None
+        if not self.live():
+            await self._poll_replacements(self.start_timeout, until=lambda: bool(self.live()))
+        live = self.live()
+        return (
+            min(live, key=lambda w: (w.retrying.locked(), w.in_flight, w.index)) if live else None
+        )
 
     def _bury(self, w: _Worker, reason: str) -> None:
         if w.dead:
@@ -470,10 +466,15 @@ class RolloutWorkers:
     async def wait_ready(self, timeout: float = 300.0) -> None:  # noqa: ASYNC109
         """Until every replacement started so far has joined (at most ``timeout``
         seconds; a node that is not back yet keeps its replacement pending)."""
-        with anyio.move_on_after(timeout):
-            while self._pending:
+        await self._poll_replacements(timeout, until=lambda: not self._pending)
+
+    async def _poll_replacements(self, seconds: float, *, until: Callable[[], bool]) -> None:
+        """Adopt replacements as Ray places them until ``until()`` or nothing is pending,
+        for ``seconds`` at most."""
+        with anyio.move_on_after(seconds):
+            while self._pending and not until():
                 await self._adopt_replacements()
-                if self._pending:
+                if self._pending and not until():
                     await anyio.sleep(0.2)  # polls Ray for the replacements' placement
 
     async def _adopt_replacements(self) -> None:
