@@ -162,11 +162,11 @@ class Visible:
         pos = qpos.view(s, 1, 1, t).expand(s, 1, group, t).reshape(s, 1, rows, 1)
         if cpu and rows < MIN_QUERY_ROWS:
             pos = F.pad(pos, (0, 0, 0, MIN_QUERY_ROWS - rows))
-        self._rows = pos
+        self._rows = pos.view(1, s, -1, 1)  # the CPU attention's [KV, S, rows, keys] order
         self._keep = pos.numel() * length <= 1 << 22
 
     def bias(self, start: int) -> torch.Tensor:
-        """[S, 1, rows, KEY_BLOCK] float32: 0 where the row sees the key, else -inf."""
+        """[1, S, rows, KEY_BLOCK] float32: 0 where the row sees the key, else -inf."""
         cached = self._bias.get(start)
         if cached is not None:
             return cached
@@ -460,11 +460,16 @@ class LlamaModel:
         if self.device.type != "cpu":
             gqa = c.num_heads != c.num_kv_heads
             out: torch.Tensor = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=visible.mask(), enable_gqa=gqa
+                q,
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=visible.mask(),
+                enable_gqa=gqa,
             )
             return out
         rows = h // c.num_kv_heads * t
-        qr = q.reshape(s, c.num_kv_heads, rows, d) * (d**-0.5)  # rows: (head, query)
+        # [KV, S, rows, D], rows: (head, query) -- the keys' batch order.
+        qr = (q.reshape(s, c.num_kv_heads, rows, d) * (d**-0.5)).transpose(0, 1).contiguous()
         if rows < MIN_QUERY_ROWS:
             qr = F.pad(qr, (0, 0, 0, MIN_QUERY_ROWS - rows))
         fp32 = torch.float32
@@ -485,14 +490,28 @@ class LlamaModel:
             total = total * alpha + p.sum(-1, keepdim=True)
             acc = acc * alpha + torch.matmul(p.to(vb.dtype), vb).to(fp32)
             m = m_new
-        result: torch.Tensor = (acc / total).to(q.dtype)[:, :, :rows].reshape(s, h, t, d)
+        out = (acc / total).to(q.dtype)[:, :, :rows].transpose(0, 1)
+        result: torch.Tensor = out.reshape(s, h, t, d)
         return result
 
-    def _gather(self, pool: KVPool, li: int, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Layer ``li``'s keys and values at pool slots ``index`` [S, L]: [S, KV, L, D]
-        each (one gather for both)."""
-        kv = pool.kv[li][index]  # [S, L, 2, KV, D]
-        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    @staticmethod
+    def _write(pool: KVPool, li: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Layer ``li``'s keys and values ``kv`` [2 * KV, N, D] (the keys' heads, then the
+        values') into pool ``slots`` [N]."""
+        layer = pool.kv[li]
+        layer.view(-1, layer.shape[2], layer.shape[3]).index_copy_(1, slots, kv)
+
+    @staticmethod
+    def _gather(pool: KVPool, li: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``li``'s keys and values at pool slots ``index`` [S, L]: [KV, S, L, D]
+        each, contiguous (one gather for both; a key block of every sequence is then one
+        strided batch of matrices, which the matrix products read in place)."""
+        layer = pool.kv[li]  # [2, KV, slots, D]
+        two, heads, size, d = layer.shape
+        s, length = index.shape
+        kv = layer.view(two * heads, size, d).index_select(1, index.reshape(-1))
+        kv = kv.view(two, heads, s, length, d)
+        return kv[0], kv[1]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on rows [n, hidden] -> [n, V] float32."""
@@ -550,8 +569,7 @@ class LlamaModel:
         visible = Visible(qpos, length, c.num_heads // c.num_kv_heads, self.device.type == "cpu")
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # q [1, H, rows, D], k/v [1, KV, rows, D]
-            pool.kv[li, slots, 0] = k[0].transpose(0, 1)
-            pool.kv[li, slots, 1] = v[0].transpose(0, 1)
+            self._write(pool, li, slots, torch.cat([k[0], v[0]]))
             keys, values = self._gather(pool, li, index)
             qs = q[0].transpose(0, 1)[packed].permute(0, 2, 1, 3)  # [S, H, T, D]
             out = self._attention(qs, keys, values, visible)
@@ -570,24 +588,30 @@ class LlamaModel:
         slots: torch.Tensor,
         pool: KVPool,
         length: int,
+        live: int | None = None,
     ) -> torch.Tensor:
         """The decode forward on tensors (also what a CUDA graph captures): one token per
         table row ``0 .. B-1`` at ``positions``, its keys and values written to ``slots``,
-        attending to the first ``length`` table columns (a multiple of KEY_BLOCK)."""
+        attending to the first ``length`` table columns (a multiple of KEY_BLOCK). Rows
+        from ``live`` on (default: none) are padding for the linear layers' row count
+        (:meth:`_rows`): they attend to nothing (their attention output is zeros)."""
         b = ids.shape[0]
+        n = b if live is None else live
         cos = self._cos[positions].view(b, 1, 1, -1)
         sin = self._sin[positions].view(b, 1, 1, -1)
         h = self.embed[ids].unsqueeze(1)  # [B, 1, hidden]
-        index = pool.table[:b, :length]
+        index = pool.table[:n, :length]
         c = self.config
         group = c.num_heads // c.num_kv_heads
-        visible = Visible(positions.view(b, 1), length, group, self.device.type == "cpu")
+        visible = Visible(positions[:n].view(n, 1), length, group, self.device.type == "cpu")
+        width = c.num_heads * c.head_dim
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)
-            pool.kv[li, slots, 0] = k[:, :, 0]
-            pool.kv[li, slots, 1] = v[:, :, 0]
+            self._write(pool, li, slots, torch.cat([k, v], dim=1)[:, :, 0].transpose(0, 1))
             keys, values = self._gather(pool, li, index)
-            out = self._attention(q, keys, values, visible).reshape(b, c.num_heads * c.head_dim)
+            out = self._attention(q[:n], keys, values, visible).reshape(n, width)
+            if n < b:
+                out = torch.cat([out, out.new_zeros(b - n, width)])
             h = h + F.linear(out, layer.o).unsqueeze(1)
             h = h + self._mlp(layer, h)
         return self._linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
@@ -609,7 +633,8 @@ class LlamaModel:
         tokens = torch.tensor(ids + [0] * pad, device=dev)
         pos = torch.tensor(positions + [0] * pad, device=dev)
         where = torch.tensor(slots + [0] * pad, device=dev)
-        return self._decode(tokens, pos, where, pool, round_up(longest, KEY_BLOCK))[:n]
+        length = round_up(longest, KEY_BLOCK)
+        return self._decode(tokens, pos, where, pool, length, live=n)[:n]
 
     @torch.inference_mode()
     def logprobs_of(self, ids: list[int]) -> list[float]:

@@ -61,8 +61,10 @@ class KVPool:
         self.context_length = context_length
         self.dtype = dtype
         self.device = torch.device(device)
-        # Keys and values side by side, so that one gather reads both.
-        shape = (config.num_layers, size + 1, 2, config.num_kv_heads, config.head_dim)
+        # Per layer the keys' heads, then the values', each [slots, head_dim]: one gather
+        # reads both, into the [heads, sequences, positions, head_dim] order the
+        # attention's matrix products read in place.
+        shape = (config.num_layers, 2, config.num_kv_heads, size + 1, config.head_dim)
         self.kv = _zeros(shape, dtype, self.device)
         self.table = torch.zeros((rows, context_length), dtype=torch.int64, device=self.device)
         # Lowest slots first (popped from the end), so a small load touches few pages.

@@ -21,7 +21,7 @@ def _pool(size: int) -> KVPool:
 
 def test_slots_are_freed_when_their_last_reference_goes() -> None:
     pool = _pool(4)
-    assert pool.kv.shape == (2, 5, 2, 1, 4) and not pool.kv.any()  # slot 0: the spare
+    assert pool.kv.shape == (2, 2, 1, 5, 4) and not pool.kv.any()  # slot 0: the spare
     a = pool.alloc(3)
     assert 0 not in a and pool.available == 1
     pool.share(a[:2])
