@@ -301,9 +301,11 @@ class ParallelismConfig(Group):
         "--use-dynamic-batch-size", True, "pack micro-batches by --max-tokens-per-gpu "
         "(always on)",
     )  # fmt: skip
-    max_tokens_per_gpu: int = setting(
-        "--max-tokens-per-gpu", 4096, "micro-batch token budget", ge=1
-    )
+    max_tokens_per_gpu: int | None = setting(
+        "--max-tokens-per-gpu", None, "micro-batch token budget (prompt and completion "
+        "tokens); default 4096 on CUDA, 1024 on CPU (where a step's memory follows it and "
+        "its time does not)", ge=1,
+    )  # fmt: skip
     precision: Literal["fp32", "bf16-autocast", "bf16"] | None = setting(
         "--precision", None,
         "--backend torch: fp32, bf16-autocast (fp32 weights, bf16 matmuls; the CUDA "
@@ -313,8 +315,8 @@ class ParallelismConfig(Group):
     gradient_checkpointing: bool | None = setting(
         "--gradient-checkpointing", None,
         "--backend torch: recompute each decoder layer in the backward (a fraction of the "
-        "activation memory; about a third more training compute, none measurable with "
-        "--compile); default on CUDA, off on CPU. megatron: its --recompute-granularity",
+        "activation memory for a few percent more step time on CPU, none measurable with "
+        "--compile on CUDA); default on. megatron: its --recompute-granularity",
     )  # fmt: skip
     compile: bool | None = setting(
         "--compile", None,

@@ -120,10 +120,14 @@ def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
     optimizer (``config.optimizer``); on ``placed``'s trainer bundles when given
     (:func:`place_run`): megatron's ranks as Ray actors, the torch backend as a
     :class:`~trainer.distributed.TrainerGroup` of data-parallel ranks."""
+    from trainer._backend import micro_batch_tokens
+
     parallel = config.parallel
     common: dict[str, Any] = dict(
         optim=config.optimizer, loss=config.algorithm,
-        max_tokens_per_micro_batch=parallel.max_tokens_per_gpu,
+        max_tokens_per_micro_batch=micro_batch_tokens(
+            parallel.max_tokens_per_gpu, config.model.device
+        ),
     )  # fmt: skip
     device = config.model.device
     if parallel.backend == "megatron":

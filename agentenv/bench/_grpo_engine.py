@@ -12,7 +12,8 @@ per episode.
   answer appended (the transcript only appends); seconds per turn and prompt tokens
   computed, with the cache (each turn reuses the last) and without.
 
-Time runs from submitting the prompts to the last token, prefill included. ::
+Time runs from submitting the prompts to the last token, prefill included, after one
+untimed run of the same workload (the steady state of a run's rollouts). ::
 
     python -m agentenv.bench._grpo_engine --groups 4 16
 """
@@ -68,14 +69,12 @@ def _engine(model_dir: Path, device: str, cache: bool, running: int) -> Any:
 def measure_groups(model_dir: Path, device: str, groups: int, cache: bool) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
-    prompts = grpo_prompts(Tokenizer.from_file(str(model_dir / "tokenizer.json")), groups)
+    # The second half warms the engine up (the first steps of a run: CUDA graphs captured
+    # for the batch sizes the workload reaches) on other prompts; the first is measured.
+    prompts = grpo_prompts(Tokenizer.from_file(str(model_dir / "tokenizer.json")), 2 * groups)
 
     async def main() -> dict[str, Any]:
         async with _engine(model_dir, device, cache, groups * SAMPLES) as engine:
-            warm = SamplingParams(max_new_tokens=2, temperature=1.0, seed=0)
-            await engine.generate([1, 2, 3, 4], warm)
-            await engine.flush_cache()
-            computed = engine.prefill_computed
 
             async def one(g: int, s: int) -> None:
                 params = SamplingParams(
@@ -85,11 +84,17 @@ def measure_groups(model_dir: Path, device: str, groups: int, cache: bool) -> di
                 if len(c.output_ids) != NEW_TOKENS:
                     raise RuntimeError(f"{len(c.output_ids)} tokens, not {NEW_TOKENS}")
 
+            async def workload(first: int) -> None:
+                async with anyio.create_task_group() as tg:
+                    for g in range(first, first + groups):
+                        for s in range(SAMPLES):
+                            tg.start_soon(one, g, s)
+
+            await workload(groups)
+            await engine.flush_cache()
+            computed = engine.prefill_computed
             start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for g in range(groups):
-                    for s in range(SAMPLES):
-                        tg.start_soon(one, g, s)
+            await workload(0)
             elapsed = time.perf_counter() - start
             return {
                 "prefill_tokens_computed": engine.prefill_computed - computed,
@@ -136,7 +141,7 @@ def measure_hf(model_dir: Path, device: str, groups: int) -> dict[str, Any]:
             raise RuntimeError(f"HF generate made {tuple(out.shape)}")
         return time.perf_counter() - start
 
-    run(1)  # warm-up
+    run(groups)  # warm-up, as the engine's
     elapsed = run(groups)
     return {
         "tokens_per_s": round(groups * SAMPLES * NEW_TOKENS / elapsed, 2),

@@ -299,15 +299,20 @@ def test_gradient_checkpointing_is_the_torch_backends_flag() -> None:
         TrainConfig(env="arithmetic", backend="megatron", gradient_checkpointing=True)
 
 
-def test_compile_and_gradient_checkpointing_default_on_cuda_only(tmp_path: Path) -> None:
-    """On CPU neither is on by default, and compiling is refused there with the reason;
-    the config refuses ``--compile`` off CUDA and with megatron before anything loads."""
+def test_the_cpu_defaults_keep_memory_low_and_compile_only_on_cuda(tmp_path: Path) -> None:
+    """On CPU: gradient checkpointing on, 1,024-token micro-batches, 256-token logit
+    chunks, no compiling (refused there with the reason); the config refuses ``--compile``
+    off CUDA and with megatron before anything loads."""
     from tests.trainer.test_loop import tiny_llama
     from trainer import TrainConfig
+    from trainer._backend import micro_batch_tokens
 
     model = tiny_llama(tmp_path / "tiny")
     backend = TorchBackend(model)
-    assert (backend.compile, backend.gradient_checkpointing) == (False, False)
+    assert (backend.compile, backend.gradient_checkpointing) == (False, True)
+    assert (backend.max_tokens, backend.logit_chunk) == (1024, 256)
+    assert TorchBackend(model, max_tokens_per_micro_batch=64, logit_chunk=9).max_tokens == 64
+    assert (micro_batch_tokens(None, "cuda:1"), micro_batch_tokens(7, "cpu")) == (4096, 7)
     with pytest.raises(ConfigError, match="compile needs a CUDA device, not 'cpu'"):
         TorchBackend(model, compile=True)
     with pytest.raises(ConfigError, match="--compile needs --device cuda"):
