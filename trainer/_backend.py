@@ -31,6 +31,7 @@ from agentenv import ConfigError, Sample
 from trainer._batching import pack_by_tokens
 from trainer._data_parallel import DataParallel
 from trainer._losses import LossConfig, policy_loss, token_weights
+from trainer._memory import release_freed_memory
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
 if TYPE_CHECKING:
@@ -428,6 +429,8 @@ class MicroBatchBackend(Backend):
                         p.copy_(m)  # rounded to the model's dtype
         self.optimizer.zero_grad(set_to_none=True)  # master copies: the model's went above
         self.steps += 1
+        if self.device.type == "cpu":  # the step's freed memory, before the next rollout
+            release_freed_memory()
         t3 = time.perf_counter()
         shared = {} if dp is None else {"micro_batches_this_rank": float(len(groups))}
         return tally.metrics(
