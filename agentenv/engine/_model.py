@@ -516,9 +516,7 @@ class LlamaModel:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer on rows [n, hidden] -> [n, V] float32."""
         n = h.shape[0]
-        rows = self._rows(n)
-        if rows > n:
-            h = torch.cat([h, h.new_zeros(rows - n, h.shape[1])])
+        h = _pad_rows(h, self._rows(n))
         return self._linear(self._rms(h, self.norm), self.lm_head).float()[:n]
 
     @torch.inference_mode()
@@ -544,9 +542,7 @@ class LlamaModel:
         owner = torch.repeat_interleave(table_rows, torch.tensor(counts, device=dev))
         ids = torch.tensor(ids_l + [0] * pad, device=dev)
         pos = torch.tensor(pos_l + [0] * pad, device=dev)
-        slots = pool.table[owner, pos[:n]]
-        if pad:
-            slots = torch.cat([slots, slots.new_zeros(pad)])
+        slots = _pad_rows(pool.table[owner, pos[:n]], rows)
         # Each sequence's queries, padded to the longest [S, T]: indices into the packed rows.
         t = max(counts)
         s = len(seqs)
@@ -574,9 +570,7 @@ class LlamaModel:
             qs = q[0].transpose(0, 1)[packed].permute(0, 2, 1, 3)  # [S, H, T, D]
             out = self._attention(qs, keys, values, visible)
             flat = out.permute(0, 2, 1, 3).reshape(s * t, c.num_heads * c.head_dim)[back]
-            if pad:
-                flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
-            h = h + F.linear(flat, layer.o).unsqueeze(0)
+            h = h + F.linear(_pad_rows(flat, rows), layer.o).unsqueeze(0)
             h = h + self._mlp(layer, h)
         last = torch.tensor(list(itertools.accumulate(counts)), device=dev) - 1
         return self._logits(h[0, last])
@@ -610,9 +604,7 @@ class LlamaModel:
             self._write(pool, li, slots, torch.cat([k, v], dim=1)[:, :, 0].transpose(0, 1))
             keys, values = self._gather(pool, li, index)
             out = self._attention(q[:n], keys, values, visible).reshape(n, width)
-            if n < b:
-                out = torch.cat([out, out.new_zeros(b - n, width)])
-            h = h + F.linear(out, layer.o).unsqueeze(1)
+            h = h + F.linear(_pad_rows(out, b), layer.o).unsqueeze(1)
             h = h + self._mlp(layer, h)
         return self._linear(self._rms(h[:, 0], self.norm), self.lm_head).float()
 
@@ -654,6 +646,13 @@ class LlamaModel:
         lp = torch.log_softmax(logits[:-1], dim=-1)
         target = torch.tensor(ids[1:], device=self.device)
         return lp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with rows of zeros appended up to ``rows`` rows (itself when it has them)."""
+    if x.shape[0] >= rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
 
 
 def weight_mismatch(
