@@ -21,6 +21,8 @@ import os
 import time
 from typing import Any
 
+from agentenv.bench import bench_parser
+
 __all__ = ["add_parser", "bench"]
 
 DATASET = "basic_arithmetic"
@@ -31,9 +33,9 @@ CONFIG: dict[str, Any] = {
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "judge", help="the LLM judge on the embedded engine: judgements/s, cache hit rate",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = bench_parser(
+        sub, "judge", help="the LLM judge on the embedded engine: judgements/s, cache hit rate",
+        doc=__doc__, json="one JSON line",
     )  # fmt: skip
     parser.add_argument(
         "--model",
@@ -53,7 +55,6 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--group-size", type=int, default=8, metavar="N",
                         help="samples per group (default: 8)")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="one JSON line")
     parser.set_defaults(handler=_main)
 
 

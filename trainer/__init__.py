@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         tempered_logits,
         token_weights,
     )
+    from trainer._offload import OffloadHooks
     from trainer._precision import PRECISIONS, Precision
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
     from trainer._torch import TorchBackend
@@ -66,6 +67,7 @@ __all__ = [
     "LoggingConfig",
     "LossConfig",
     "ModelConfig",
+    "OffloadHooks",
     "OptimConfig",
     "ParallelismConfig",
     "Precision",
@@ -106,6 +108,7 @@ _MODULES = {
     "LoggingConfig": "trainer._config",
     "LossConfig": "trainer._losses",
     "ModelConfig": "trainer._config",
+    "OffloadHooks": "trainer._offload",
     "OptimConfig": "trainer._backend",
     "ParallelismConfig": "trainer._config",
     "Precision": "trainer._precision",

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentenv import ConfigError, Sample
+from agentenv.engine import release_freed_memory
 from trainer._batching import pack_by_tokens
 from trainer._data_parallel import DataParallel
 from trainer._losses import LossConfig, policy_loss, token_weights
-from trainer._memory import release_freed_memory
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
 if TYPE_CHECKING:
@@ -403,6 +403,8 @@ class MicroBatchBackend(Backend):
                     loss, part = self._micro_loss(plan, group, lps, ents)
                     (loss * dp.world_size).backward()  # type: ignore[no-untyped-call]
             tally.add(part)
+            if self.device.type == "cpu":  # the micro-batch's activations, not kept resident
+                release_freed_memory()
         if dp is not None:
             if not groups:  # fewer micro-batches than ranks: this one adds zeros
                 first = [plan.items[plan.groups[0][0]]]

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentenv.bench import bench_parser
+
 __all__ = ["add_parser"]
 
 # bf16 FLOP/s that MFU is measured against: on the H200 the dense matmul rate measured
@@ -28,11 +30,8 @@ PEAKS = {"H200": 790e12, "H100": 989e12, "A100": 312e12}
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "train",
-        help="training step (ours vs plain HF) and weight sync",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = bench_parser(
+        sub, "train", help="training step (ours vs plain HF) and weight sync", doc=__doc__
     )
     parser.add_argument("--device", default="cuda", metavar="DEVICE", help="cuda (default) or cpu")
     parser.add_argument(
@@ -83,7 +82,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--tokenizer-dir", metavar="DIR", help="where tokenizer.json is (default: smollm2-135m's)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main)
 
 

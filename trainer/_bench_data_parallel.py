@@ -27,18 +27,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentenv.bench import bench_parser
+
 __all__ = ["add_parser", "main"]
+
+JSON = "print the results as JSON"
 
 STRATEGIES = ("one_process", "flat_all_reduce", "ddp", "fsdp2")
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "data-parallel",
+    parser = bench_parser(
+        sub, "data-parallel",
         help="the torch backend's gradient sum against DDP and FSDP2 on the same step",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        doc=__doc__, json=JSON,
+    )  # fmt: skip
     _add_arguments(parser)
     parser.set_defaults(handler=_main)
 
@@ -63,7 +66,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help=f"comma-separated: {STRATEGIES}",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def _model(args: argparse.Namespace, device: str) -> Any:
@@ -286,11 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--_rank"]:
         strategy, rank, world, port = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
-        parser = argparse.ArgumentParser()
+        parser = bench_parser(None, "data-parallel", help="", doc=None, json=JSON)
         _add_arguments(parser)
         _rank(strategy, rank, world, port, parser.parse_args(argv[5:]))
         return 0
-    parser = argparse.ArgumentParser(prog="agentenv bench data-parallel", description=__doc__)
+    parser = bench_parser(None, "data-parallel", help="", doc=__doc__, json=JSON)
     _add_arguments(parser)
     return _main(parser.parse_args(argv))
 

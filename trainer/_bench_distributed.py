@@ -50,7 +50,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentenv.bench import bench_parser
+
 __all__ = ["RUNS", "add_parser", "run"]
+
+QUICK = "smoke test: 2 steps of 2 x 2 samples, 4 tokens"
 
 MODULE = "trainer._bench_distributed"
 ENV = "environments.arithmetic:ArithmeticEnv"
@@ -67,12 +71,11 @@ TARGET_RATIO = 1.10
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "distributed",
+    parser = bench_parser(
+        sub, "distributed",
         help="a run on Ray against one process; placing a run; weight sync into 2 engines",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        doc=__doc__, quick=QUICK,
+    )  # fmt: skip
     _add_arguments(parser)
     parser.set_defaults(handler=_main)
 
@@ -110,12 +113,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-start", action="store_true", help="leave out the start and sync measurements"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke test: 2 steps of 2 x 2 samples, 4 tokens"
-    )
-    parser.add_argument(
         "--tokenizer-dir", metavar="DIR", help="the tiny model's tokenizer (smollm2-135m's)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
 
 def _workload_argv(args: argparse.Namespace, model: str, save: str) -> list[str]:
@@ -446,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = _start_and_sync(model, device, int(repeats), Path(weights))
         Path(result).write_text(json.dumps(out))
         return 0
-    parser = argparse.ArgumentParser(prog="agentenv bench distributed", description=__doc__)
+    parser = bench_parser(None, "distributed", help="", doc=__doc__, quick=QUICK)
     _add_arguments(parser)
     return _main(parser.parse_args(argv))
 

@@ -41,9 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from agentenv import Episode, Sample, Task
+from agentenv.bench import bench_parser
 from environments.arithmetic import ArithmeticEnv
 
 __all__ = ["RecordedArithmeticEnv", "add_parser", "prompt_hash"]
+
+QUICK = "smoke test: tiny random model, CPU, 2 steps of 4 prompts x 4 samples, 8 tokens"
 
 PEERS = ("trl",)
 MODULE = "trainer._bench_grpo"  # also when run as __main__: the recorded prompts live here
@@ -52,12 +55,10 @@ GIB = 2**30
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "grpo",
-        help="GRPO training end to end (agentenv vs TRL's GRPOTrainer)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(
+        sub, "grpo", help="GRPO training end to end (agentenv vs TRL's GRPOTrainer)",
+        doc=__doc__, quick=QUICK,
+    )  # fmt: skip
     _add_arguments(parser)
     parser.set_defaults(handler=_main)
 
@@ -105,14 +106,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which sides to run (default both; one alone gives no ratios)",
     )
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: tiny random model, CPU, 2 steps of 4 prompts x 4 samples, 8 tokens",
-    )
-    parser.add_argument(
         "--tokenizer-dir", metavar="DIR", help="--quick: where tokenizer.json is (smollm2-135m's)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -783,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--side"]:
         return _child(*argv[1:4])
-    parser = argparse.ArgumentParser(prog="agentenv bench grpo", description=__doc__)
+    parser = bench_parser(None, "grpo", help="", doc=__doc__, quick=QUICK)
     _add_arguments(parser)
     return _main(parser.parse_args(argv))
 

@@ -628,6 +628,13 @@ class TrainConfig(Group):
                 "engines on Ray (--rollout-num-gpus); otherwise agentenv train launches no "
                 "router (point --rollout-url at a running one)"
             )
+        if self.rollout.offload_rollout and not (
+            engine.rollout_engine == "embedded" and engine.rollout_url is None
+        ):
+            raise ConfigError(
+                "--offload-rollout is for the embedded engine (this process's); engines on "
+                "Ray give their memory back with --colocate, other servers keep theirs"
+            )
         if not self.uses_ray:
             return
         if p.rollout_num_workers and p.rollout_num_gpus is None and engine.rollout_url is None:

@@ -37,6 +37,7 @@ from agentenv.buffer import Batch, Buffer
 from trainer._advantages import compute_advantages
 from trainer._backend import Backend
 from trainer._checkpoints import CheckpointWriter
+from trainer._offload import OffloadHooks
 from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._rollout import SCHEDULES, GRPOConfig
 from trainer._sync import InProcessSync, WeightSync
@@ -96,7 +97,9 @@ async def run_grpo(
     the reward on held-out tasks) runs every ``eval_interval`` steps, into that step's
     ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
     that a report's file writes do not hold up the episodes in flight. ``hooks`` run around
-    each step's training (:class:`StepHooks`), and their metrics join the step's.
+    each step's training (:class:`StepHooks`), and their metrics join the step's; without
+    them an embedded engine that ``config.offloads`` (on CPU, on the ``sync`` schedule, by
+    default) gives its memory back for the training (:class:`~trainer.OffloadHooks`).
     ``workers`` (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray
     instead of this process: the Buffer is served to them, they put the groups.
     ``on_batch(step, batch)`` runs once each step's batch is acknowledged.
@@ -105,6 +108,13 @@ async def run_grpo(
     config.check_tasks(tasks)
     backend.loss_config.check_sampling(config.sampling)
     sync = sync or InProcessSync(engine)
+    if hooks is None and config.offloads(engine):
+        if not hasattr(engine, "release_memory"):
+            raise ConfigError(
+                f"offload_rollout (--offload-rollout) needs an embedded engine, not a "
+                f"{type(engine).__name__} (engines on Ray release theirs with --colocate)"
+            )
+        hooks = OffloadHooks(engine)
     stream = TaskStream(tasks, seed=config.seed, shuffle=config.shuffle)
     history: list[dict[str, float]] = []
     first = 0

@@ -88,6 +88,11 @@ class GRPOConfig(Group):
         "--max-staleness", 1, "oldest policy version a batch may hold, behind the trainer "
         "(older groups are dropped; one_step_off needs >= 1)", ge=0,
     )  # fmt: skip
+    offload_rollout: bool | None = setting(
+        "--offload-rollout", None, "the embedded engine gives its memory back while each "
+        "step trains (its key/value cache, on CPU its weights too; the weight sync loads "
+        "them again): --schedule sync only; default on for an engine on CPU",
+    )  # fmt: skip
     over_sampling_batch_size: int | None = setting(
         "--over-sampling-batch-size", None,
         "prompts started per round (>= --rollout-batch-size; default: it)", ge=1,
@@ -125,6 +130,12 @@ class GRPOConfig(Group):
                 "--schedule one_step_off trains on samples one version old: --max-staleness "
                 f"must be at least 1, got {self.max_staleness}"
             )
+        if self.offload_rollout and self.schedule != "sync":
+            raise ConfigError(
+                f"--offload-rollout with --schedule {self.schedule}: episodes run while the "
+                "trainer trains, so the engine cannot give its memory back; pass --schedule "
+                "sync or drop --offload-rollout"
+            )
         over = self.over_sampling_batch_size
         if over is not None and over < self.rollout_batch_size:
             raise ConfigError(
@@ -153,6 +164,15 @@ class GRPOConfig(Group):
             or policy_capacity(policy)
             or self.round_size * self.n_samples_per_prompt
         )
+
+    def offloads(self, engine: Any) -> bool:
+        """Whether ``engine`` releases its memory while each step trains:
+        :attr:`offload_rollout`, by default on for an embedded engine on CPU on the
+        ``sync`` schedule (nothing runs while the trainer trains, and a CPU engine has no
+        decode graphs to capture again)."""
+        if self.offload_rollout is not None:
+            return self.offload_rollout
+        return self.schedule == "sync" and getattr(engine, "device", None) == "cpu"
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""

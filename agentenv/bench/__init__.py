@@ -9,13 +9,14 @@ starts server processes, so both load on first use.
 from typing import TYPE_CHECKING, Any
 
 from agentenv.bench._child import run_child
+from agentenv.bench._parser import bench_parser
 
 if TYPE_CHECKING:
     from agentenv.bench._engine import bench as engine_bench
     from agentenv.bench._grpo_engine import bench as grpo_engine_bench
     from agentenv.bench._http import compare as http_compare
 
-__all__ = ["engine_bench", "grpo_engine_bench", "http_compare", "run_child"]
+__all__ = ["bench_parser", "engine_bench", "grpo_engine_bench", "http_compare", "run_child"]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,6 +37,7 @@ from agentenv._runner import RolloutConfig, run_rollouts
 from agentenv._sample import Sample
 from agentenv._scripted import ScriptedModel
 from agentenv._tokenizer import ChatTokenizer
+from agentenv.bench._parser import bench_parser
 from agentenv.endpoint import AgentEnv
 
 __all__ = ["add_parser", "bench"]
@@ -280,14 +281,11 @@ def _pinned() -> int | None:
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "agent",
+    parser = bench_parser(
+        sub, "agent",
         help="chat-completion calls/s through the per-episode endpoint, overhead per call",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer episodes (< 30 s)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+        doc=__doc__, quick="fewer episodes (< 30 s)",
+    )  # fmt: skip
     parser.add_argument(
         "--concurrency", type=int, default=256, metavar="N", help="episodes in flight (256)"
     )

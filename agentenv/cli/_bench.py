@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv._errors import ConfigError
-from agentenv.bench import run_child
+from agentenv.bench import bench_parser, run_child
 
 LEVELS = (1, 64, 1024)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -57,9 +57,10 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    rollout = kinds.add_parser("rollout", help="SDK overhead per tool-use turn")
-    rollout.add_argument("--quick", action="store_true", help="fewer episodes (< 60 s)")
-    rollout.add_argument("--json", action="store_true", help="print one JSON object last")
+    rollout = bench_parser(
+        kinds, "rollout", help="SDK overhead per tool-use turn", doc=None,
+        quick="fewer episodes (< 60 s)",
+    )  # fmt: skip
     rollout.add_argument(
         "--no-verifiers", action="store_true", help="skip the verifiers comparison"
     )
@@ -70,14 +71,16 @@ def add_parser(sub: Any) -> None:
         help="python of a virtualenv with verifiers installed (default: this one)",
     )
     rollout.set_defaults(handler=run_rollout)
-    buffer = kinds.add_parser("buffer", help="Data Buffer throughput, 1,000-token samples")
-    buffer.add_argument("--quick", action="store_true", help="fewer samples (< 60 s)")
-    buffer.add_argument("--json", action="store_true", help="print one JSON object last")
+    buffer = bench_parser(
+        kinds, "buffer", help="Data Buffer throughput, 1,000-token samples", doc=None,
+        quick="fewer samples (< 60 s)",
+    )  # fmt: skip
     buffer.add_argument("--no-service", action="store_true", help="skip the HTTP service mode")
     buffer.set_defaults(handler=run_buffer)
-    engine = kinds.add_parser("engine", help="embedded engine vs HF generate, tokens/s")
-    engine.add_argument("--quick", action="store_true", help="32 new tokens, not 128")
-    engine.add_argument("--json", action="store_true", help="print one JSON object last")
+    engine = bench_parser(
+        kinds, "engine", help="embedded engine vs HF generate, tokens/s", doc=None,
+        quick="32 new tokens, not 128",
+    )  # fmt: skip
     engine.add_argument(
         "--device", default="cpu", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cpu)"
     )
@@ -118,18 +121,18 @@ def add_parser(sub: Any) -> None:
         help="--grpo: groups of 8 samples (default: 4 16)",
     )
     engine.set_defaults(handler=run_engine)
-    client = kinds.add_parser("client", help="SGLang client requests/s, 4,096 in flight")
-    client.add_argument("--quick", action="store_true", help="fewer requests (< 60 s)")
-    client.add_argument("--json", action="store_true", help="print one JSON object last")
+    client = bench_parser(
+        kinds, "client", help="SGLang client requests/s, 4,096 in flight", doc=None,
+        quick="fewer requests (< 60 s)",
+    )  # fmt: skip
     client.add_argument(
         "--no-httpx", action="store_true", help="skip the plain-httpx comparison (slow)"
     )
     client.set_defaults(handler=run_client)
-    http = kinds.add_parser(
-        "http", help="agentenv's HTTPServer vs plain aiohttp, same handlers, requests/s"
-    )
-    http.add_argument("--quick", action="store_true", help="fewer requests (< 60 s a round)")
-    http.add_argument("--json", action="store_true", help="print one JSON object last")
+    http = bench_parser(
+        kinds, "http", help="agentenv's HTTPServer vs plain aiohttp, same handlers, requests/s",
+        doc=None, quick="fewer requests (< 60 s a round)",
+    )  # fmt: skip
     http.add_argument(
         "--repeat", type=int, default=3, metavar="N", help="rounds, for the spread (default: 3)"
     )

@@ -4,12 +4,14 @@
 carries SGLang's distributed weight updates) import torch, so they load on first use:
 resolving a model name (``resolve_model``) stays light, and so does importing
 ``serialize_named_tensors`` / ``load_named_tensors`` (SGLang's ``/update_weights_from_tensor``
-payload; they import torch when called).
+payload; they import torch when called), and ``release_freed_memory`` (the C heap's free
+pages back to the system between the phases of a CPU run).
 """
 
 from typing import TYPE_CHECKING, Any
 
 from agentenv.engine._ipc import load_named_tensors, serialize_named_tensors
+from agentenv.engine._memory import release_freed_memory
 from agentenv.engine._models import SMOLLM2_NAME, cache_dir, resolve_model
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ __all__ = [
     "WeightUpdateGroup",
     "cache_dir",
     "load_named_tensors",
+    "release_freed_memory",
     "resolve_model",
     "serialize_named_tensors",
 ]

@@ -38,6 +38,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
+from agentenv.engine._memory import release_freed_memory
 from agentenv.engine._model import KEY_BLOCK, MIN_ROWS, LlamaModel, Prefill, round_up
 from agentenv.engine._models import resolve_model
 from agentenv.engine._pool import KVPool, bytes_per_token
@@ -372,6 +373,11 @@ class Engine:
                 f"the engine's memory is released ({', '.join(sorted(self._released))}); "
                 "resume it (resume_memory) before generating"
             )
+        if not self.model.has_weights:
+            raise GenerationError(
+                "the engine's weights were released and not loaded again: update its weights "
+                "(update_weights, /update_weights_from_disk or _from_tensor) before generating"
+            )
         ids = list(input_ids)
         self.check(ids, params)
         rid = rid or uuid.uuid4().hex
@@ -496,9 +502,10 @@ class Engine:
         """Give memory back while something else (the trainer) uses the device: SGLang's
         ``/release_memory_occupation``. ``tags`` (default: all) are ``kv_cache`` (the key
         and value cache, freed), ``cuda_graph`` (the captured decode graphs, freed) and
-        ``weights`` (kept where they are, so weight updates go on while released). On CUDA
-        the freed memory is returned to the device; on CPU nothing is freed, the state is
-        only tracked. Until :meth:`resume_memory` brings every tag back, generation is
+        ``weights``: on CUDA kept where they are (the decode graphs read them there), so
+        weight updates go on while released; on CPU freed, and the next full weight update
+        loads them anew (a colocated trainer's sync follows its step; generating before
+        one is refused). Until :meth:`resume_memory` brings every tag back, generation is
         refused. Refused while requests run (pause with mode ``abort`` or let them end)."""
         chosen = _memory_tags(tags)
         if self._by_rid:
@@ -507,8 +514,7 @@ class Engine:
                 "the engine is idle (pause generation with mode abort, or let them finish)"
             )
         async with self._step_lock:
-            if self.device != "cpu":
-                await self._on_thread(self._free, chosen)
+            await self._on_thread(self._free, chosen)
             self._released = self._released | chosen
 
     async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
@@ -516,7 +522,7 @@ class Engine:
         ``/resume_memory_occupation``. Resuming what is not released is a no-op."""
         chosen = _memory_tags(tags) & self._released
         async with self._step_lock:
-            if self.device != "cpu" and chosen:
+            if chosen:
                 await self._on_thread(self._restore, chosen)
             self._released = self._released - chosen
 
@@ -527,7 +533,13 @@ class Engine:
         if "cuda_graph" in tags and self.model.graphs is not None:
             self.model.graphs = None
             self._graphs_freed = True
-        torch.cuda.empty_cache()
+        if "weights" in tags and self.model.device.type == "cpu" and self.model.has_weights:
+            self.weight_shapes()  # kept: an update is checked against them
+            self.model.drop_weights()
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        else:
+            release_freed_memory()
 
     def _restore(self, tags: frozenset[str]) -> None:
         if "kv_cache" in tags and not self.pool.kv.numel():
@@ -710,6 +722,8 @@ class Engine:
         tokens, plus a share of every running request's coming tokens); each admitted one
         gets its cached prefix (locked) and pool slots for the rest. The first request
         always goes in when nothing runs: one request of the context length always fits."""
+        if not fresh:
+            return [], []
         pool, tree = self.pool, self.tree
         reserve = sum(self._reserve(r) for r in self._running if r.finish is None)
         admitted: list[_Request] = []
@@ -913,13 +927,15 @@ class Engine:
             self._ratio = max(MIN_TOKEN_RATIO, self._ratio - NEW_TOKEN_RATIO_DECAY)
         new = pool.alloc(len(live))
         given = dict(zip(map(id, live), new, strict=True))
-        slots = []
+        slots, rows, cols = [], [], []
         for row, req in enumerate(self._running):
             slot = given.get(id(req), 0)  # a finished row writes to the spare slot
             if slot:
                 req.slots.append(slot)
-                pool.set_row(row, len(req.slots) - 1, [slot])
+                rows.append(row)
+                cols.append(len(req.slots) - 1)
             slots.append(slot)
+        pool.set_cells(rows, cols, [s for s in slots if s])
         try:
             # A row that finished (or failed) in this step's prefill has no token to feed
             # (or one that does not matter): it computes a dummy one, dropped after.
@@ -1019,17 +1035,20 @@ class Engine:
         self._compact()
 
     def _send(self, r: _Request) -> None:
+        if not r.streaming and r.finish is None:  # held until it ends (one chunk a version)
+            last = r.held[-1] if r.held else None
+            if last is not None and last.weight_version == self.weight_version:
+                last.output_ids += r.new_ids
+                last.logprobs += r.new_lps
+                r.new_ids.clear()
+                r.new_lps.clear()
+                return
         chunk = EngineChunk(
             r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached, error=r.error
         )
         r.new_ids, r.new_lps = [], []
         if not r.streaming and r.finish is None:
-            last = r.held[-1] if r.held else None
-            if last is not None and last.weight_version == chunk.weight_version:
-                last.output_ids += chunk.output_ids
-                last.logprobs += chunk.logprobs
-            else:
-                r.held.append(chunk)
+            r.held.append(chunk)
             return
         chunks, r.held = [*r.held, chunk], []
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):

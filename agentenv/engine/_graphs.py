@@ -64,9 +64,9 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._key: tuple[int, ...] = ()
-        self._ids = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
-        self._pos = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
-        self._slots = torch.zeros(max_batch, dtype=torch.int64, device=model.device)
+        # Token ids, positions and slots, one row each: a step's inputs are one copy.
+        self._inputs = torch.zeros((3, max_batch), dtype=torch.int64, device=model.device)
+        self._ids, self._pos, self._slots = self._inputs
         # Outside the graphs' pool: it outlives a recapture.
         self._logits = torch.empty(
             (max_batch, model.config.vocab_size), dtype=torch.float32, device=model.device
@@ -91,13 +91,10 @@ class DecodeGraphs:
         if entry is None:
             entry = self._graphs[(b, length)] = self._capture(b, length, pool)
         graph, out = entry
-        self._ids[:n].copy_(torch.tensor(ids), non_blocking=True)
-        self._pos[:n].copy_(torch.tensor(positions), non_blocking=True)
-        self._slots[:n].copy_(torch.tensor(slots), non_blocking=True)
-        if b > n:
-            self._ids[n:b].zero_()
-            self._pos[n:b].zero_()
-            self._slots[n:b].zero_()
+        pad = [0] * (self._inputs.shape[1] - n)  # rows past the batch: token 0 into slot 0
+        self._inputs.copy_(
+            torch.tensor([ids + pad, positions + pad, slots + pad]), non_blocking=True
+        )
         graph.replay()
         return out[:n]
 

@@ -259,6 +259,23 @@ class LlamaModel:
                     tensors[name] = f.get_tensor(name)
         self.set_weights(tensors)
 
+    @property
+    def has_weights(self) -> bool:
+        """False between :meth:`drop_weights` and the next :meth:`set_weights`."""
+        return hasattr(self, "embed")
+
+    def drop_weights(self) -> None:
+        """Free every weight (an engine's memory given to a trainer on the same CPU); the
+        next :meth:`set_weights` loads them anew, and nothing may run before it."""
+        for layer in self.layers:
+            for name in ("qkv", "o", "gate_up", "down", "ln1", "ln2"):
+                if hasattr(layer, name):
+                    delattr(layer, name)
+            layer.qkv_bias = None
+        for name in ("embed", "norm", "lm_head"):
+            if hasattr(self, name):
+                delattr(self, name)
+
     @torch.inference_mode()
     def set_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Install HF-named weights (``model.layers.0.self_attn.q_proj.weight``, ...).
@@ -322,10 +339,16 @@ class LlamaModel:
                     f"weight {name} has shape {tuple(value.shape)}, the model's is "
                     f"{tuple(old.shape)}: an update must keep the architecture"
                 )
+        # A first load owns its tensors: one still backed by the caller's storage (a
+        # safetensors file's mapping, a trainer's parameter) is copied, so the mapping can
+        # close and nothing outside the engine changes its weights.
+        given = {t.untyped_storage().data_ptr() for t in tensors.values()}
         for owner, name, value in new:
             old = getattr(owner, name, None)
             if isinstance(old, torch.Tensor):
                 old.copy_(value)
+            elif value.untyped_storage().data_ptr() in given:
+                setattr(owner, name, value.clone(memory_format=torch.contiguous_format))
             else:
                 setattr(owner, name, value.contiguous())
         if tied and res == self.dtype:
@@ -369,6 +392,11 @@ class LlamaModel:
     def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy some HF-named weights in place (one bucket of a distributed update); the
         others keep their values. Every name and shape is checked before anything changes."""
+        if not self.has_weights:
+            raise ConfigError(
+                "the weights were freed (the engine's memory released on CPU): a partial "
+                "update needs them in place; send every weight in one update"
+            )
         views = self._weight_views()
         problem = weight_mismatch(
             {name: tuple(value.shape) for name, value in tensors.items()}, self.weight_shapes()

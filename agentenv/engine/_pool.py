@@ -116,5 +116,13 @@ class KVPool:
             values = torch.tensor(slots, dtype=torch.int64)
             self.table[row, start : start + len(slots)].copy_(values, non_blocking=True)
 
+    def set_cells(self, rows: list[int], cols: list[int], slots: list[int]) -> None:
+        """Table cells ``(rows[i], cols[i])``: ``slots[i]`` (a decode step's new slots,
+        one write for the whole batch)."""
+        if slots:
+            cells = torch.tensor([rows, cols, slots], dtype=torch.int64)
+            cells = cells.to(self.table.device, non_blocking=True)
+            self.table[cells[0], cells[1]] = cells[2]
+
     def move_row(self, src: int, dst: int, length: int) -> None:
         self.table[dst, :length] = self.table[src, :length]

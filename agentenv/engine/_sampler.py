@@ -25,22 +25,23 @@ _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27: a product with a 32-bit value stays well inside int64
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (full avalanche) on int64 tensors holding values < 2**32."""
-    x = x ^ (x >> 16)
+def _mix(x: int) -> int:
+    """A 32-bit integer hash (full avalanche) of a value < 2**32."""
+    x ^= x >> 16
     x = (x * _MUL) & _M32
-    x = x ^ (x >> 16)
+    x ^= x >> 16
     x = (x * _MUL) & _M32
     return x ^ (x >> 16)
 
 
-def uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One float64 in [0, 1) per row (48 random bits), a pure function of each row's
-    ``seed`` and ``counter`` (int64 [B])."""
-    key = _mix(_mix((seeds & _M32) ^ _mix((seeds >> 32) & _M32)) ^ (counters & _M32))
+def uniform(seed: int, counter: int) -> float:
+    """A float in [0, 1) (48 random bits), a pure function of ``seed`` (0 <= seed < 2**63)
+    and ``counter`` (>= 0). Computed on the host: a batch's draws are a few microseconds
+    of Python, where the same hash as tensor operations was ~60 kernel launches a step."""
+    key = _mix(_mix((seed & _M32) ^ _mix((seed >> 32) & _M32)) ^ (counter & _M32))
     high = _mix(key ^ 0x9E3779B9) >> 8  # 24 bits each
     low = _mix(key ^ 0x7F4A7C15) >> 8
-    return (high * (1 << 24) + low).to(torch.float64) * (1.0 / (1 << 48))
+    return (high * (1 << 24) + low) * (1.0 / (1 << 48))  # exact: an integer < 2**48
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,8 +72,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], 
             if r.banned:
                 scaled[i, list(r.banned)] = float("-inf")
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    chosen = torch.argmax(scaled, dim=-1)
     sampled = [i for i in range(b) if not greedy[i]]
+    # The greedy rows' picks (none needed when every row samples).
+    chosen = torch.argmax(scaled, dim=-1) if len(sampled) < b else scaled.new_empty(0).long()
     if sampled:
         whole = len(sampled) == b
         probs = torch.exp(scaled - lse) if whole else torch.exp(scaled[sampled] - lse[sampled])
@@ -86,12 +88,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], 
         # In float64: in float32 a running sum past ~0.5 would swallow tokens of
         # probability below ~3e-8, which then could never be drawn.
         cdf = torch.cumsum(probs.double(), dim=-1)
-        seeds = torch.tensor([rows[i].seed for i in sampled], dtype=torch.int64, device=device)
-        counters = torch.tensor(
-            [rows[i].counter for i in sampled], dtype=torch.int64, device=device
-        )
+        draws = [uniform(rows[i].seed, rows[i].counter) for i in sampled]
+        u = torch.tensor(draws, dtype=torch.float64).to(device, non_blocking=True)
         total = cdf[:, -1]
-        draw = torch.minimum(uniform(seeds, counters) * total, torch.nextafter(total, total * 0))
+        draw = torch.minimum(u * total, torch.nextafter(total, total * 0))
         # The first token whose cumulative probability exceeds the draw: never one of
         # probability zero, since the draw stays below the total.
         picks = torch.searchsorted(cdf, draw.unsqueeze(1), right=True).squeeze(1)
@@ -101,7 +101,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], 
         else:
             chosen[sampled] = picks
     picked = (scaled.gather(1, chosen.unsqueeze(1)) - lse).squeeze(1)
-    return chosen.tolist(), picked.tolist()
+    # One copy back (ids below 2**53 and float32 log-probs are exact in float64).
+    ids, lps = torch.stack((chosen.to(torch.float64), picked.to(torch.float64))).tolist()
+    return [int(t) for t in ids], lps
 
 
 def _filtered(probs: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:

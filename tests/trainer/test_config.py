@@ -167,3 +167,26 @@ def test_engines_on_ray_are_servers_and_router_flags_need_them() -> None:
         router_args=["--policy", "round_robin"],
     )  # fmt: skip
     assert config.uses_ray and config.engine.router_args == ["--policy", "round_robin"]
+
+
+def test_offloading_the_rollout_is_for_the_embedded_engine_on_the_sync_schedule() -> None:
+    """The embedded engine on CPU gives its memory back for each step's training unless told
+    not to; elsewhere only when asked; with episodes running through training (another
+    schedule) or for a server of its own, asking is refused."""
+
+    class Embedded:
+        def __init__(self, device: str) -> None:
+            self.device = device
+
+    rollout = TrainConfig(env="x").rollout
+    assert rollout.offload_rollout is None
+    assert rollout.offloads(Embedded("cpu")) and not rollout.offloads(Embedded("cuda"))
+    assert not rollout.offloads(object())  # a server's client: no device of its own here
+    off = TrainConfig(env="x", offload_rollout=False).rollout
+    assert not off.offloads(Embedded("cpu"))
+    assert TrainConfig(env="x", offload_rollout=True).rollout.offloads(Embedded("cuda"))
+    assert not GRPOConfig(schedule="one_step_off").offloads(Embedded("cpu"))
+    with pytest.raises(ConfigError, match="--offload-rollout with --schedule async"):
+        GRPOConfig(schedule="async", offload_rollout=True)
+    with pytest.raises(ConfigError, match="--offload-rollout is for the embedded engine"):
+        TrainConfig(env="x", offload_rollout=True, rollout_engine="serve")

@@ -97,6 +97,9 @@ def test_reward_rises_and_the_engine_follows(tmp_path: Path) -> None:
     last = sum(h["reward_mean"] for h in history[-2:]) / 2
     assert last > first + 0.1, [round(h["reward_mean"], 3) for h in history]
     assert history[0]["train/ratio_max"] == 1.0
+    # On CPU the engine gave its memory (pool and weights) back for every step's training,
+    # and the sync loaded the new weights: the engine followed all the same.
+    assert [h["rollout/engine_memory_releases"] for h in history] == list(range(1, 11))
     phases = ("time_rollout_s", "time_train_s", "time_wait_s", "time_sync_s")
     for h in history:  # every step syncs the weights, and its phases make up the step
         assert 0 < h["time_sync_s"] < h["time_step_s"]

@@ -271,25 +271,40 @@ async def test_abort_over_http_returns_the_partial_output(
     assert 0 < len(c.output_ids) < 200 and c.logprobs is not None
 
 
-async def test_released_memory_is_freed_and_restored(engine: Engine) -> None:
-    """What a CUDA engine does on release and resume (on CPU only the state is tracked, so
-    the freeing itself is driven here directly): the cache is dropped, generation refused,
-    and after resume the engine generates what it generated before."""
+async def test_released_memory_is_freed_and_comes_back_with_the_weights(
+    engine: Engine, model_dir: Path
+) -> None:
+    """On CPU a release frees the key/value pool (the prefix cache with it) and the weights:
+    generation is refused until the memory is resumed and the weights are loaded again (a
+    partial update cannot load them), then the engine gives the tokens and log-probs it gave
+    before. The weights it loads are its own copy, not the caller's tensors."""
+    from safetensors.torch import load_file
+
     from agentenv import GenerationError
 
     params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
-    before = (await engine.generate([1, 2, 3], params)).output_ids
+    before = await engine.generate([1, 2, 3], params)
+    assert engine.cached_tokens > 0
     await engine.release_memory()
     assert engine.released == {"weights", "kv_cache", "cuda_graph"}
+    assert engine.pool.kv.numel() == 0 and engine.cached_tokens == 0
+    assert not engine.model.has_weights
     with pytest.raises(GenerationError, match=r"memory is released .*resume it"):
         await engine.generate([1, 2, 3], params)
-    await engine._on_thread(engine._free, frozenset({"kv_cache", "cuda_graph"}))
-    assert engine.pool.kv.numel() == 0 and engine.cached_tokens == 0
     await engine.resume_memory(["kv_cache"])
     assert engine.released == {"weights", "cuda_graph"}
-    await engine._on_thread(engine._restore, frozenset({"kv_cache", "cuda_graph"}))
     assert engine.pool.size == engine.max_total_tokens and engine.pool.available == engine.pool.size
     await engine.resume_memory()
     assert engine.released == frozenset()
-    assert (await engine.generate([1, 2, 3], params)).output_ids == before
+    with pytest.raises(GenerationError, match="weights were released and not loaded again"):
+        await engine.generate([1, 2, 3], params)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    embed = weights["model.embed_tokens.weight"]
+    with pytest.raises(ConfigError, match="a partial update needs them in place"):
+        await engine.update_weights({"model.embed_tokens.weight": embed}, partial=True)
+    await engine.update_weights(weights, weight_version="2")
+    assert engine.model.embed.data_ptr() != embed.data_ptr()  # a copy of its own
+    after = await engine.generate([1, 2, 3], params)
+    assert after.output_ids == before.output_ids and after.logprobs == before.logprobs
+    assert after.weight_version == "2"
     await engine.resume_memory()  # resuming what is not released: a no-op

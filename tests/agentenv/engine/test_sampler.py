@@ -79,8 +79,14 @@ def test_a_draw_depends_on_seed_and_index_only() -> None:
     assert other_index != batched
 
 
-def test_uniform_draws_are_uniform_and_in_range() -> None:
-    u = uniform(torch.arange(50000, dtype=torch.int64), torch.zeros(50000, dtype=torch.int64))
+def test_uniform_draws_are_uniform_in_range_and_the_same_as_ever() -> None:
+    # Seeded runs draw what they drew before (the values of the first implementation).
+    keys = [(0, 0), (1, 5), (12345, 3), (2**62 + 7, 1000), (2**63 - 1, 2**40)]
+    assert [uniform(s, c) for s, c in keys] == [
+        0.7237931361084726, 0.9842755529332301, 0.23110204885814056, 0.4540087165254292,
+        0.07069623981148254,
+    ]  # fmt: skip
+    u = torch.tensor([uniform(s, 0) for s in range(50000)], dtype=torch.float64)
     assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.01
     hist = torch.histc(u.float(), bins=10, min=0, max=1) / 50000
@@ -93,9 +99,7 @@ def test_a_draw_at_the_very_top_still_picks_a_possible_token(
     import agentenv.engine._sampler as sampler
 
     top = 1.0 - 2.0**-48  # the largest draw uniform() can return
-    monkeypatch.setattr(
-        sampler, "uniform", lambda s, c: torch.full(s.shape, top, dtype=torch.float64)
-    )
+    monkeypatch.setattr(sampler, "uniform", lambda s, c: top)
     logits = torch.full((1, 1000), -1e9)
     logits[0, :10] = 0.0  # only the first 10 tokens are possible
     ids, lps = sample(logits, [SampleRow(SamplingParams(temperature=1.0), 0, 0)])

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainer._memory import release_freed_memory
+from agentenv.engine import release_freed_memory
 
 BLOCK = 100 * 1024  # below glibc's mmap threshold: from the heap
 
