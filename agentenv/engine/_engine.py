@@ -927,15 +927,16 @@ class Engine:
             self._ratio = max(MIN_TOKEN_RATIO, self._ratio - NEW_TOKEN_RATIO_DECAY)
         new = pool.alloc(len(live))
         given = dict(zip(map(id, live), new, strict=True))
-        slots, rows, cols = [], [], []
+        slots, rows, cols, placed = [], [], [], []
         for row, req in enumerate(self._running):
             slot = given.get(id(req), 0)  # a finished row writes to the spare slot
             if slot:
                 req.slots.append(slot)
                 rows.append(row)
                 cols.append(len(req.slots) - 1)
+                placed.append(slot)
             slots.append(slot)
-        pool.set_cells(rows, cols, [s for s in slots if s])
+        pool.set_cells(rows, cols, placed)
         try:
             # A row that finished (or failed) in this step's prefill has no token to feed
             # (or one that does not matter): it computes a dummy one, dropped after.

@@ -73,10 +73,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], 
                 scaled[i, list(r.banned)] = float("-inf")
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
     sampled = [i for i in range(b) if not greedy[i]]
-    # The greedy rows' picks (none needed when every row samples).
-    chosen = torch.argmax(scaled, dim=-1) if len(sampled) < b else scaled.new_empty(0).long()
+    whole = len(sampled) == b
+    # The greedy rows' picks (none when every row samples: the draws are all of them).
+    chosen = scaled.new_empty(0, dtype=torch.long) if whole else torch.argmax(scaled, dim=-1)
     if sampled:
-        whole = len(sampled) == b
         probs = torch.exp(scaled - lse) if whole else torch.exp(scaled[sampled] - lse[sampled])
         filtering = [
             i

@@ -27,13 +27,7 @@ class EngineHooks:
 
     def __init__(self, group: EngineGroup, *, colocated: bool = False) -> None:
         self.group = group
-        self.colocated = colocated
         self._offload = OffloadHooks(group) if colocated else None
-
-    @property
-    def releases(self) -> int:
-        """Memory releases so far (each followed by a resume)."""
-        return self._offload.releases if self._offload is not None else 0
 
     async def before_train(self, step: int) -> None:
         """Colocated: every engine gives its memory back."""
