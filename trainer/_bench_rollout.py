@@ -188,7 +188,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(root)}
             child = popen(hosts, 0, cmd, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            _, err = child.communicate(timeout=900)
+            try:
+                _, err = child.communicate(timeout=900)
+            finally:
+                hosts.stop(child)
             if child.returncode:
                 raise SystemExit(f"agentenv bench rollout: the driver failed:\n{err[-3000:]}")
             result.update(json.loads(spec.read_text()))

@@ -134,14 +134,16 @@ class Hosts:
         """Alive nodes of the cluster, as seen from host ``i``."""
         probe = (
             "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+            "print('alive', sum(1 for n in ray.nodes() if n['Alive']))"
         )
         out = subprocess.run(
             self.command(i, [sys.executable, "-c", probe, head]),
             capture_output=True, text=True, timeout=60, check=False,
             env={**os.environ, **CLUSTER_ENV},
         )  # fmt: skip
-        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
+        # Ray may print its own warnings (a lagging heartbeat) on the same stream.
+        counts = [x.split()[1] for x in out.stdout.splitlines() if x.startswith("alive ")]
+        return int(counts[-1]) if out.returncode == 0 and counts else 0
 
     def wait_nodes(self, i: int, head: str, n: int, timeout: float = 120.0) -> None:
         """Until the cluster has ``n`` alive nodes."""
@@ -160,6 +162,14 @@ class Hosts:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen[Any]) -> None:
+        """SIGKILL to a process started with :func:`popen` (its process group), reaped."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
     def log(self, i: int) -> str:

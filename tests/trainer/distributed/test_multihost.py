@@ -113,8 +113,7 @@ def test_a_run_survives_losing_a_worker_host_and_takes_it_back(tmp_path: Path) -
             (tmp_path / "hold").unlink()
             run.wait(timeout=400)
         finally:
-            if run.poll() is None:
-                run.kill()
+            hosts.stop(run)
             log.close()
         output = (tmp_path / "train.log").read_text()
         assert run.returncode == 0, output[-4000:]
