@@ -31,6 +31,7 @@ from agentenv import ConfigError, Sample
 from agentenv.engine import release_freed_memory
 from trainer._batching import pack_by_tokens
 from trainer._data_parallel import DataParallel
+from trainer._defaults import MICRO_BATCH_TOKENS, micro_batch_tokens
 from trainer._losses import LossConfig, policy_loss, token_weights
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
@@ -53,20 +54,6 @@ __all__ = [
     "response_positions",
     "to_items",
 ]
-
-
-#: The micro-batch token budget when none is given (``--max-tokens-per-gpu``): a GPU's,
-#: and on CPU a quarter of it -- a step's peak memory follows the micro-batch while its
-#: time does not (135M parameters, 64 samples: 3.9 GB at 1,024 tokens against 6.7 GB at
-#: 4,096, 60 s a step either way; docs/benchmarks.md).
-MICRO_BATCH_TOKENS = {"cuda": 4096, "cpu": 1024}
-
-
-def micro_batch_tokens(tokens: int | None, device: str | torch.device) -> int:
-    """``tokens``, or the default budget of ``device``'s kind (:data:`MICRO_BATCH_TOKENS`)."""
-    if tokens is not None:
-        return tokens
-    return MICRO_BATCH_TOKENS["cpu" if torch.device(device).type == "cpu" else "cuda"]
 
 
 @dataclasses.dataclass(slots=True)

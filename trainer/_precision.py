@@ -20,6 +20,7 @@ import dataclasses
 import torch
 
 from agentenv import ConfigError
+from trainer._defaults import precision as default_precision
 
 __all__ = ["PRECISIONS", "Precision", "resolve_precision"]
 
@@ -58,8 +59,7 @@ class Precision:
 def resolve_precision(name: str | None, device: torch.device) -> Precision:
     """``name`` (default: ``bf16-autocast`` on CUDA, ``fp32`` elsewhere) as a
     :class:`Precision`."""
-    if name is None:
-        name = "bf16-autocast" if device.type == "cuda" else "fp32"
+    name = default_precision(name, device)
     if name == "fp32":
         return Precision(name, torch.float32, torch.float32, master=False)
     if name == "bf16-autocast":

@@ -170,9 +170,13 @@ class GRPOConfig(Group):
         :attr:`offload_rollout`, by default on for an embedded engine on CPU on the
         ``sync`` schedule (nothing runs while the trainer trains, and a CPU engine has no
         decode graphs to capture again)."""
+        return self.offloads_on(getattr(engine, "device", None))
+
+    def offloads_on(self, device: str | None) -> bool:
+        """:meth:`offloads` for an embedded engine on ``device`` (``None``: not embedded)."""
         if self.offload_rollout is not None:
             return self.offload_rollout
-        return self.schedule == "sync" and getattr(engine, "device", None) == "cpu"
+        return self.schedule == "sync" and device == "cpu"
 
     def check_tasks(self, tasks: Sequence[Task]) -> None:
         """Refuse task lists with fewer distinct tasks than a round plays."""

@@ -215,12 +215,38 @@ def weights_dir(config: TrainConfig) -> Iterator[Path]:
     shutil.rmtree(save / "weights", ignore_errors=True)
 
 
+def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
+    """The settings left unset (``null`` in the config) that the run resolves from the
+    device, the backend and the engine, as it will use them."""
+    from trainer import _defaults
+
+    parallel, engine, device = config.parallel, config.engine, config.model.device
+    embedded = engine.rollout_engine == "embedded" and engine.rollout_url is None
+    out: dict[str, Any] = {
+        "max_tokens_per_gpu": _defaults.micro_batch_tokens(parallel.max_tokens_per_gpu, device),
+        "rollout_device": config.server_device(),
+        "offload_rollout": config.rollout.offloads_on(
+            engine.rollout_device or device if embedded else None
+        ),
+        "eps_clip_high": config.algorithm.clip_high,
+        "global_batch_size": config.rollout.samples_per_step,
+    }
+    if parallel.backend == "torch":
+        out["precision"] = _defaults.precision(parallel.precision, device)
+        out["compile"] = _defaults.compile_layers(parallel.compile, device)
+        out["gradient_checkpointing"] = (
+            True if parallel.gradient_checkpointing is None else parallel.gradient_checkpointing
+        )
+    return out
+
+
 def dry_run(config: TrainConfig) -> dict[str, Any]:
     """Check what a run of ``config`` would start from -- the environment loads, the
     prompt data parses and has enough distinct tasks for a round, ``--load`` has a
     checkpoint -- without loading a model or writing anything (the tree itself, the batch
     identity and the pass-through flags included, was validated when it was built).
-    Returns the resolved settings, what was found, (``--backend megatron``) megatron's
+    Returns the settings, those left unset as the run resolves them (``resolved``), what
+    was found, (``--backend megatron``) megatron's
     parallel layout as the backend reads it and (on Ray) the placement it will ask for."""
     tasks = load_tasks(config)
     source = _load_source(config)
@@ -233,6 +259,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
             "resume_from": None if source is None else str(source),
         },
     }
+    out["resolved"] = resolved_defaults(config)
     if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
         out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
     if config.uses_ray:  # what the run will ask the cluster for (nothing is placed here)

@@ -33,6 +33,7 @@ from trainer._backend import (
     pad,
     response_positions,
 )
+from trainer._defaults import compile_layers
 from trainer._losses import LossConfig, tempered_logits
 from trainer._precision import resolve_precision
 
@@ -51,7 +52,7 @@ class TorchBackend(MicroBatchBackend):
         optim: AdamW settings.
         loss: loss settings (``loss.temperature``: the rollout's sampling temperature).
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens);
-            default 4096 on CUDA, 1024 on CPU (:data:`~trainer._backend.MICRO_BATCH_TOKENS`).
+            default 4096 on CUDA, 1024 on CPU (:data:`~trainer._defaults.MICRO_BATCH_TOKENS`).
         logit_chunk: tokens whose full-vocabulary logits exist at once; default 1024 on
             CUDA, 256 on CPU (a chunk of SmolLM2's logits is then 50 MB, and the chunks
             cost no measurable time there).
@@ -120,7 +121,7 @@ class TorchBackend(MicroBatchBackend):
         if gradient_checkpointing is None:
             gradient_checkpointing = True
         self.gradient_checkpointing = gradient_checkpointing
-        self.compile = on_gpu if compile is None else compile
+        self.compile = compile_layers(compile, self.device)
         self.background_checkpoints = (
             self.device.type == "cuda" if background_checkpoints is None else background_checkpoints
         )

@@ -221,3 +221,23 @@ def test_slimes_placement_flags_are_read_into_the_placement_group(
     }  # fmt: skip
     assert _train([*_argv(tmp_path), "--colocate"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["placement"]["colocate"] is True
+
+
+def test_a_dry_run_resolves_the_settings_left_unset_for_the_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _train(["--env", "arithmetic"]) == 0
+    resolved = json.loads(capsys.readouterr().out)["resolved"]
+    assert resolved == {
+        "max_tokens_per_gpu": 1024, "rollout_device": "cpu", "offload_rollout": True,
+        "eps_clip_high": 0.2, "global_batch_size": 32, "precision": "fp32",
+        "compile": False, "gradient_checkpointing": True,
+    }  # fmt: skip
+    argv = ["--env", "arithmetic", "--device", "cuda", "--schedule", "async",
+            "--eps-clip-high", "0.3", "--max-tokens-per-gpu", "512"]  # fmt: skip
+    assert _train(argv) == 0
+    resolved = json.loads(capsys.readouterr().out)["resolved"]
+    assert resolved == resolved | {
+        "max_tokens_per_gpu": 512, "rollout_device": "cuda", "offload_rollout": False,
+        "eps_clip_high": 0.3, "precision": "bf16-autocast", "compile": True,
+    }  # fmt: skip
