@@ -164,7 +164,8 @@ def _train_run(name: str, args: argparse.Namespace, model: str, tmp: Path) -> di
     command = [sys.executable, "-m", "agentenv", "train", *flags]
     load = os.getloadavg()[0]
     out = _subprocess(name, command, tmp / f"{name}.log", args.threads)
-    summary = json.loads(out.strip().splitlines()[-1])
+    # The summary is the last JSON line (Ray may print a warning of its own after it).
+    summary = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
     lines = (save / "metrics.jsonl").read_text().splitlines()
     history = [json.loads(line) for line in lines if line.strip()]
     steps = [float(m["time_step_s"]) for m in history]

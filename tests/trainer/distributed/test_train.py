@@ -59,5 +59,6 @@ def test_agentenv_train_on_ray_two_trainer_actors_and_an_engine_actor_behind_the
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "starting 1 engine actor(s) (serve) behind sglang-router" in out.stderr
-    summary = json.loads(out.stdout.splitlines()[-1])
+    # The summary is the last JSON line (Ray may print a warning of its own after it).
+    summary = json.loads([x for x in out.stdout.splitlines() if x.startswith("{")][-1])
     assert summary["steps"] == 2 and summary["eval_reward_after"] is not None
