@@ -226,8 +226,7 @@ class EngineConfig(Group):
         others = _without_flag(self.sglang_args, "--api-key")
         if others and self.rollout_engine != "sglang":
             raise ConfigError(f"--sglang-* flags ({' '.join(others)}) need --rollout-engine sglang")
-        embedded = self.rollout_url is None and self.rollout_engine == "embedded"
-        if self.sglang_flag("--api-key") is not None and embedded:
+        if self.sglang_flag("--api-key") is not None and self.embedded:
             raise ConfigError(
                 "--sglang-api-key is the rollout servers' key: it needs --rollout-engine "
                 "serve or sglang, or --rollout-url; the embedded engine takes none"
@@ -235,7 +234,7 @@ class EngineConfig(Group):
         url = self.rollout_url
         if url is not None and not url.startswith(("http://", "https://")):
             raise ConfigError(f"--rollout-url must start with http:// or https://, got {url!r}")
-        if self.weight_sync != "disk" and embedded:
+        if self.weight_sync != "disk" and self.embedded:
             raise ConfigError(
                 f"--weight-sync {self.weight_sync} needs servers (--rollout-engine serve or "
                 "sglang, or --rollout-url); the embedded engine gets the weights in this "
@@ -264,6 +263,11 @@ class EngineConfig(Group):
             if arg == flag and i + 1 < len(args):
                 return args[i + 1]
         return None
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the rollouts run on the embedded engine (this process's)."""
+        return self.rollout_url is None and self.rollout_engine == "embedded"
 
     def sglang_base_gpu(self) -> str | None:
         """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
@@ -628,9 +632,7 @@ class TrainConfig(Group):
                 "engines on Ray (--rollout-num-gpus); otherwise agentenv train launches no "
                 "router (point --rollout-url at a running one)"
             )
-        if self.rollout.offload_rollout and not (
-            engine.rollout_engine == "embedded" and engine.rollout_url is None
-        ):
+        if self.rollout.offload_rollout and not engine.embedded:
             raise ConfigError(
                 "--offload-rollout is for the embedded engine (this process's); engines on "
                 "Ray give their memory back with --colocate, other servers keep theirs"

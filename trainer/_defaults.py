@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MICRO_BATCH_TOKENS", "compile_layers", "device_kind", "micro_batch_tokens", "precision"]
+__all__ = [
+    "MICRO_BATCH_TOKENS",
+    "checkpointing",
+    "compile_layers",
+    "device_kind",
+    "micro_batch_tokens",
+    "precision",
+]
 
 #: The micro-batch token budget when none is given (``--max-tokens-per-gpu``): a GPU's,
 #: and on CPU a quarter of it -- a step's peak memory follows the micro-batch while its
@@ -30,6 +37,12 @@ def precision(name: str | None, device: Any) -> str:
     if name is not None:
         return name
     return "bf16-autocast" if device_kind(device) == "cuda" else "fp32"
+
+
+def checkpointing(gradient_checkpointing: bool | None) -> bool:
+    """Whether the torch backend recomputes activations in the backward: by default on
+    every device (the step's memory follows one layer's activations)."""
+    return True if gradient_checkpointing is None else gradient_checkpointing
 
 
 def compile_layers(compile: bool | None, device: Any) -> bool:

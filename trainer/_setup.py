@@ -220,13 +220,13 @@ def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
     device, the backend and the engine, as it will use them."""
     from trainer import _defaults
 
-    parallel, engine, device = config.parallel, config.engine, config.model.device
-    embedded = engine.rollout_engine == "embedded" and engine.rollout_url is None
+    parallel, device = config.parallel, config.model.device
+    rollout_device = config.server_device()
     out: dict[str, Any] = {
         "max_tokens_per_gpu": _defaults.micro_batch_tokens(parallel.max_tokens_per_gpu, device),
-        "rollout_device": config.server_device(),
+        "rollout_device": rollout_device,
         "offload_rollout": config.rollout.offloads_on(
-            engine.rollout_device or device if embedded else None
+            rollout_device if config.engine.embedded else None
         ),
         "eps_clip_high": config.algorithm.clip_high,
         "global_batch_size": config.rollout.samples_per_step,
@@ -234,9 +234,7 @@ def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
     if parallel.backend == "torch":
         out["precision"] = _defaults.precision(parallel.precision, device)
         out["compile"] = _defaults.compile_layers(parallel.compile, device)
-        out["gradient_checkpointing"] = (
-            True if parallel.gradient_checkpointing is None else parallel.gradient_checkpointing
-        )
+        out["gradient_checkpointing"] = _defaults.checkpointing(parallel.gradient_checkpointing)
     return out
 
 
@@ -246,8 +244,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     checkpoint -- without loading a model or writing anything (the tree itself, the batch
     identity and the pass-through flags included, was validated when it was built).
     Returns the settings, those left unset as the run resolves them (``resolved``), what
-    was found, (``--backend megatron``) megatron's
-    parallel layout as the backend reads it and (on Ray) the placement it will ask for."""
+    was found, (``--backend megatron``) megatron's parallel layout as the backend reads it
+    and (on Ray) the placement it will ask for."""
     tasks = load_tasks(config)
     source = _load_source(config)
     out: dict[str, Any] = {

@@ -33,7 +33,7 @@ from trainer._backend import (
     pad,
     response_positions,
 )
-from trainer._defaults import compile_layers
+from trainer._defaults import checkpointing, compile_layers
 from trainer._losses import LossConfig, tempered_logits
 from trainer._precision import resolve_precision
 
@@ -118,8 +118,7 @@ class TorchBackend(MicroBatchBackend):
         self.model: Any = loaded.to(self.device)
         self.model.train()
         on_gpu = self.device.type == "cuda"
-        if gradient_checkpointing is None:
-            gradient_checkpointing = True
+        gradient_checkpointing = checkpointing(gradient_checkpointing)
         self.gradient_checkpointing = gradient_checkpointing
         self.compile = compile_layers(compile, self.device)
         self.background_checkpoints = (

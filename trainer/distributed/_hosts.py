@@ -158,18 +158,14 @@ class Hosts:
     def kill_node(self, i: int) -> None:
         """SIGKILL to host ``i``'s Ray node: its process group (the node's processes)."""
         proc = self.nodes.pop(i, None)
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        if proc is not None:
+            self.stop(proc)
 
     @staticmethod
     def stop(proc: subprocess.Popen[Any]) -> None:
         """SIGKILL to a process started with :func:`popen` (its process group), reaped."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group may outlive its leader
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
     def log(self, i: int) -> str:
