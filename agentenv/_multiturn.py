@@ -9,12 +9,15 @@ with a :class:`Rubric`. :class:`SingleTurnEnv` stops after the first answer.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentenv._environment import Environment, Episode, Task
 from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, ToolCallError
+from agentenv._mcp import MCPServer
 from agentenv._messages import Message
 from agentenv._rewards import Rubric, State
 from agentenv._sample import JSONValue, Sample, Status
@@ -42,7 +45,8 @@ class MultiTurnEnv(Environment):
         max_turns: model turns per episode; more ends the episode as truncated.
         rubric: scores the episode (required: a run refuses an environment without one;
             ``Rubric()`` set on purpose scores every sample 0).
-        sampling: overrides of the run's sampling parameters for this environment.
+        sampling: this environment's defaults of the run's sampling parameters (what the
+            run is given explicitly wins: :func:`~agentenv.resolve_sampling`).
 
     ``respond`` (and ``rollout``, ``score_group``) must be ``async def``: a class that
     defines one without ``async`` is refused where it is defined.
@@ -51,12 +55,15 @@ class MultiTurnEnv(Environment):
     system_prompt: ClassVar[str | None] = None
     max_turns: ClassVar[int] = 10
     rubric: Rubric = _NO_RUBRIC
-    sampling: ClassVar[Mapping[str, Any]] = {}
     _async_methods: ClassVar[tuple[str, ...]] = (*Environment._async_methods, "respond")
 
     def check(self) -> None:
         super().check()
-        if self.rubric is _NO_RUBRIC and type(self).rollout is MultiTurnEnv.rollout:
+        # ToolEnv's rollout opens its MCP servers around this one: it scores the same way.
+        if self.rubric is _NO_RUBRIC and type(self).rollout in (
+            MultiTurnEnv.rollout,
+            ToolEnv.rollout,
+        ):
             raise ConfigError(
                 f"{type(self).__name__} has no rubric, so every sample would score 0; set "
                 "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
@@ -88,7 +95,7 @@ class MultiTurnEnv(Environment):
         status, reason = Status.COMPLETED, None
         try:
             while True:
-                await episode.generate(transcript, max_turns=self.max_turns, **self.sampling)
+                await episode.generate(transcript, max_turns=self.max_turns)
                 if transcript.last_finish is not None and transcript.last_finish.type == "length":
                     status, reason = Status.TRUNCATED, "length: hit max_new_tokens"
                     break
@@ -133,23 +140,60 @@ class ToolEnv(MultiTurnEnv):
 
     Class attributes:
         tools: the :class:`Tool` objects offered.
+        mcp_servers: :class:`~agentenv.MCPServer` objects whose tools are offered too
+            (their tool lists are read from the servers when an episode starts; a name
+            offered twice is refused: give a server a ``prefix``).
         parser: finds calls in the model's text (default Hermes ``<tool_call>``).
     Counts of calls and errors go to ``metadata["tool_calls"]`` / ``["tool_errors"]``.
+
+    A tool parameter annotated :class:`Task` or :class:`State` is given the episode's task
+    or state (hidden from the model), so one class-level tool serves every concurrent
+    episode with its own task and ``state.info``::
+
+        @tool
+        async def run_tests(code: str, task: Task) -> str:
+            return await check(code, task.answer)  # the task's own tests
     """
 
     tools: ClassVar[Sequence[Tool]] = ()
+    mcp_servers: ClassVar[Sequence[MCPServer]] = ()
     parser: ClassVar[ToolCallParser] = HermesParser()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "tools" in cls.__dict__:
             _check_tools(cls.__name__, cls.__dict__["tools"])
+        if "mcp_servers" in cls.__dict__:
+            _check_mcp_servers(cls.__name__, cls.__dict__["mcp_servers"])
 
     def check(self) -> None:
         super().check()
         _check_tools(type(self).__name__, self.tools)
+        _check_mcp_servers(type(self).__name__, self.mcp_servers)
+
+    def episode_tools(self) -> Sequence[Tool]:
+        """The tools of the episode running now: :attr:`tools` and its MCP servers' tools."""
+        tools = _EPISODE_TOOLS.get()
+        return self.tools if tools is None else tools
+
+    async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
+        if not self.mcp_servers:
+            return await super().rollout(task, episode)
+        async with contextlib.AsyncExitStack() as stack:
+            tools: list[Tool] = list(self.tools)
+            for server in self.mcp_servers:
+                tools.extend(await stack.enter_async_context(server.open()))
+            _check_unique(type(self).__name__, tools)
+            token = _EPISODE_TOOLS.set(tuple(tools))
+            try:
+                return await super().rollout(task, episode)
+            finally:
+                _EPISODE_TOOLS.reset(token)
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
+        episode_tools = _EPISODE_TOOLS.get()
+        if episode_tools is not None:  # read from the MCP servers for this episode
+            return [t.schema for t in episode_tools] or None
         # Built once per environment: every episode offers the same tools.
         cached: list[dict[str, Any]] | None = self.__dict__.get("_tool_schemas")
         if cached is None:
@@ -168,7 +212,43 @@ class ToolEnv(MultiTurnEnv):
             if not ok:
                 info["tool_errors"] = int(info.get("tool_errors", 0)) + 1
 
-        return await run_tool_calls(calls, self.tools, on_result=count)
+        return await run_tool_calls(calls, self.episode_tools(), on_result=count, state=state)
+
+
+# The tools of the ToolEnv episode running in this task, when its class has MCP servers:
+# their tools are known only once the servers are open, and differ per episode for
+# per-episode servers. ``respond`` runs in the task of its ``rollout``, so it sees them.
+_EPISODE_TOOLS: contextvars.ContextVar[tuple[Tool, ...] | None] = contextvars.ContextVar(
+    "agentenv_episode_tools", default=None
+)
+
+
+def _check_mcp_servers(owner: str, servers: Any) -> None:
+    """Refuse ``servers`` unless it is a sequence of :class:`MCPServer`."""
+    if isinstance(servers, MCPServer | str) or not isinstance(servers, Sequence):
+        raise ConfigError(
+            f"{owner}.mcp_servers must be a tuple of MCPServer, got {type(servers).__name__}; "
+            "write mcp_servers = (MCPServer(['python', 'server.py']),)"
+        )
+    for item in servers:
+        if not isinstance(item, MCPServer):
+            raise ConfigError(
+                f"{owner}.mcp_servers holds {type(item).__name__} {item!r}, which is not an "
+                "MCPServer; write MCPServer(command=[...]) or MCPServer(url=...)"
+            )
+
+
+def _check_unique(owner: str, tools: Sequence[Tool]) -> None:
+    """Refuse two tools of one name: the model could not say which it calls."""
+    by_name: dict[str, Tool] = {}
+    for t in tools:
+        other = by_name.setdefault(t.name, t)
+        if other is not t:
+            raise ConfigError(
+                f"{owner} offers two tools named {t.name!r} ({other!r} and {t!r}); rename "
+                "the local one (@tool(name=...)) or give the MCP server a prefix "
+                "(MCPServer(..., prefix='srv_'))"
+            )
 
 
 def _check_tools(owner: str, tools: Any) -> None:

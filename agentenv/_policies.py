@@ -7,7 +7,11 @@ Accepted:
 * a model name (``smollm2-135m``) or a local Hugging Face model directory -- the
   embedded engine, in this process;
 * ``scripted:<file>.json`` -- rules ``{"rules": [{"pattern", "reply"}], "default"}``;
-* ``scripted:<file>.py`` -- a module defining ``reply(ctx: ScriptContext) -> str``.
+* ``scripted:<file>.py`` -- a module defining ``reply(ctx: ScriptContext) -> str``;
+* ``openai:<base url>[#<model>]`` -- an OpenAI-compatible chat completions API (vLLM, a
+  hosted API), for evaluation only: text-level, its samples are not token-exact (see
+  :class:`~agentenv.OpenAIChatModel`); its key, if it needs one, is read from
+  ``$OPENAI_API_KEY``, and the model is the one its ``/models`` lists unless named.
 
 The tokenizer is ``--tokenizer`` (for the embedded engine too: its stop strings use it);
 by default the engine's model, the server's model when its directory is readable here,
@@ -68,6 +72,15 @@ async def open_policy(
     """The generator named by ``spec`` and its tokenizer, open for the ``async with``."""
     if spec.startswith("scripted:"):
         yield load_policy(spec, tokenizer=tokenizer)
+        return
+    if spec.startswith("openai:"):
+        from agentenv._text_model import OpenAIChatModel
+
+        base, _, model = spec.removeprefix("openai:").partition("#")
+        tok = ChatTokenizer.load(tokenizer or DEFAULT_TOKENIZER)
+        api_key = os.environ.get("OPENAI_API_KEY") or None
+        async with OpenAIChatModel(base, tokenizer=tok, model=model or None, api_key=api_key) as m:
+            yield m, tok
         return
     if spec.startswith(("http://", "https://")):
         from agentenv.sglang import SGLangClient

@@ -8,6 +8,11 @@ Each row gives one :class:`Task`: the prompt (a string or chat messages) under
 ``metadata_key`` object's entries merged in (slime's per-row metadata, e.g. an
 ``rm_type``). :func:`read_prompt_data` skips bad rows and reports each with the file, the
 line (row) and the key; :func:`load_prompt_data` refuses the file at its first bad row.
+
+A row is bad when it is not a JSON object (invalid JSON, a line that is not UTF-8, JSON
+nested deeper than the parser's recursion limit), lacks a key, holds chat messages with an
+unknown role or field, or names an ``rm_type`` that is not a reward type. Only regular files
+and directories are read: a FIFO or a device is refused before it is opened.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from agentenv._environment import Task
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, MessageError
+from agentenv._messages import validate_messages
 
 __all__ = ["PromptData", "load_prompt_data", "read_prompt_data"]
 
@@ -44,17 +51,48 @@ def _rows(file: Path) -> Iterator[tuple[str, Any]]:
         for number, row in enumerate(_table_rows(file), 1):
             yield f"row {number}", row
         return
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read prompt data {str(file)!r}: {e}") from None
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(_read_regular(file).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line)
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM: no row
+        except UnicodeDecodeError as e:
+            yield f"line {number}", _BadRow(f"not UTF-8 (byte {e.start + 1} of the line)")
+            continue
+        try:
+            yield f"line {number}", json.loads(text)
         except ValueError as e:
             yield f"line {number}", _BadRow(f"not JSON ({e})")
+        except RecursionError:
+            yield f"line {number}", _BadRow("JSON nested too deep to parse")
+
+
+def _check_kind(file: Path, mode: int) -> None:
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ConfigError(
+            f"prompt data {str(file)!r} is not a regular file or directory (a FIFO, socket "
+            "or device would block or never end): pass a .jsonl or .parquet file or a "
+            "datasets directory"
+        )
+
+
+def _read_regular(file: Path) -> bytes:
+    """The bytes of ``file``, a regular file: opened without blocking (a FIFO put in its
+    place after :func:`read_prompt_data` checked it cannot hang the open) and checked
+    again on the open descriptor before anything is read."""
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise ConfigError(f"cannot read prompt data {str(file)!r}: {e}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            _check_kind(file, mode)
+            raise ConfigError(f"prompt data {str(file)!r} is a directory, not a JSONL file")
+        try:
+            return f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read prompt data {str(file)!r}: {e}") from None
 
 
 def _table_rows(path: Path) -> list[dict[str, Any]]:
@@ -96,8 +134,25 @@ def _metadata(value: Any, key: str) -> Mapping[str, Any]:
     return value
 
 
+def _check_rm_type(value: Any) -> None:
+    from agentenv.rewards import RM_TYPES, check_rm_type
+
+    if not isinstance(value, str):
+        raise _BadRow(f"'rm_type' must be a string, one of {', '.join(RM_TYPES)}; got {value!r}")
+    try:
+        check_rm_type(value)
+    except ConfigError as e:
+        raise _BadRow(f"'rm_type': {str(e).removeprefix('--rm-type ')}") from None
+
+
 def _task(
-    row: Any, where: str, stem: str, input_key: str, label_key: str | None, metadata_key: str | None
+    row: Any,
+    where: str,
+    stem: str,
+    input_key: str,
+    label_key: str | None,
+    metadata_key: str | None,
+    check_rm_type: bool,
 ) -> Task:
     if isinstance(row, _BadRow):
         raise row
@@ -111,6 +166,11 @@ def _task(
         isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)
     ):
         raise _BadRow(f"{input_key!r} must be a string or chat messages")
+    if isinstance(prompt, list):
+        try:
+            validate_messages(prompt)
+        except MessageError as e:
+            raise _BadRow(f"{input_key!r}: {e}") from None
     label = row[label_key] if label_key is not None else None
     if label_key is not None and label is None:
         raise _BadRow(f"{label_key!r} is null")
@@ -118,6 +178,8 @@ def _task(
     info = {k: v for k, v in row.items() if k not in skip}
     if metadata_key is not None and metadata_key in row:
         info.update(_metadata(row[metadata_key], metadata_key))
+    if check_rm_type and info.get("rm_type") is not None:
+        _check_rm_type(info["rm_type"])
     number = where.split()[-1]
     return Task(id=str(row.get("id", f"{stem}-{number}")), prompt=prompt, answer=label, info=info)
 
@@ -128,30 +190,41 @@ def read_prompt_data(
     input_key: str = "prompt",
     label_key: str | None = "label",
     metadata_key: str | None = "metadata",
+    check_rm_type: bool = True,
 ) -> PromptData:
     """The tasks of ``path`` and the rows skipped (see the module docstring).
+    ``check_rm_type``: a row's ``rm_type`` must be a reward type (off when a custom
+    reward function, which may read its own values, scores the rows).
 
     Raises:
-        ConfigError: the file cannot be read, has no good row, or repeats an ``id``.
+        ConfigError: the file cannot be read, is not a regular file or directory, has no
+            good row, or repeats an ``id``.
     """
     file = Path(path)
-    if not file.exists():
-        raise ConfigError(f"cannot read prompt data {str(file)!r}: no such file or directory")
+    try:
+        mode = file.stat().st_mode  # stat never blocks, even on a FIFO
+    except OSError as e:
+        reason = "no such file or directory" if isinstance(e, FileNotFoundError) else e
+        raise ConfigError(f"cannot read prompt data {str(file)!r}: {reason}") from None
+    _check_kind(file, mode)
     tasks: list[Task] = []
     skipped: list[str] = []
     for where, row in _rows(file):
         try:
-            tasks.append(_task(row, where, file.stem, input_key, label_key, metadata_key))
+            tasks.append(
+                _task(row, where, file.stem, input_key, label_key, metadata_key, check_rm_type)
+            )
         except _BadRow as e:
             sep = ": " if not str(e).startswith("has ") else " "
             skipped.append(f"{file.name} {where}{sep}{e}")
     if not tasks:
         first = f" ({skipped[0]})" if skipped else ""
         raise ConfigError(f"prompt data {str(file)!r} has no tasks{first}")
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
-        repeated = next(i for i in ids if ids.count(i) > 1)
-        raise ConfigError(f"prompt data {str(file)!r} repeats an 'id' ({repeated!r})")
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise ConfigError(f"prompt data {str(file)!r} repeats an 'id' ({task.id!r})")
+        seen.add(task.id)
     return PromptData(tasks, skipped)
 
 
@@ -161,12 +234,14 @@ def load_prompt_data(
     input_key: str = "prompt",
     label_key: str | None = "label",
     metadata_key: str | None = "metadata",
+    check_rm_type: bool = True,
 ) -> list[Task]:
     """The tasks of ``path``; its first bad row is a :class:`ConfigError` naming the file,
     the line and the key."""
     data = read_prompt_data(
-        path, input_key=input_key, label_key=label_key, metadata_key=metadata_key
-    )
+        path, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
+        check_rm_type=check_rm_type,
+    )  # fmt: skip
     if data.skipped:
         raise ConfigError(data.skipped[0])
     return data.tasks

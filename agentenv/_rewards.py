@@ -1,21 +1,35 @@
 """Reward functions and their weighted combination (:class:`Rubric`).
 
-A reward function takes ``(task, state)`` and returns a number, directly or as an
-awaitable. A group reward function takes ``(task, samples)`` for a whole GRPO group and
-returns one number per sample (e.g. a bonus for the shortest correct answer). Every value
-is checked: NaN, infinities and non-numbers raise :class:`RewardError` naming the function.
+A reward function takes ``(task, state)`` and returns a number (``bool``: 0 or 1),
+directly or as an awaitable. A group reward function takes ``(task, samples)`` for a whole
+GRPO group and returns one number per sample (e.g. a bonus for the shortest correct
+answer). Every value is checked: NaN, infinities and non-numbers raise
+:class:`RewardError` naming the function.
+
+A synchronous function runs in a worker thread (at most ``Rubric(max_threads=...)`` at
+once), so the event loop keeps serving the other episodes while it runs and the episode's
+timeout still applies: when it fires, the sample fails and the thread is abandoned (a
+daemon thread; it runs on until the function returns, but keeps neither the episode nor
+the process alive). Whatever a reward function raises fails its sample, never the run:
+``SystemExit``, ``GeneratorExit`` and other ``BaseException``s included (only a
+cancellation and ``KeyboardInterrupt`` pass through).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import math
 import numbers
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from agentenv._errors import ConfigError, RewardError
 from agentenv._sample import JSONValue, Sample
@@ -62,10 +76,16 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+# Worker threads for synchronous reward functions, per rubric at once (``max_threads``).
+REWARD_THREADS = 32
+
+
 def check_reward(value: Any, source: str) -> float:
-    """``value`` as a finite float, or :class:`RewardError` naming ``source``."""
-    # numbers.Real admits numpy scalars (np.float32, np.int64), which verifiers often return.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """``value`` as a finite float (``True``/``False``: 1.0/0.0), or :class:`RewardError`
+    naming ``source``."""
+    # numbers.Real admits numpy scalars (np.float32, np.int64), which verifiers often
+    # return, and bool: ``return answer == label`` is the common idiom.
+    if not isinstance(value, numbers.Real):
         raise RewardError(
             f"reward function {source!r} returned {type(value).__name__} {value!r}; "
             "it must return a finite number"
@@ -82,23 +102,63 @@ def check_reward(value: Any, source: str) -> float:
 
 
 def reward(*, blocking: bool = False, name: str | None = None) -> Callable[[RewardFn], RewardFn]:
-    """Mark a synchronous reward function as blocking (run in a worker thread) or rename it."""
+    """Rename a reward function (``name``). ``blocking=True`` marks synchronous code that
+    blocks; every synchronous reward function runs in a worker thread anyway, so it only
+    checks that the function is not async."""
 
     def wrap(fn: RewardFn) -> RewardFn:
-        if blocking:
-            if inspect.iscoroutinefunction(fn):
-                raise ConfigError(f"reward {_name(fn)!r} is async; blocking=True is for sync code")
-
-            async def threaded(task: Task, state: State) -> float:
-                return await anyio.to_thread.run_sync(fn, task, state)  # type: ignore[arg-type]
-
-            threaded.__name__ = name or _name(fn)
-            return threaded
+        if blocking and _is_async(fn):
+            raise ConfigError(f"reward {_name(fn)!r} is async; blocking=True is for sync code")
         if name:
             fn.__name__ = name
         return fn
 
     return wrap
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (an ``async def``, or an object whose
+    ``__call__`` is one): run on the event loop, not in a thread."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 -- the method, not callable()
+    )
+
+
+def trl_style(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is written for TRL's ``GRPOTrainer``: a parameter named
+    ``completions`` and none named ``task`` (see :func:`agentenv.rewards.from_trl`)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "completions" in params and "task" not in params
+
+
+async def _in_daemon_thread(fn: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
+    """``fn(*args)`` in a new daemon thread; cancelling the caller abandons the thread.
+
+    Not anyio's worker threads: those are not daemons, so one that never returns would
+    keep the process from exiting after the run."""
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    outcome: list[tuple[bool, Any]] = []
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            outcome.append((True, context.run(fn, *args)))
+        except BaseException as e:  # re-raised in the caller
+            outcome.append((False, e))
+        # RuntimeError: the event loop is gone, nobody waits for this any more.
+        with contextlib.suppress(RuntimeError):
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=target, name=f"reward {name}", daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 class Rubric:
@@ -112,7 +172,15 @@ class Rubric:
         self,
         *funcs: RewardFn | tuple[RewardFn, float],
         group: Sequence[GroupRewardFn | tuple[GroupRewardFn, float]] = (),
+        max_threads: int = REWARD_THREADS,
     ) -> None:
+        if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
+            raise ConfigError(f"max_threads must be a positive int, got {max_threads!r}")
+        self.max_threads = max_threads
+        # Created in the event loop that first needs it (a limiter belongs to one loop).
+        self._threads: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+            "reward_threads"
+        )
         self.funcs: list[tuple[RewardFn, float]] = [
             self._weighted(f, "(task, state)") for f in funcs
         ]
@@ -150,6 +218,11 @@ class Rubric:
             signature = inspect.signature(fn)
         except (TypeError, ValueError):  # some builtins have none: called as they are
             signature = None
+        if signature is not None and trl_style(fn):
+            raise ConfigError(
+                f"reward function {_name(fn)!r}{signature} is written for TRL's GRPOTrainer "
+                f"(batched, by keyword); wrap it: agentenv.rewards.from_trl({_name(fn)})"
+            )
         if signature is not None:
             try:
                 signature.bind(None, None)
@@ -173,10 +246,7 @@ class Rubric:
         total = 0.0
         parts: dict[str, float] = {}
         for fn, weight in self.funcs:
-            value = fn(task, state)
-            if inspect.isawaitable(value):
-                value = await value
-            v = check_reward(value, _name(fn))
+            v = check_reward(await self.call(fn, task, state), _name(fn))
             parts[_name(fn)] = v
             total += weight * v
         return total, parts
@@ -185,9 +255,7 @@ class Rubric:
         """Per-sample weighted sum of the group functions (0.0 each when there are none)."""
         totals = [0.0] * len(samples)
         for fn, weight in self.group:
-            values = fn(task, samples)
-            if inspect.isawaitable(values):
-                values = await values
+            values = await self.call(fn, task, samples)
             try:
                 values = list(values)
             except TypeError:  # e.g. one float for the whole group
@@ -203,3 +271,35 @@ class Rubric:
             for i, v in enumerate(values):
                 totals[i] += weight * check_reward(v, _name(fn))
         return totals
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """What the user's reward function ``fn`` returns for ``args``: awaited when async,
+        else from a worker thread (abandoned when the caller is cancelled, e.g. by the
+        episode's timeout). A ``BaseException`` that is not a cancellation or
+        ``KeyboardInterrupt`` (``SystemExit``, ``GeneratorExit``) becomes a
+        :class:`RewardError` naming the function: it fails the sample, not the run."""
+        try:
+            if _is_async(fn):
+                value = fn(*args)
+            else:
+                async with self._limiter():
+                    value = await _in_daemon_thread(fn, args, _name(fn))
+            if inspect.isawaitable(value):
+                value = await value
+        except (Exception, KeyboardInterrupt, anyio.get_cancelled_exc_class()):
+            raise
+        except BaseException as e:
+            raise RewardError(
+                f"reward function {_name(fn)!r} raised {type(e).__name__}"
+                f"{f' {e}' if str(e) else ''}; a reward function returns a number or raises "
+                "an Exception (its sample fails)"
+            ) from e
+        return value
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        try:
+            return self._threads.get()
+        except LookupError:
+            limiter = anyio.CapacityLimiter(self.max_threads)
+            self._threads.set(limiter)
+            return limiter

@@ -5,9 +5,10 @@
 
 It is :func:`~agentenv.run_rollouts` with the ceremony taken care of: the tasks default
 to the environment's split, the tokenizer to the model's own, the samples come back in
-the result (and go to ``sink`` as well when one is given), and the event loop is started
-and closed. Inside a running event loop (an async test, a notebook cell) await
-:func:`~agentenv.run_rollouts` instead.
+the result in task order (the tasks in the order given, each task's samples in episode
+order, whichever finished first) and go to ``sink`` as well, group by group as they
+finish, when one is given; and the event loop is started and closed. Inside a running
+event loop (an async test, a notebook cell) await :func:`~agentenv.run_rollouts` instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import anyio
 from agentenv._environment import Environment, Task
 from agentenv._errors import ConfigError
 from agentenv._generator import Generator
-from agentenv._runner import ListSink, RolloutConfig, RolloutStats, SampleSink, run_rollouts
+from agentenv._runner import RolloutConfig, RolloutStats, SampleSink, run_rollouts
 from agentenv._sample import Sample
 from agentenv._tokenizer import Tokenizer
 
@@ -35,7 +36,9 @@ class RolloutResult:
     """What :func:`run` produced.
 
     Attributes:
-        samples: every sample, group by group, in episode order within a group.
+        samples: every sample in task order: the tasks in the order they were given,
+            each task's samples in episode order (within an episode, in the order the
+            environment returned them) -- not in the order the groups finished.
         stats: counts, rewards and failures (:class:`~agentenv.RolloutStats`).
     """
 
@@ -43,7 +46,7 @@ class RolloutResult:
     stats: RolloutStats
 
     def by_task(self) -> dict[str, list[Sample]]:
-        """The samples of each task id, in episode order."""
+        """The samples of each task id, in task order and episode order."""
         out: dict[str, list[Sample]] = {}
         for s in self.samples:
             out.setdefault(s.task_id or "", []).append(s)
@@ -55,16 +58,28 @@ class RolloutResult:
 
 
 class _Tee:
-    """Keeps every group and passes it on to ``sink``."""
+    """Keeps every group and passes it on to ``sink`` (as it finishes)."""
 
     def __init__(self, sink: SampleSink | None) -> None:
-        self.kept = ListSink()
+        self.groups: list[list[Sample]] = []
         self.sink = sink
 
     async def put_group(self, samples: Sequence[Sample]) -> None:
-        await self.kept.put_group(samples)
+        self.groups.append(list(samples))
         if self.sink is not None:
             await self.sink.put_group(samples)
+
+    def in_task_order(self, tasks: Sequence[Task]) -> list[Sample]:
+        """The kept samples, group by group in the order of ``tasks``; a group arrives
+        whole and already in episode order, so only the groups are reordered (stable: a
+        group whose task id an environment rewrote keeps its place at the end)."""
+        position = {t.id: i for i, t in enumerate(tasks)}
+        late = len(tasks)
+
+        def key(group: list[Sample]) -> int:
+            return position.get(group[0].task_id or "", late) if group else late
+
+        return [s for group in sorted(self.groups, key=key) for s in group]
 
 
 def _running_loop() -> str | None:
@@ -148,4 +163,4 @@ def run(
         )
 
     stats = anyio.run(go)
-    return RolloutResult(samples=tee.kept.samples, stats=stats)
+    return RolloutResult(samples=tee.in_task_order(chosen), stats=stats)

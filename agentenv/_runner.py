@@ -4,8 +4,9 @@
 ``concurrency`` in flight (a fixed pool of worker tasks, so memory does not grow with the
 number of tasks). A finished group is scored by the environment's group rewards and put
 into the sink (the Data Buffer, a JSONL file, a list). An episode that raises, overruns
-its timeout or returns a bad reward becomes a *failed sample* naming the error; its
-siblings are unaffected. Cancelling the caller cancels every episode.
+its timeout or returns a bad reward becomes a *failed sample* naming the error and
+keeping the tokens recorded so far (never trained on); its siblings are unaffected.
+Cancelling the caller cancels every episode.
 """
 
 from __future__ import annotations
@@ -26,16 +27,18 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio
 
-from agentenv._environment import Environment, Episode, Limits, Task
+from agentenv._environment import Environment, Episode, Limits, Task, resolve_sampling
 from agentenv._errors import (
     AgentEnvError,
     ClosedResourceError,
     ConfigError,
     EpisodeAborted,
     EpisodeTruncated,
+    RewardError,
 )
 from agentenv._generator import Generator, SamplingParams
 from agentenv._sample import Sample, Status
+from agentenv._text_model import TextGenerator
 from agentenv._tokenizer import Tokenizer, check_template_kwargs
 from agentenv._transcript import HistoryPolicy
 
@@ -119,7 +122,10 @@ class RolloutConfig:
     Args:
         n_samples_per_prompt: episodes per task (the GRPO group size).
         concurrency: episodes in flight at once.
-        sampling: sampling parameters for every generation.
+        sampling: sampling parameters for every generation, used as they are; ``None``:
+            the environment's ``sampling`` attribute over :class:`SamplingParams`'
+            defaults (:func:`~agentenv.resolve_sampling` builds one that keeps the
+            environment's values for the fields not given).
         limits: per-episode turn, context and time limits.
         seed: base seed; episode ``i`` of task ``t`` gets a seed derived from it, and each
             of its model turns samples with a seed derived from that (unless
@@ -136,7 +142,7 @@ class RolloutConfig:
 
     n_samples_per_prompt: int = 1
     concurrency: int = 64
-    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    sampling: SamplingParams | None = None
     limits: Limits = dataclasses.field(default_factory=Limits)
     seed: int = 0
     on_history_rewrite: HistoryPolicy = "new_sample"
@@ -204,28 +210,50 @@ class RolloutStats:
         }
 
 
-def failed_sample(
+def failed_samples(
     episode: Episode, error: BaseException, *, error_type: str | None = None
-) -> Sample:
-    """A failed sample for ``episode`` naming ``error`` (prompt ids kept when known)."""
+) -> list[Sample]:
+    """The failed samples of ``episode``, naming ``error``.
+
+    They keep what the transcripts recorded before the failure -- one sample per segment
+    with a model turn: its prompt, the completed turns' tokens, loss mask and log-probs --
+    so a kept sample (``--out``) shows what the model did up to a timeout or an
+    exception; a generation still running when it came is not recorded. Failed samples
+    carry no gradient (:attr:`Sample.trainable` is false; the Buffer never hands them to
+    the trainer). Without a recorded turn: one sample with the first prompt, if any.
+    """
+    reason = describe_error(error)[:_MAX_REASON]
+    kind = error_type or type(error).__name__
+    out: list[Sample] = []
+    for t in episode.transcripts:
+        out += t.to_samples(
+            0.0,
+            status=Status.FAILED,
+            reason=reason,
+            error_type=kind,
+            group_id=episode.group_id,
+        )
+    if out:
+        return out
     prompt: list[int] = []
     role = None
     if episode.transcripts:
         first = episode.transcripts[0]
         prompt = list(first.segments[0].prompt_ids)
         role = first.role
-    message = describe_error(error)
-    return Sample(
-        prompt_ids=prompt,
-        completion_ids=[],
-        reward=0.0,
-        group_id=episode.group_id,
-        role=role,
-        status=Status.FAILED,
-        reason=message[:_MAX_REASON],
-        error_type=error_type or type(error).__name__,
-        metadata={"turns": sum(t.turns for t in episode.transcripts)},
-    )
+    return [
+        Sample(
+            prompt_ids=prompt,
+            completion_ids=[],
+            reward=0.0,
+            group_id=episode.group_id,
+            role=role,
+            status=Status.FAILED,
+            reason=reason,
+            error_type=kind,
+            metadata={"turns": 0},
+        )
+    ]
 
 
 def describe_error(error: BaseException) -> str:
@@ -324,12 +352,12 @@ async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
         samples = _limit_samples(episode, Status.ABORTED, str(e) or "aborted")
     except TimeoutError as e:
         if deadline is None or not deadline.cancelled_caught:  # the environment's own
-            return [failed_sample(episode, e)]
+            return failed_samples(episode, e)
         error = TimeoutError(f"episode exceeded its {timeout} s timeout")
-        return [failed_sample(episode, error, error_type="EpisodeTimeout")]
+        return failed_samples(episode, error, error_type="EpisodeTimeout")
     except Exception as e:
-        return [failed_sample(episode, e)]
-    return samples or [failed_sample(episode, ConfigError("episode produced no model turn"))]
+        return failed_samples(episode, e)
+    return samples or failed_samples(episode, ConfigError("episode produced no model turn"))
 
 
 @dataclasses.dataclass(slots=True)
@@ -373,9 +401,10 @@ async def run_rollouts(
         policy: the generator for every role not in ``policies``.
         tokenizer: the policy's tokenizer (renders transcripts); default: the policy's
             own (a :class:`ScriptedModel`'s, the embedded engine's model directory).
-        sink: receives each finished group's samples, in order within the group; without
-            one the samples are counted in the stats and dropped (:func:`agentenv.run`
-            returns them).
+        sink: receives each group's samples as soon as the group finishes: groups in the
+            order they complete (not the order of ``tasks``), samples in episode order
+            within a group; without one the samples are counted in the stats and dropped
+            (:func:`agentenv.run` returns them, in task order).
         config: group size, concurrency, sampling, limits, seed, progress bar.
         policies: per-role generators (fixed opponents, other models).
     """
@@ -402,20 +431,28 @@ async def run_rollouts(
         **check_template_kwargs(getattr(env, "chat_template_kwargs", None) or {}),
     }
     bar = _progress_bar(config.progress, len(tasks) * n, getattr(env, "name", "") or "rollout")
+    sampling = config.sampling or resolve_sampling(env, SamplingParams())
 
     async def finish(group: _Group) -> None:
         ok = [s for s in group.samples if s.status is not Status.FAILED]
         bad = [s for s in group.samples if s.status is Status.FAILED]
         if ok:
-            try:
-                ok = list(await env.score_group(group.task, ok))
+            deadline: anyio.CancelScope | None = None
+            try:  # group rewards are bounded like an episode: by the episode timeout
+                with anyio.fail_after(config.limits.timeout_s) as deadline:
+                    ok = list(await env.score_group(group.task, ok))
             except Exception as e:
+                error: Exception = e
+                if deadline is not None and deadline.cancelled_caught:
+                    error = RewardError(
+                        f"exceeded the episode timeout of {config.limits.timeout_s} s"
+                    )
                 ok = [
                     dataclasses.replace(
                         s,
                         status=Status.FAILED,
-                        reason=f"group reward: {describe_error(e)}"[:_MAX_REASON],
-                        error_type=type(e).__name__,
+                        reason=f"group reward: {describe_error(error)}"[:_MAX_REASON],
+                        error_type=type(error).__name__,
                         reward=0.0,
                         metadata=dict(s.metadata),
                     )
@@ -446,7 +483,7 @@ async def run_rollouts(
                 tokenizer=tok,
                 policy=policy,
                 policies=policies,
-                sampling=config.sampling,
+                sampling=sampling,
                 limits=config.limits,
                 group_id=group.group_id,
                 index=i,
@@ -459,6 +496,8 @@ async def run_rollouts(
                 s.id = s.id or f"{group.group_id}/{i}/{k}"
                 s.task_id = s.task_id or group.task.id
                 s.episode = i if s.episode is None else s.episode
+                if isinstance(episode.generator_for(s.role), TextGenerator):
+                    s.metadata["token_exact"] = False  # re-tokenized text: never trained on
             stats.episodes += 1
             stats.turns += sum(t.turns for t in episode.transcripts)
             stats.completion_tokens += episode.completion_tokens

@@ -8,7 +8,9 @@ Anything that satisfies the :class:`Tokenizer` protocol can be used instead.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import json
 import os
 import re
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentenv._errors import ConfigError, TemplateError
 from agentenv._messages import Message
+from agentenv._text_bound import TextBound, text_bound
 
 if TYPE_CHECKING:
     import jinja2
@@ -116,6 +119,7 @@ def _strftime_now(fmt: str) -> str:
 
 _CACHE_MAX_ENTRIES = 8192
 _CACHE_MAX_PIECE = 16384
+_GIL_FREE_CHARS = 65536  # texts at least this long are tokenized with the GIL released
 
 
 def _special_token_splitter(tok: tokenizers.Tokenizer) -> re.Pattern[str] | None:
@@ -268,6 +272,13 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
+    @functools.cached_property
+    def text_bound(self) -> TextBound | None:
+        """What a text's length proves about its token count (see :class:`TextBound`;
+        None when this tokenizer's configuration proves nothing): transcripts refuse a
+        text too long for the context before tokenizing it."""
+        return text_bound(self._tok)
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one token's text, or ``None``."""
         result = self._tok.token_to_id(token)
@@ -275,8 +286,7 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if self._split is None:
-            direct: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-            return direct
+            return self._encode(text)
         # Special tokens split the text before BPE runs, so encoding the pieces between
         # them separately gives the same ids; the pieces repeat across episodes (system
         # prompts, tool schemas, role headers), so they are cached.
@@ -287,13 +297,25 @@ class ChatTokenizer:
                 continue
             hit = cache.get(piece)
             if hit is None:
-                hit = self._tok.encode(piece, add_special_tokens=False).ids
+                hit = self._encode(piece)
                 if len(piece) <= _CACHE_MAX_PIECE:
                     if len(cache) >= _CACHE_MAX_ENTRIES:
-                        del cache[next(iter(cache))]  # oldest first
+                        # Oldest first; another thread may be evicting at the same moment.
+                        with contextlib.suppress(RuntimeError, KeyError, StopIteration):
+                            del cache[next(iter(cache))]
                     cache[piece] = hit
             ids.extend(hit)
         return ids
+
+    def _encode(self, text: str) -> list[int]:
+        if len(text) < _GIL_FREE_CHARS:
+            ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+            return ids
+        # tokenizers' encode holds the GIL throughout, encode_batch releases it: a long
+        # text tokenized in a worker thread then leaves the event loop running.
+        (encoding,) = self._tok.encode_batch([text], add_special_tokens=False)
+        batch_ids: list[int] = encoding.ids
+        return batch_ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """The text of ``ids`` (special tokens included unless skipped, as in

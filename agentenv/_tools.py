@@ -6,6 +6,12 @@ parsed from the model's text by a :class:`ToolCallParser` (Hermes/Qwen
 ``<tool_call>{...}</tool_call>`` by default). Every failure -- garbage JSON, an unknown
 tool, arguments that fail the schema, a tool that raises or overruns its timeout --
 becomes a tool message telling the model what went wrong; the episode continues.
+
+A parameter annotated :class:`~agentenv.Task` or :class:`~agentenv.State` is the episode's,
+not the model's: it is left out of the schema, refused if the model sends it, and filled
+with the episode's task or state on every call (``run_tool_calls(..., state=state)``,
+which :class:`~agentenv.ToolEnv` does). A tool can so read the task's data (its unit
+tests, its files) and keep per-episode state in ``state.info``.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, get_type_hints, overload
+from typing import Any, Protocol, get_args, get_type_hints, overload
 
 import anyio
 import pydantic
 
+from agentenv._environment import Task
 from agentenv._errors import ConfigError, ToolCallError
 from agentenv._messages import Message
+from agentenv._rewards import State
 
 __all__ = [
     "HermesParser",
@@ -94,6 +102,34 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
+# Parameters annotated with one of these types are given the episode's task or state.
+_EPISODE_TYPES: tuple[type[Task] | type[State], ...] = (Task, State)
+
+
+def _episode_type(owner: str, pname: str, hint: Any) -> type[Task] | type[State] | None:
+    """The episode type a parameter is annotated with (``None``: the model's argument).
+
+    Raises:
+        ConfigError: the type is only part of the hint (``Task | None``): the model would
+            be asked for a task, and the episode's would never be given.
+    """
+    if isinstance(hint, type):
+        for kind in _EPISODE_TYPES:
+            if issubclass(hint, kind):
+                return kind
+    stack = list(get_args(hint))
+    while stack:
+        arg = stack.pop()
+        if isinstance(arg, type) and issubclass(arg, _EPISODE_TYPES):
+            raise ConfigError(
+                f"tool {owner!r}: parameter {pname!r} is annotated {hint!r}; the episode's "
+                f"{arg.__name__} is given to a parameter annotated exactly {arg.__name__} "
+                f"(write `{pname}: {arg.__name__}`)"
+            )
+        stack.extend(get_args(arg))
+    return None
+
+
 class _Overrun(Exception):
     """The tool's timeout fired."""
 
@@ -117,7 +153,9 @@ class Tool:
         fn: the decorated function.
         name: the function name the model uses.
         description: from the docstring's first paragraph.
-        parameters: the JSON schema of the arguments.
+        parameters: the JSON schema of the arguments the model gives.
+        episode_parameters: the parameters given the episode's :class:`~agentenv.Task` or
+            :class:`~agentenv.State` instead (by the type they are annotated with).
         timeout_s: wall-clock limit per call (``None``: no limit).
     """
 
@@ -150,6 +188,7 @@ class Tool:
                 "types they name at module level"
             ) from None
         fields: dict[str, Any] = {}
+        self.episode_parameters: dict[str, type[Task] | type[State]] = {}
         for pname, param in inspect.signature(fn).parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ConfigError(f"tool {self.name!r}: *args/**kwargs cannot be described")
@@ -158,6 +197,10 @@ class Tool:
                     f"tool {self.name!r}: parameter {pname!r} needs a type hint "
                     "(the JSON schema is generated from it)"
                 )
+            kind = _episode_type(self.name, pname, hints[pname])
+            if kind is not None:  # the episode's, never in the schema the model sees
+                self.episode_parameters[pname] = kind
+                continue
             default = ... if param.default is param.empty else param.default
             # Internal field names with the parameter name as alias: a parameter called
             # ``schema``, ``json``, ``model_config`` or ``_x`` is fine for a function but
@@ -203,9 +246,14 @@ class Tool:
             raise ToolCallError(f"invalid arguments for {self.name!r}: {problems}") from None
         return {f.alias or k: getattr(parsed, k) for k, f in type(parsed).model_fields.items()}
 
-    async def call(self, arguments: Any) -> str:
-        """Validate, run (sync tools in a worker thread) under the timeout, and return text."""
+    async def call(self, arguments: Any, state: State | None = None) -> str:
+        """Validate, run (sync tools in a worker thread) under the timeout, and return text.
+
+        ``state``: the episode's; its task and itself fill the :attr:`episode_parameters`
+        (an argument of that name from the model was refused by the validation).
+        """
         kwargs = self.validate(arguments)
+        kwargs.update(self._episode_arguments(state))
         try:
             result = await self._run(kwargs)
         except _Overrun:
@@ -220,6 +268,20 @@ class Tool:
             return json.dumps(result, ensure_ascii=False)
         except (TypeError, ValueError):
             return str(result)
+
+    def _episode_arguments(self, state: State | None) -> dict[str, Any]:
+        if not self.episode_parameters:
+            return {}
+        if state is None:
+            raise ConfigError(
+                f"tool {self.name!r} takes the episode's task or state (parameters "
+                f"{sorted(self.episode_parameters)}), but was called without one: call it "
+                "through ToolEnv, or pass run_tool_calls(calls, tools, state=state)"
+            )
+        return {
+            pname: state if kind is State else state.task
+            for pname, kind in self.episode_parameters.items()
+        }
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the decorated function itself, as if undecorated (for tests and reuse):
@@ -340,12 +402,18 @@ async def run_tool_calls(
     on_result: (
         Callable[[ToolCall | ToolCallError, str, bool], Awaitable[None] | None] | None
     ) = None,
+    state: State | None = None,
 ) -> list[Message]:
     """Run ``calls`` in order and return one tool message per call.
 
     Errors (bad JSON, unknown tool, schema failures, exceptions, timeouts) come back as
     tool messages starting with ``Error:`` so the model can correct itself.
     ``on_result(call, text, ok)`` is told each outcome (e.g. to count errors).
+    ``state``: the episode's, for tools with parameters annotated ``Task`` or ``State``.
+
+    Raises:
+        ConfigError: a tool that takes the episode's task or state was called without
+            ``state``.
     """
     by_name = tools if isinstance(tools, Mapping) else {t.name: t for t in tools}
     messages: list[Message] = []
@@ -358,7 +426,7 @@ async def run_tool_calls(
             text = f"Error: unknown tool {call.name!r}; available tools: {sorted(by_name)}"
         else:
             try:
-                text = await by_name[call.name].call(call.arguments)
+                text = await by_name[call.name].call(call.arguments, state)
                 ok = True
             except ToolCallError as e:
                 text = f"Error: {e}"

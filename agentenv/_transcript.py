@@ -47,6 +47,7 @@ from agentenv._errors import (
 from agentenv._generator import Completion, FinishReason
 from agentenv._messages import Message, validate_messages
 from agentenv._sample import JSONValue, Sample, Status
+from agentenv._text_bound import TextBound
 from agentenv._tokenizer import Tokenizer, check_template_kwargs
 
 __all__ = ["Segment", "Transcript", "tool_system_prompt"]
@@ -291,8 +292,17 @@ class Transcript:
             return self.segments[-1].prompt_ids
         start = self._seen.length + len(end)
         suffix = full[start:]
-        ids = self.tokenizer.encode(suffix)
         seg = self.segments[-1]
+        if self.context_length is not None:
+            room = self.context_length - seg.num_tokens
+            fewest = self._fewest_tokens(suffix, room)
+            if fewest is not None:
+                raise EpisodeTruncated(
+                    f"context: appending {len(suffix)} characters of environment text "
+                    f"(at least {fewest} tokens) to {seg.num_tokens} would exceed "
+                    f"context_length {self.context_length}"
+                )
+        ids = self.tokenizer.encode(suffix)
         if self.context_length is not None and seg.num_tokens + len(ids) > self.context_length:
             raise EpisodeTruncated(
                 f"context: appending {len(ids)} environment tokens to {seg.num_tokens} "
@@ -315,10 +325,12 @@ class Transcript:
         *,
         status: Status = Status.COMPLETED,
         reason: str | None = None,
+        error_type: str | None = None,
         group_id: str | None = None,
         metadata: Mapping[str, JSONValue] | None = None,
     ) -> list[Sample]:
-        """One sample per segment with at least one model turn, all with ``reward``."""
+        """One sample per segment with at least one model turn, all with ``reward``
+        (``error_type``: for ``FAILED`` samples)."""
         out: list[Sample] = []
         segments = [s for s in self.segments if s.turns > 0]
         for i, seg in enumerate(segments):
@@ -339,6 +351,7 @@ class Transcript:
                     weight_versions=list(seg.weight_versions),
                     status=status,
                     reason=reason,
+                    error_type=error_type,
                     metadata=meta,
                 )
             )
@@ -382,17 +395,38 @@ class Transcript:
         eot = self._eot_text()
         return tuple((stop, eot) for stop in self._accepted_ends) if eot else ()
 
+    def _fewest_tokens(self, text: str, room: int) -> int | None:
+        """When ``text`` is surely more than ``room`` tokens, a lower bound on its token
+        count, known from its length alone (see :class:`~agentenv._tokenizer.TextBound`):
+        a text that cannot fit is refused before it is tokenized (tokenizing megabytes
+        costs seconds and gigabytes). None when it may fit, or nothing is known."""
+        bound: TextBound | None = getattr(self.tokenizer, "text_bound", None)
+        if bound is None or bound.may_fit(text, room):
+            return None
+        return bound.fewest_tokens(text)
+
     def _start_segment(self, text: str) -> None:
-        ids = self.tokenizer.encode(text)
-        if self.context_length is not None and len(ids) >= self.context_length:
+        ids: list[int] | None = None
+        tokens: str | None = None
+        if self.context_length is not None:
+            fewest = self._fewest_tokens(text, self.context_length - 1)
+            if fewest is not None:
+                tokens = f"at least {fewest} tokens ({len(text)} characters)"
+            else:
+                ids = self.tokenizer.encode(text)
+                if len(ids) >= self.context_length:
+                    tokens = f"{len(ids)} tokens"
+        if tokens is not None:
             message = (
-                f"the prompt has {len(ids)} tokens but context_length is "
+                f"the prompt has {tokens} but context_length is "
                 f"{self.context_length}; shorten the prompt or raise the context length"
             )
             # The first prompt is the caller's mistake; a re-rendered one is a limit reached.
             if self.segments:
                 raise EpisodeTruncated(f"context: {message}")
             raise ContextLengthError(message)
+        if ids is None:
+            ids = self.tokenizer.encode(text)
         self.segments.append(Segment(ids=ids, prompt_len=len(ids)))
         self._seen = _SeenText(text)
         self._end = None

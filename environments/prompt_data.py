@@ -43,15 +43,21 @@ class PromptDataEnv(SingleTurnEnv):
         reward_key: str | None = None,
         custom_rm_path: str | None = None,
         group_rm: bool = False,
+        rm_timeout: float | None = None,
+        rm_max_response_bytes: int | None = None,
     ) -> None:
+        # label_key: a TRL reward function reads the answer as that column
         self.rubric = reward_rubric(
             rm_type, rm_url=rm_url, reward_key=reward_key, custom_rm_path=custom_rm_path,
-            group_rm=group_rm,
+            group_rm=group_rm, label_key=label_key, rm_timeout=rm_timeout,
+            rm_max_response_bytes=rm_max_response_bytes,
         )  # fmt: skip
         self.system_prompt = system_prompt  # type: ignore[misc]
         keys: dict[str, Any] = dict(
-            input_key=input_key, label_key=label_key, metadata_key=metadata_key
-        )
+            input_key=input_key, label_key=label_key, metadata_key=metadata_key,
+            # A custom function may read rm_type values of its own; a reward type may not.
+            check_rm_type=custom_rm_path is None,
+        )  # fmt: skip
         self.splits: dict[str, list[Task]] = {"train": [], "test": []}
         self.skipped: list[str] = []  # why each skipped row was skipped
         for split, source in (("train", path), ("test", eval_path)):

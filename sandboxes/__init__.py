@@ -13,17 +13,22 @@
 reward hacks (exiting early, always-equal objects, patched asserts, fake output) fail.
 """
 
-from sandboxes._python import CodeVerdict, check_python
+from sandboxes._container import SANDBOX_IMAGE, Container, build_image
+from sandboxes._python import CodeVerdict, GradedTest, check_python
 from sandboxes._sandbox import Sandbox
 from sandboxes._types import Job, Limits, Result, SandboxError, SandboxUnavailable
 
 __all__ = [
+    "SANDBOX_IMAGE",
     "CodeVerdict",
+    "Container",
+    "GradedTest",
     "Job",
     "Limits",
     "Result",
     "Sandbox",
     "SandboxError",
     "SandboxUnavailable",
+    "build_image",
     "check_python",
 ]

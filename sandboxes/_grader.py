@@ -9,9 +9,10 @@ Two roles in one stdlib-only file:
   tests against a proxy: each call's arguments go to the solution process and its return
   value comes back as a canonical plain value (``None``, bool, int, float, str, bytes,
   list, tuple, dict, set, frozenset, complex -- exact types, no subclasses), so the
-  comparisons run here, on values the solution cannot make lie. The verdict is the last
-  line of the grader's standard output, tagged with the nonce; the solution's own output
-  goes to pipes the grader reads and drops.
+  comparisons run here, on values the solution cannot make lie. Every test (a ``check``
+  function, each ``test*`` function, or the top-level asserts) gets its own result. The
+  verdict, with those results, is the last line of the grader's standard output, tagged
+  with the nonce; the solution's own output goes to pipes the grader reads and drops.
 * the solution's process, forked from the grader before it reads anything: runs the
   solution file as a module and answers calls.
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 
 MAX_DEPTH = 100
 MAX_MESSAGE = 64 << 20  # bytes of one encoded message
+MAX_REASON = 500  # characters of the verdict's reason
+MAX_TEST_REASON = 200  # characters of one test's reason (the verdict line holds them all)
+MAX_TEST_NAME = 100
 
 
 class Unrepresentable(TypeError):
@@ -274,6 +278,9 @@ class Remote:
         self.w = to_w
         self.r = from_r
         self.replies = Channel(from_r)
+        # Set when a call ended without its answer (out of time, the process gone,
+        # garbage): the answer may still come, so no later call may read the channel.
+        self.broken: str | None = None
         self.deadline = time.monotonic() + 3600
         self.poll = select.poll()
         self.poll.register(self.r, select.POLLIN)
@@ -293,19 +300,23 @@ class Remote:
         try:
             send(self.w, message)
         except OSError:
-            raise SolutionError("the solution's process ended") from None
+            raise self._break("the solution's process ended") from None
+
+    def _break(self, reason: str) -> SolutionError:
+        self.broken = reason
+        return SolutionError(reason)
 
     def _reply(self) -> dict[Any, object]:
         while True:
             try:
                 got = self.replies.take()
             except (Unrepresentable, ValueError):
-                raise SolutionError("the solution's process sent garbage") from None
+                raise self._break("the solution's process sent garbage") from None
             if got is not None:
                 break
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise SolutionError("the solution ran out of time")
+                raise self._break("the solution ran out of time")
             for fd, _ in self.poll.poll(left * 1000):
                 if fd in self.noise:
                     try:
@@ -316,14 +327,16 @@ class Remote:
                     continue
                 data = os.read(fd, 1 << 16)
                 if not data:
-                    raise SolutionError("the solution's process ended")
+                    raise self._break("the solution's process ended")
                 self.replies.buf += data
         reply = got[0]
         if type(reply) is not dict:
-            raise SolutionError("malformed reply")
+            raise self._break("malformed reply")
         return reply
 
     def __call__(self, *args: object) -> object:
+        if self.broken is not None:
+            raise SolutionError(self.broken)
         try:
             self._send(list(args))
         except Unrepresentable as e:
@@ -343,20 +356,72 @@ class Remote:
         os.waitpid(self.pid, 0)
 
 
-def grade(remote: Remote, spec: dict[str, Any]) -> tuple[bool, str]:
+Outcome = tuple[str, bool, str]  # a test's name, whether it passed, why (or "passed")
+
+
+def grade(remote: Remote, spec: dict[str, Any]) -> tuple[bool, str, list[Outcome]]:
+    """The verdict: whether every test passed, why not, and each test's outcome.
+
+    The tests are the function named by ``check`` (when ``tests`` defines it), then every
+    ``test*`` function ``tests`` defines, in order, each called without arguments; with
+    neither, the top-level statements are the one test, named ``tests``. A top-level
+    statement that fails stops there (what follows it is not even defined): the one
+    result is then ``tests``, failed. All tests share the solution's process, so one that
+    kills it or runs out the time fails the tests after it as well."""
     deadline = time.monotonic() + float(spec.get("timeout_s", 10))
     namespace: dict[str, object] = {"__name__": "grader"}
+    source = spec["tests"]
     try:
-        remote.load(spec["solution"], spec["entry_point"], deadline)
-        exec(compile(spec.get("setup", ""), "setup", "exec"), namespace)
+        try:
+            remote.load(spec["solution"], spec["entry_point"], deadline)
+            exec(compile(spec.get("setup", ""), "setup", "exec"), namespace)
+            code = compile(source, "tests", "exec")
+        except SolutionError as e:
+            return False, str(e)[:MAX_REASON], []
+        except Exception as e:
+            return False, _describe(e), []
         namespace[spec["entry_point"]] = remote
         namespace["candidate"] = remote
-        exec(compile(spec["tests"], "tests", "exec"), namespace)
+        ok, why = run_test(lambda: exec(code, namespace), source)
+        functions = [
+            (name, fn)
+            for name, fn in list(namespace.items())
+            if name.startswith("test")
+            and getattr(getattr(fn, "__code__", None), "co_filename", None) == "tests"
+        ]
         check = spec.get("check")
-        if check:
-            check_fn = namespace[check]
-            check_fn(remote)  # type: ignore[operator]
-        return True, "all tests passed"
+        check_fn = namespace.get(check) if check else None
+        if not ok or (check_fn is None and not functions):
+            if ok and check:
+                ok = False
+                why = (
+                    f"the tests define no function {check!r} and no test* functions: define "
+                    "one, or pass check=None when the tests are top-level asserts only"
+                )
+            results: list[Outcome] = [("tests", ok, why)]
+        else:
+            results = []
+            if check_fn is not None:
+                results.append((str(check), *run_test(lambda: check_fn(remote), source)))  # type: ignore[operator]
+            for name, fn in functions:
+                results.append((name[:MAX_TEST_NAME], *run_test(fn, source)))
+    finally:
+        remote.close()
+    failed = [r for r in results if not r[1]]
+    if not failed:
+        return True, "all tests passed", results
+    if len(results) == 1:
+        return False, failed[0][2], results
+    name, _, why = failed[0]
+    summary = f"{len(failed)} of {len(results)} tests failed; {name}: {why}"
+    return False, summary[:MAX_REASON], results
+
+
+def run_test(test: Any, source: str) -> tuple[bool, str]:
+    """Call ``test``: whether it passed, and why not (the failing line of ``source``)."""
+    try:
+        test()
+        return True, "passed"
     except AssertionError as e:
         import traceback  # only on failure: it costs a few ms to import
 
@@ -364,15 +429,13 @@ def grade(remote: Remote, spec: dict[str, Any]) -> tuple[bool, str]:
         if not frames:
             return False, "a test failed"
         lineno = frames[-1].lineno or 0
-        lines = spec["tests"].splitlines()
+        lines = source.splitlines()
         text = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
-        return False, f"a test failed (line {lineno}: {text})"[:500]
+        return False, f"a test failed (line {lineno}: {text})"[:MAX_TEST_REASON]
     except SolutionError as e:
-        return False, str(e)[:500]
+        return False, str(e)[:MAX_TEST_REASON]
     except Exception as e:
-        return False, _describe(e)
-    finally:
-        remote.close()
+        return False, _describe(e)[:MAX_TEST_REASON]
 
 
 def main() -> None:
@@ -393,8 +456,9 @@ def main() -> None:
         except (OSError, AttributeError):
             pass
     nonce = spec.pop("nonce")
-    passed, reason = grade(remote, spec)
-    verdict = dumps({"nonce": nonce, "passed": passed, "reason": reason}).hex()
+    passed, reason, results = grade(remote, spec)
+    tests = [list(r) for r in results]
+    verdict = dumps({"nonce": nonce, "passed": passed, "reason": reason, "tests": tests}).hex()
     sys.stdout.write("\n" + verdict + "\n")  # one ASCII line, last
     sys.stdout.flush()
 

@@ -2,7 +2,8 @@
 
 The tests run in a grader process and the solution in another (see
 :mod:`sandboxes._grader`); pass or fail is decided by the grader, outside the solution's
-process, and reported with a random per-run nonce on the grader's last output line. The
+process, test by test, and reported with a random per-run nonce on the grader's last
+output line. The
 sandbox job runs ``python3 -I -S`` (no site, no user paths, no ``PYTHON*`` variables, so a
 ``sitecustomize.py``, ``*.pth`` or ``conftest.py`` the solution drops is never loaded), and
 the tests are handed to the grader on its standard input, never written where the
@@ -19,18 +20,39 @@ from sandboxes._grader import Unrepresentable, dumps, loads
 from sandboxes._sandbox import Sandbox
 from sandboxes._types import Job, Limits, Result, SandboxError
 
-__all__ = ["CodeVerdict", "check_python"]
+__all__ = ["CodeVerdict", "GradedTest", "check_python"]
 
 _GRADER = Path(__file__).with_name("_grader.py").read_text()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GradedTest:
+    """One test's outcome: its ``name`` (``check``, a ``test*`` function, or ``tests``
+    for top-level asserts), whether it ``passed``, and ``reason`` (``"passed"``, or the
+    failing line, the solution's error, "the solution ran out of time", ...)."""
+
+    name: str
+    passed: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class CodeVerdict:
-    """``passed`` only when the grader, tagged with this run's nonce, said so."""
+    """``passed`` only when the grader, tagged with this run's nonce, said every test
+    passed; ``tests`` holds each test's outcome (empty when no test ran: the solution did
+    not load, the job timed out or ran out of memory)."""
 
     passed: bool
     reason: str
     result: Result
+    tests: tuple[GradedTest, ...] = ()
+
+    @property
+    def fraction_passed(self) -> float:
+        """The share of the tests that passed (0.0 when none ran): a graded reward."""
+        if not self.tests:
+            return 0.0
+        return sum(t.passed for t in self.tests) / len(self.tests)
 
 
 async def check_python(
@@ -51,13 +73,20 @@ async def check_python(
             with``).
         solution: the model's Python source; it must define ``entry_point``.
         tests: Python source run in the grader, where the solution's function is named
-            ``entry_point`` and ``candidate``: asserts at top level and/or a function
-            named by ``check`` (HumanEval's ``check(candidate)``), then called with it.
+            ``entry_point`` and ``candidate``. Each test gets its own result in
+            ``verdict.tests``: the function named by ``check`` (HumanEval's
+            ``check(candidate)``), called with the solution's function, and every
+            ``test*`` function (pytest style), called without arguments, in order; with
+            neither, the top-level asserts are the one test ``tests``. Top-level code runs
+            first; when it fails, nothing after it is defined and it is the one (failed)
+            test. All tests share the solution's process and the job's time: a test that
+            kills it or runs out the time fails the tests after it too.
         entry_point: the name of the function under test.
         setup: trusted Python run in the grader before ``tests`` (e.g. HumanEval's prompt,
             whose helper functions some tests call).
         check: the name of the function in ``tests`` to call with the solution (default
-            ``"check"``: ``tests`` must define it), or ``None`` when ``tests`` holds only
+            ``"check"``: ``tests`` must define it unless it defines ``test*``
+            functions), or ``None`` when ``tests`` holds only ``test*`` functions or
             top-level asserts.
         limits: the job's limits (default: the sandbox's).
     """
@@ -83,23 +112,53 @@ async def check_python(
         separate_real_gid=True,
     )
     result = await sandbox.run(job)
-    return CodeVerdict(*_verdict(result, nonce), result)
+    passed, reason, graded = _verdict(result, nonce)
+    return CodeVerdict(passed, reason, result, graded)
 
 
-def _verdict(result: Result, nonce: str) -> tuple[bool, str]:
+def _verdict(result: Result, nonce: str) -> tuple[bool, str, tuple[GradedTest, ...]]:
     if result.timed_out:
-        return False, "timed out"
+        return False, "timed out", ()
     if result.oom_killed:
-        return False, "out of memory"
+        return False, "out of memory", ()
     if result.error:
-        return False, result.error
+        return False, result.error, ()
     last = result.stdout.rstrip("\n").rsplit("\n", 1)[-1]
     try:
         report = loads(bytes.fromhex(last))
     except (ValueError, Unrepresentable):
         report = None
     if not isinstance(report, dict) or report.get("nonce") != nonce:
-        return False, "the grader gave no verdict"
+        if result.stdout_truncated:
+            return (
+                False,
+                (
+                    f"the grader's verdict did not fit limits.output_bytes "
+                    f"({len(result.stdout)} bytes; up to ~640 per test): raise output_bytes"
+                ),
+                (),
+            )
+        return False, "the grader gave no verdict", ()
     if result.exit_code != 0:
-        return False, f"the grader exited with status {result.exit_code}"
-    return report.get("passed") is True, str(report.get("reason", ""))
+        return False, f"the grader exited with status {result.exit_code}", ()
+    graded = _graded(report.get("tests"))
+    if graded is None:
+        return False, "the grader gave a malformed verdict", ()
+    passed = report.get("passed") is True and bool(graded) and all(t.passed for t in graded)
+    return passed, str(report.get("reason", "")), graded
+
+
+def _graded(tests: object) -> tuple[GradedTest, ...] | None:
+    """The per-test outcomes of a verdict, or None when they are not what the grader
+    writes (a list of ``[name, passed, reason]``)."""
+    if type(tests) is not list:
+        return None
+    out: list[GradedTest] = []
+    for entry in tests:
+        if type(entry) is not list or len(entry) != 3:
+            return None
+        name, passed, reason = entry
+        if type(name) is not str or type(passed) is not bool or type(reason) is not str:
+            return None
+        out.append(GradedTest(name, passed, reason))
+    return tuple(out)

@@ -67,11 +67,17 @@ def compute_advantages(
     count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, torch.ones_like(r))
     total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, r)
     mean = (total / count)[gid]
+    # A group whose rewards are all equal has advantage exactly 0 under every estimator:
+    # its mean, a rounded sum divided by the count, may differ from the rewards in the
+    # last bit, and divided by a std of that rounding the advantage would not be 0.
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, gid, r, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, gid, r, "amax")
+    flat = (lo == hi)[gid]
     if estimator == "rloo":
         n = count[gid]
         others = (total[gid] - r) / (n - 1).clamp(min=1)
-        return torch.where(n > 1, r - others, torch.zeros_like(r)).float()
-    centred = r - mean
+        return torch.where((n > 1) & ~flat, r - others, torch.zeros_like(r)).float()
+    centred = torch.where(flat, torch.zeros_like(r), r - mean)
     if estimator == "dr_grpo" or (estimator == "grpo" and not normalize_std):
         return centred.float()
     if estimator == "grpo":

@@ -281,6 +281,12 @@ class Backend(StepCore):
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore :meth:`save_checkpoint`'s state; returns its ``extra``."""
 
+    def memory_metrics(self) -> dict[str, float]:
+        """Metrics of the memory of the processes this backend runs besides the loop's
+        own (the ranks on Ray: ``perf/peak_rss_gib/trainer_ranks``); the loop reports
+        them with each step. Empty: it runs in the loop's process."""
+        return {}
+
 
 class MicroBatchBackend(Backend):
     """A backend whose step is a plain loop over micro-batches on one device: the

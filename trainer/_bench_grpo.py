@@ -239,6 +239,9 @@ def _run_agentenv(w: Workload) -> dict[str, Any]:
                 "train_s": train_s,
                 "generated_tokens": m.get("rollout/completion_tokens", 0.0),
                 "trained_tokens": m.get("perf/train_tokens_per_s", 0.0) * train_s,
+                # A step whose groups all had equal rewards carries no gradient: the loop
+                # does not train it (TRL does), so its step time holds no training.
+                "skipped": m.get("train/skipped_no_gradient", 0.0) > 0,
                 "reward_mean": m["reward_mean"],
                 "prompt_hash": prompt_hash(_PLAYED[i * n : (i + 1) * n]),
                 # The step's own memory readings, where the loop reports them.
@@ -437,6 +440,7 @@ def _run_trl(w: Workload) -> dict[str, Any]:
                 "train_s": step_s - gen,
                 "generated_tokens": entry.get("completions/mean_length", 0.0) * n,
                 "trained_tokens": total - seen,
+                "skipped": False,
                 "reward_mean": entry["reward"],
                 "prompt_hash": prompt_hash(played.get(i, [])),
                 "peak_memory_reserved_gib": memory[i],

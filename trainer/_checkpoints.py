@@ -7,20 +7,30 @@ a crash mid-write keeps the previous one whole). At most one write is in flight:
 save waits for the previous one. An error in a write fails the run with that error (at
 the next step, save or the end: :meth:`CheckpointWriter.check`), and
 :meth:`CheckpointWriter.wait` returns only once the last write is complete.
+
+A resume needs only the newest checkpoint, so by default (``keep=1``) that is the only
+one on disk (two while the next is written). ``keep=N`` also keeps the N - 1 before it,
+as ``NAME.step-K`` beside ``NAME`` (hard links to the files of the checkpoint that is
+being replaced: setting one aside copies nothing); the oldest is removed only once the
+write that made it surplus is complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 import torch
 
-__all__ = ["CheckpointWriter", "WriteCheckpoint", "cpu_copy"]
+__all__ = ["CheckpointWriter", "WriteCheckpoint", "cpu_copy", "kept_checkpoints", "link_model"]
 
 T = TypeVar("T")
 
@@ -58,10 +68,12 @@ def cpu_copy(obj: T) -> T:
 
 
 class CheckpointWriter:
-    """Writes the loop's checkpoints, one at a time, in tasks of ``task_group``."""
+    """Writes the loop's checkpoints, one at a time, in tasks of ``task_group``, keeping
+    the ``keep`` newest (at least the newest: a resume needs it)."""
 
-    def __init__(self, task_group: anyio.abc.TaskGroup) -> None:
+    def __init__(self, task_group: anyio.abc.TaskGroup, *, keep: int = 1) -> None:
         self.task_group = task_group
+        self.keep = max(keep, 1)
         self._done: anyio.Event | None = None
         self._error: BaseException | None = None
 
@@ -72,17 +84,21 @@ class CheckpointWriter:
         previous write, and the snapshot."""
         start = time.perf_counter()
         await self.wait()
+        if self.keep > 1:
+            await anyio.to_thread.run_sync(_set_aside, directory)
         write: WriteCheckpoint | None = await anyio.to_thread.run_sync(
             backend.checkpoint_snapshot, extra
         )
         if write is None:
             await anyio.to_thread.run_sync(backend.save_checkpoint, directory, extra)
+            await anyio.to_thread.run_sync(_prune, directory, self.keep)
             return time.perf_counter() - start
         done = self._done = anyio.Event()
 
         async def run() -> None:
             try:
                 await anyio.to_thread.run_sync(write, directory)
+                await anyio.to_thread.run_sync(_prune, directory, self.keep)
             except Exception as e:  # raised in the loop, by check() or wait()
                 self._error = e
             finally:
@@ -102,3 +118,70 @@ class CheckpointWriter:
         if self._done is not None:
             await self._done.wait()
         self.check()
+
+
+def kept_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """The older checkpoints kept beside ``directory`` (``NAME.step-K``), oldest first."""
+    final = Path(directory)
+    found = []
+    for p in final.parent.glob(f"{final.name}.step-*"):
+        step = p.name.rpartition(".step-")[2]
+        if step.isdigit() and p.is_dir():
+            found.append((int(step), p))
+    return [p for _, p in sorted(found)]
+
+
+def _set_aside(directory: str | os.PathLike[str]) -> None:
+    """Keep the complete checkpoint in ``directory`` as ``NAME.step-K`` (its step), by
+    hard links: the write about to replace ``directory`` then leaves its files there."""
+    final = Path(directory)
+    try:
+        step = int(json.loads((final / "checkpoint.json").read_text())["extra"]["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no complete checkpoint there yet
+    kept = final.with_name(f"{final.name}.step-{step}")
+    if kept.exists():
+        return
+    tmp = kept.with_name(kept.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(final, tmp, copy_function=_link)
+    tmp.rename(kept)
+
+
+def _link(source: str, target: str) -> None:
+    """A hard link (no bytes copied); a copy where the filesystem has none."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _prune(directory: str | os.PathLike[str], keep: int) -> None:
+    """Remove the kept checkpoints beyond the ``keep - 1`` newest (``directory`` itself,
+    now complete, is the newest)."""
+    old = kept_checkpoints(directory)
+    for p in old[: max(len(old) - (keep - 1), 0)]:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(p)
+
+
+def link_model(
+    checkpoint: str | os.PathLike[str], directory: str | os.PathLike[str], step: int
+) -> bool:
+    """Make ``directory`` (replaced atomically) the HF model in ``checkpoint`` by hard
+    links, if ``checkpoint`` is complete, of step ``step`` and holds one (the torch
+    backend's ``model``): a run's final model and its last checkpoint then share their
+    weight files on disk instead of holding them twice. ``False``: it is not; save the
+    model instead."""
+    from trainer._files import replace_dir
+
+    root = Path(checkpoint)
+    try:
+        saved = int(json.loads((root / "checkpoint.json").read_text())["extra"]["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if saved != step or not (root / "model" / "config.json").is_file():
+        return False
+    with replace_dir(directory) as tmp:
+        shutil.copytree(root / "model", tmp, dirs_exist_ok=True, copy_function=_link)
+    return True

@@ -16,10 +16,12 @@ The run evaluates held-out tasks before and after training (greedy by default), 
 progress bar (step, reward, time split), writes every step's metrics to
 ``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
 optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps (10)
-and after the last, written in the background, the trained model to ``SAVE/model`` and a
-plot to ``SAVE/metrics.png``. Run the same command again (or pass ``--load RUN``) and it
-resumes after the last checkpoint. Episodes in flight follow the engines' capacity
-(``--rollout-max-running``; SGLang: ``--sglang-server-concurrency`` per server).
+and after the last (``--keep-checkpoints``: how many are kept, 1), the trained model to
+``SAVE/model``, a plot to ``SAVE/metrics.png`` and the result to ``SAVE/summary.json``.
+Run the same command again (or pass ``--load RUN``) and it resumes after the last
+checkpoint; once the run is complete it says so and prints the recorded result.
+Episodes in flight follow the engines' capacity (``--rollout-max-running``; SGLang:
+``--sglang-server-concurrency`` per server).
 
 Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
 weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
@@ -59,7 +61,14 @@ def add_parser(sub: Any) -> None:
         "model; print the resolved settings as JSON",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(handler=_main, sglang_passthrough=True, megatron_passthrough=True)
+    parser.set_defaults(handler=_main, sglang_passthrough=True, passthrough_flags=_megatron_flags)
+
+
+def _megatron_flags() -> tuple[str, ...]:
+    """megatron's flags, which go through to the megatron backend (``--backend megatron``)."""
+    from trainer.megatron import MEGATRON_FLAGS
+
+    return MEGATRON_FLAGS
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -104,6 +104,14 @@ class DataConfig(Group):
         "--reward-key", None, "--rm-type remote_rm: the reward's field when the service "
         "answers an object", metavar="KEY",
     )  # fmt: skip
+    rm_timeout: float | None = setting(
+        "--rm-timeout", None, "--rm-type remote_rm: seconds one reward may take, retries "
+        "included (default 120)", gt=0, metavar="S",
+    )  # fmt: skip
+    rm_max_response_bytes: int | None = setting(
+        "--rm-max-response-bytes", None, "--rm-type remote_rm: the longest answer read; a "
+        "longer one fails its sample (default 1048576)", ge=1, metavar="N",
+    )  # fmt: skip
     custom_rm_path: str | None = setting(
         "--custom-rm-path", None, "the reward function module:function or "
         "path/file.py:function, (task, state) -> float, sync or async (replaces the "
@@ -155,13 +163,16 @@ class DataConfig(Group):
         (empty: the environment's own rubric scores)."""
         args = {
             "rm_type": self.rm_type, "rm_url": self.rm_url, "reward_key": self.reward_key,
-            "custom_rm_path": self.custom_rm_path,
+            "custom_rm_path": self.custom_rm_path, "rm_timeout": self.rm_timeout,
+            "rm_max_response_bytes": self.rm_max_response_bytes,
         }  # fmt: skip
         out: dict[str, Any] = {k: v for k, v in args.items() if v is not None}
         if not (self.rm_type or self.custom_rm_path):
             return {}
         if self.group_rm:
             out["group_rm"] = True
+        if self.custom_rm_path and self.prompt_data is not None:
+            out["label_key"] = self.label_key  # a TRL function reads the answer by it
         return out
 
 
@@ -456,7 +467,12 @@ class CheckpointConfig(Group):
     )  # fmt: skip
     save_interval: int = setting(
         "--save-interval", 10, "rollout steps between checkpoints (and one after the last; "
-        "written in the background)", ge=1,
+        "the torch backend on CUDA writes them in the background, on CPU and megatron in "
+        "the step)", ge=1,
+    )  # fmt: skip
+    keep_checkpoints: int = setting(
+        "--keep-checkpoints", 1, "checkpoints kept: the newest N (a resume needs only the "
+        "newest); 0 removes the last once the run is complete and its model saved", ge=0,
     )  # fmt: skip
 
     @pydantic.model_validator(mode="after")
@@ -593,6 +609,21 @@ class TrainConfig(Group):
                 f"{engine.rollout_num_gpus_per_engine}) against {self.trainer_ranks} trainer "
                 "GPUs; use --weight-sync disk"
             )
+
+    def for_env(self, env: Any) -> TrainConfig:
+        """These settings as a run of ``env`` (an :class:`~agentenv.Environment`) uses
+        them: its ``sampling`` attribute in place of the sampling flags left at their
+        defaults, the flags given winning (one rule: :func:`agentenv.resolve_sampling`,
+        which warns where they disagree), and the loss's log-probs at the temperature
+        the rollouts then sample at. What ``--dry-run`` prints and the run trains with."""
+        rollout = self.rollout.for_env(env)
+        temperature = logprob_temperature(rollout.sampling)
+        return self.model_copy(
+            update={
+                "rollout": rollout,
+                "algorithm": self.algorithm.model_copy(update={"temperature": temperature}),
+            }
+        )
 
     @property
     def trainer_ranks(self) -> int:

@@ -26,7 +26,7 @@ class Evaluator:
     seed: int = 12345  # the same episodes before, during and after training
 
     async def __call__(self, policy: Any, concurrency: int) -> float | None:
-        from agentenv import RolloutConfig, SamplingParams, run_rollouts
+        from agentenv import RolloutConfig, run_rollouts
 
         if not self.tasks:
             return None
@@ -37,9 +37,9 @@ class Evaluator:
             tokenizer=self.tokenizer,
             config=RolloutConfig(
                 n_samples_per_prompt=1,
-                sampling=SamplingParams(
-                    max_new_tokens=self.config.rollout.sampling.max_new_tokens,
-                    temperature=self.config.eval.eval_temperature,
+                # The rollouts' sampling (the environment's included) at --eval-temperature.
+                sampling=self.config.rollout.sampling.replace(
+                    temperature=self.config.eval.eval_temperature
                 ),
                 seed=self.seed,
                 concurrency=concurrency,

@@ -24,6 +24,7 @@ with its own baseline), computes advantages, runs ``num_steps_per_rollout`` opti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -34,12 +35,16 @@ import torch
 
 from agentenv import ConfigError, Environment, Sample, Task, Tokenizer
 from agentenv.buffer import Batch, Buffer
+from agentenv.engine import use_torch_threads
+from agentenv.games import game_metrics
 from trainer._advantages import compute_advantages
 from trainer._backend import Backend
 from trainer._checkpoints import CheckpointWriter
+from trainer._losses import gradient_without_advantage
 from trainer._offload import OffloadHooks
 from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._rollout import SCHEDULES, GRPOConfig
+from trainer._rss import peak_rss_gib
 from trainer._sync import InProcessSync, WeightSync
 
 __all__ = ["SCHEDULES", "GRPOConfig", "StepHooks", "run_grpo"]
@@ -73,6 +78,7 @@ async def run_grpo(
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     save_interval: int = 10,
+    keep_checkpoints: int = 1,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
     hooks: StepHooks | None = None,
@@ -86,15 +92,19 @@ async def run_grpo(
     ``sync`` pushes the new weights after every step (default: in-process into an embedded
     engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the model,
     optimizer, RNG state and the loop's position are saved there every ``save_interval``
-    steps (and after the last): copied to CPU memory between steps, then written in the
-    background while the next steps run (at most one write in flight, atomically; a failed
-    write fails the run; the last one is complete when this returns). A run that finds a
-    checkpoint there resumes after its step. On the ``sync`` schedule (without over-sampling
-    or filters, whose leftover groups live in memory) it continues exactly as if it had
-    never stopped; on ``one_step_off`` the rollout that was in flight is played again with
-    the checkpoint's weights; on ``async`` the tasks in flight are skipped until the next
-    pass over the data. Resuming with another batch schedule is refused. ``evaluate`` (e.g.
-    the reward on held-out tasks) runs every ``eval_interval`` steps, into that step's
+    steps (and after the last), replacing the previous one atomically; a backend with
+    :meth:`~trainer.Backend.checkpoint_snapshot` (the torch backend on CUDA) copies it to
+    CPU memory between steps and writes it in the background while the next steps run
+    (at most one write in flight; a failed write fails the run; the last one is complete
+    when this returns), others write it in the step. ``keep_checkpoints`` (at least 1:
+    the newest, which a resume needs) keeps that many of the newest, the older ones as
+    ``CHECKPOINT.step-K``. A run that finds a checkpoint there resumes after its step.
+    On the ``sync`` schedule (without over-sampling or filters, whose leftover groups live
+    in memory) it continues exactly as if it had never stopped; on ``one_step_off`` the
+    rollout that was in flight is played again with the checkpoint's weights; on
+    ``async`` the tasks in flight are skipped until the next pass over the data.
+    Resuming with another batch schedule is refused. ``evaluate`` (e.g. the reward on
+    held-out tasks) runs every ``eval_interval`` steps, into that step's
     ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
     that a report's file writes do not hold up the episodes in flight. ``hooks`` run around
     each step's training (:class:`StepHooks`), and their metrics join the step's; without
@@ -104,7 +114,8 @@ async def run_grpo(
     instead of this process: the Buffer is served to them, they put the groups.
     ``on_batch(step, batch)`` runs once each step's batch is acknowledged.
     """
-    config = config or GRPOConfig()
+    # The environment's sampling in place of the settings not given (once: train() did).
+    config = (config or GRPOConfig()).for_env(env)
     config.check_tasks(tasks)
     backend.loss_config.check_sampling(config.sampling)
     sync = sync or InProcessSync(engine)
@@ -141,18 +152,21 @@ async def run_grpo(
             if workers is not None:
                 await stack.enter_async_context(workers.serving(buffer))
             tg = await stack.enter_async_context(anyio.create_task_group())
-            writer = CheckpointWriter(tg)
+            writer = CheckpointWriter(tg, keep=keep_checkpoints)
             await buffer.set_policy_version(first)
             producer = Producer(
                 env, stream, engine, tokenizer, buffer,
                 round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
                 sampling=config.sampling, concurrency=concurrency, seed=config.seed,
-                max_rounds=config.max_rounds, chat_template_kwargs=config.chat_template_kwargs,
+                max_rounds=config.max_rounds, max_failed_rounds=config.max_failed_rounds,
+                episode_timeout=config.episode_timeout,
+                chat_template_kwargs=config.chat_template_kwargs,
                 players=workers,
             )  # fmt: skip
             if config.schedule == "async":
                 tg.start_soon(producer.run_forever, first)
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
+            peaks: dict[str, float] = {}  # each role's peak resident set so far
             for step in range(first, config.num_rollout):
                 writer.check()  # a checkpoint written in the background failed: stop
                 _reset_peak_memory(backend.device)
@@ -167,12 +181,18 @@ async def run_grpo(
                 t1 = time.perf_counter()
                 metrics = _rollout_metrics(step, rounds, samples)
                 metrics["rollout/concurrency"] = float(concurrency)
-                if samples:
+                plan = _plan_train(backend, samples, config) if samples else None
+                if plan is not None and plan.live:
                     if hooks is not None:
                         await hooks.before_train(step)
-                    metrics.update(await _train_on(backend, samples, config, step))
+                    metrics.update(await anyio.to_thread.run_sync(_train, backend, plan, step))
                     if hooks is not None:
                         await hooks.after_train(step)
+                if plan is not None:
+                    metrics["train/skipped_no_gradient"] = float(plan.skipped)
+                    # The schedule's rate at the step's last planned update, taken or not.
+                    last = step * plan.steps + len(plan.parts) - 1
+                    metrics["train/lr"] = backend.optim_config.lr_at(last)
                 t2 = time.perf_counter()
                 if ahead is not None:
                     await ahead.wait()  # one_step_off: weights change between rollouts only
@@ -184,18 +204,21 @@ async def run_grpo(
                     if on_batch is not None:
                         on_batch(step, batch)
                 t4 = time.perf_counter()
-                tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+                trained = [s for j in plan.live for s in plan.parts[j]] if plan else []
+                tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in trained)
                 metrics.update(
                     time_rollout_s=t1 - t0,
                     time_train_s=t2 - t1,
                     time_wait_s=t3 - t2,
                     time_sync_s=t4 - t3,
                     time_step_s=t4 - t0,
-                    **{"perf/train_tokens_per_s": tokens / (t2 - t1) if samples else 0.0},
-                    **_peak_memory(backend.device),
+                    **{"perf/train_tokens_per_s": tokens / (t2 - t1) if trained else 0.0},
                     **(hooks.metrics() if hooks is not None else {}),
                     **(workers.metrics() if workers is not None else {}),
                 )
+                # The backend's processes elsewhere (the ranks on Ray) answer in a thread.
+                metrics.update(await anyio.to_thread.run_sync(backend.memory_metrics))
+                metrics.update(_peak_memory(backend.device, metrics, peaks))
                 if evaluate is not None and eval_interval > 0 and (step + 1) % eval_interval == 0:
                     held_out = await evaluate()
                     if held_out is not None:
@@ -236,21 +259,61 @@ async def _take_batch(
     return await buffer.get_batch(n) if n else None
 
 
-async def _train_on(
-    backend: Backend, samples: list[Sample], config: GRPOConfig, step: int
-) -> dict[str, float]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrainPlan:
+    """A rollout step's optimizer steps: ``steps`` planned (``num_steps_per_rollout``),
+    each on its share of the samples (``parts``, with their ``advantages``); ``live``
+    the indices of the parts that carry a gradient -- the others are not run."""
+
+    steps: int
+    parts: list[list[Sample]]
+    advantages: list[torch.Tensor]
+    live: list[int]
+
+    @property
+    def skipped(self) -> int:
+        """Optimizer steps not run: none of their samples carries a gradient."""
+        return len(self.parts) - len(self.live)
+
+
+def _plan_train(backend: Backend, samples: list[Sample], config: GRPOConfig) -> TrainPlan:
     """Advantages (one baseline per prompt and role: in a game each seat is its own
-    group; a sample's ``advantage_scale`` after the normalisation) and the optimizer steps,
-    on a worker thread: the event loop keeps serving the episodes still running."""
+    group; a sample's ``advantage_scale`` after the normalisation), the optimizer steps'
+    shares of the samples (``global_batch_size`` each when every episode gives one
+    sample), and which of them carry a gradient.
+
+    A share carries none when every advantage in it is 0 (all its groups' rewards are
+    equal) or no token of it is in the loss, and the loss has no term that acts without
+    an advantage (:func:`~trainer._losses.gradient_without_advantage`: a KL penalty or an
+    entropy bonus). Such an optimizer step is not run at all -- no forward, no backward,
+    no optimizer update (with AdamW a zero gradient would still move the weights by the
+    moments of earlier steps, and weight decay): it is the step a filter that drops
+    groups without signal would have left, for every backend (torch, megatron, the ranks
+    on Ray), since they are only called for the steps that run. The rollout step itself
+    goes on as usual: the weights are synced and their version is the step's, as after a
+    step whose batch the filters emptied, so staleness and resume count steps alike."""
     adv = compute_advantages(
         [s.reward for s in samples],
         [(s.group_id, s.role) for s in samples],
         config.advantage_estimator,
-    ) * torch.tensor([_advantage_scale(s) for s in samples])
-    metrics: dict[str, float] = await anyio.to_thread.run_sync(
-        _train, backend, samples, list(adv), config.num_steps_per_rollout, step
-    )
-    return metrics
+    ).double() * torch.tensor([_advantage_scale(s) for s in samples], dtype=torch.float64)
+    steps = config.num_steps_per_rollout
+    per = -(-len(samples) // steps)
+    bounds = range(0, len(samples), per)
+    parts = [samples[k : k + per] for k in bounds]
+    advantages = [adv[k : k + per] for k in bounds]
+    always = gradient_without_advantage(backend.loss_config)
+    live = [
+        j
+        for j, (part, a) in enumerate(zip(parts, advantages, strict=True))
+        if any((always or float(x) != 0.0) and _in_loss(s) for s, x in zip(part, a, strict=True))
+    ]
+    return TrainPlan(steps=steps, parts=parts, advantages=advantages, live=live)
+
+
+def _in_loss(sample: Sample) -> bool:
+    """Whether a token of ``sample`` is in the loss (its loss mask is not all 0)."""
+    return bool(sample.completion_ids) and (sample.loss_mask is None or any(sample.loss_mask))
 
 
 def _advantage_scale(sample: Sample) -> float:
@@ -288,31 +351,30 @@ async def _fill_then_set(
         done.set()
 
 
-def _train(
-    backend: Backend, samples: list[Sample], adv: list[float], steps: int, rollout_step: int
-) -> dict[str, float]:
-    """``steps`` optimizer steps on equal shares of ``samples`` (``global_batch_size``
-    each when every episode gives one sample); the last step's metrics. The learning rate
-    follows the planned steps (``steps`` per rollout step), also where filters left fewer
-    samples than ``steps`` or no batch at all for a rollout step."""
-    import torch
-
-    per = -(-len(samples) // steps)
-    advantages = torch.tensor(adv, dtype=torch.float64)
+def _train(backend: Backend, plan: TrainPlan, rollout_step: int) -> dict[str, float]:
+    """The optimizer steps of ``plan`` that carry a gradient, on a worker thread (the
+    event loop keeps serving the episodes still running); the last one's metrics. The
+    learning rate follows the planned steps (``plan.steps`` per rollout step), also where
+    filters left fewer samples than steps, steps were not run, or no batch came at all."""
+    use_torch_threads("trainer")  # this worker thread's torch threads, chosen once
+    samples = [s for j in plan.live for s in plan.parts[j]]
     # Several steps per rollout: the old policy is the one before the first update, so
     # its log-probs are taken first (one step: train_step does it with its own
     # micro-batches, which makes the ratio exactly 1 on fresh on-policy data).
-    old = backend.logprobs(samples) if len(samples) > per else None
+    old = backend.logprobs(samples) if len(plan.live) > 1 else None
     ref = backend.logprobs(samples, reference=True) if backend.reference else None
     metrics: dict[str, float] = {}
-    for j, k in enumerate(range(0, len(samples), per)):
+    k = 0
+    for j in plan.live:
+        n = len(plan.parts[j])
         part = backend.train_step(
-            samples[k : k + per],
-            advantages[k : k + per],
-            old_logprobs=old[k : k + per] if old is not None else None,
-            ref_logprobs=ref[k : k + per] if ref is not None else None,
-            lr_step=rollout_step * steps + j,
+            plan.parts[j],
+            plan.advantages[j],
+            old_logprobs=old[k : k + n] if old is not None else None,
+            ref_logprobs=ref[k : k + n] if ref is not None else None,
+            lr_step=rollout_step * plan.steps + j,
         )
+        k += n
         for name, value in part.items():
             metrics[f"train/{name}" if "/" not in name else name] = value
     return metrics
@@ -345,6 +407,8 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         # a version of the trainer's, e.g. an engine that never got the trainer's weights).
         "rollout/weight_version_min": float(min(versions)) if versions else -1.0,
         "perf/rollout_tokens_per_s": rounds.completion_tokens / gen if gen > 0 else 0.0,
+        # Games: per-role reward, win/draw/loss and invalid-move rates of the batch.
+        **game_metrics(samples),
     }
 
 
@@ -353,19 +417,33 @@ def _reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_memory(device: torch.device) -> dict[str, float]:
-    """The step's peak memory, the whole process's (trainer and embedded engine): on CUDA
-    the trainer's GPU's most allocated and reserved bytes since the step began; on CPU
-    the process's peak resident set so far (the OS cannot reset it per step)."""
-    if device.type == "cuda":
-        return {
-            "perf/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-            "perf/peak_memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
-        }
-    import resource
+#: The peak resident set of the run's processes (GiB); per role under ``RSS/ROLE``.
+RSS = "perf/peak_rss_gib"
 
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
-    return {"perf/peak_rss_gib": kib / 2**20}
+
+def _peak_memory(
+    device: torch.device, metrics: dict[str, float], peaks: dict[str, float] | None = None
+) -> dict[str, float]:
+    """The step's peak memory. On CUDA the trainer's GPU's most allocated and reserved
+    bytes since the step began (this process: trainer and embedded engine). On every
+    device the peak resident set so far (the OS keeps one per process, never reset) of
+    each process of the run, largest per role: ``RSS/driver`` (this process: the loop,
+    and the trainer and embedded engine when they run here), and what the step's
+    ``metrics`` bring from the processes on Ray -- ``RSS/trainer_ranks``,
+    ``RSS/engines`` (each engine actor and its server's processes),
+    ``RSS/rollout_workers``; ``RSS`` is the largest of them all. ``peaks`` (updated)
+    carries each role's over the steps: a role reports with the steps it works in (the
+    ranks with those that train), and its peak so far stays the same in between."""
+    out: dict[str, float] = {}
+    if device.type == "cuda":
+        out["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["perf/peak_memory_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    peaks = {} if peaks is None else peaks
+    now = {k: v for k, v in metrics.items() if k.startswith(RSS + "/")}
+    now[RSS + "/driver"] = peak_rss_gib()
+    for role, gib in now.items():
+        peaks[role] = max(peaks.get(role, 0.0), gib)
+    return {**out, **peaks, RSS: max(peaks.values())}
 
 
 def _zero_std_fraction(samples: list[Sample]) -> float:

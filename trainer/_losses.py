@@ -25,6 +25,7 @@ __all__ = [
     "AGGREGATIONS",
     "KL_TYPES",
     "LossConfig",
+    "gradient_without_advantage",
     "kl_estimate",
     "logprob_temperature",
     "policy_loss",
@@ -81,6 +82,14 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.
         kl = torch.exp(log_ratio) - log_ratio - 1
         return kl.clamp(-10, 10) if kind == "low_var_kl" else kl
     raise ConfigError(f"unknown KL type {kind!r}; valid: {', '.join(KL_TYPES)}")
+
+
+def gradient_without_advantage(config: LossConfig) -> bool:
+    """Whether :func:`policy_loss` has a gradient on a token whose advantage is 0: only
+    through a term besides the policy gradient -- the KL to the reference
+    (``kl_coef > 0``) or the entropy bonus (``entropy_coef > 0``). Without one, a step whose
+    advantages are all 0 changes nothing: the loop does not run it."""
+    return config.kl_coef > 0 or config.entropy_coef > 0
 
 
 def policy_loss(

@@ -19,19 +19,28 @@ from typing import Any
 import anyio
 
 from agentenv import (
+    AgentEnvError,
     Completion,
     ConfigError,
     Environment,
+    Limits,
     RolloutConfig,
+    RolloutStats,
     Sample,
     SamplingParams,
     Task,
+    TextGenerator,
     Tokenizer,
     run_rollouts,
 )
 from agentenv.buffer import Buffer
 
-__all__ = ["Producer", "RoundStats", "TaskStream", "policy_capacity"]
+__all__ = ["FailedRoundsError", "Producer", "RoundStats", "TaskStream", "policy_capacity"]
+
+
+class FailedRoundsError(AgentEnvError):
+    """``max_failed_rounds`` rounds in a row failed every sample: the run stops, naming
+    the commonest reasons, rather than replaying them."""
 
 
 def policy_capacity(policy: Any) -> int | None:
@@ -114,9 +123,19 @@ class Producer:
         concurrency: int,
         seed: int,
         max_rounds: int = 8,
+        max_failed_rounds: int = 3,
+        episode_timeout: float | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         players: Any = None,
     ) -> None:
+        if isinstance(policy, TextGenerator):
+            raise ConfigError(
+                f"{type(policy).__name__} is a text-level model (an OpenAI-compatible chat "
+                "API): its samples are its replies re-tokenized here, not the tokens it "
+                "sampled, and carry no log-probs, so no gradient can be computed from them. "
+                "Evaluate it (agentenv eval --model openai:URL); train with the embedded "
+                "engine, agentenv serve or an SGLang server"
+            )
         self.env, self.stream, self.tokenizer = env, stream, tokenizer
         self.policy = _InFlight(policy, self)
         self.buffer = buffer
@@ -126,6 +145,9 @@ class Producer:
         self.concurrency = concurrency
         self.seed = seed
         self.max_rounds = max_rounds
+        self.max_failed_rounds = max_failed_rounds
+        self._failed_rounds = 0  # rounds in a row in which every sample failed
+        self.limits = Limits(timeout_s=episode_timeout)
         self.chat_template_kwargs: Mapping[str, Any] = chat_template_kwargs or {}
         # Rollout workers (trainer.distributed.RolloutWorkers) that play the rounds and put
         # their groups into the Buffer themselves; None: the rounds run here.
@@ -176,6 +198,7 @@ class Producer:
             concurrency=self.concurrency,
             seed=seed,
             chat_template_kwargs=self.chat_template_kwargs,
+            limits=self.limits,
             progress=False,
         )
         try:
@@ -203,7 +226,26 @@ class Producer:
         s.completion_tokens += result.completion_tokens
         s.failed += sum(result.failed.values())
         s.rewards.extend(result.rewards)
+        self._count_failed(result)
         return round_sink.put
+
+    def _count_failed(self, result: RolloutStats) -> None:
+        """Stop the run after ``max_failed_rounds`` rounds in a row failed every sample:
+        such a round keeps no group, so the rounds of a step (and every later step) would
+        replay it -- the same failing requests -- without end."""
+        if not result.all_failed:
+            if result.samples:
+                self._failed_rounds = 0
+            return
+        self._failed_rounds += 1
+        if self._failed_rounds < self.max_failed_rounds:
+            return
+        reasons = "; ".join(f"{reason} (x{n})" for reason, n in result.top_failures(3))
+        raise FailedRoundsError(
+            f"{self._failed_rounds} rounds in a row failed every sample; the last round's "
+            f"commonest reasons: {reasons}. Fix their cause (e.g. the reward service, the "
+            "environment), or allow more such rounds with --max-failed-rounds"
+        )
 
     async def fill(self, step: int, groups: int) -> None:
         """Play rounds until the kept groups of ``groups`` prompts are ready (at most

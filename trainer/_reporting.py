@@ -8,10 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentenv import ConfigError
+
 if TYPE_CHECKING:
     from trainer._config import TrainConfig
 
-__all__ = ["Reporter", "plot", "summary"]
+__all__ = ["Reporter", "completed", "plot", "record", "summary"]
+
+#: Where a run records its result, once complete (``SAVE/summary.json``).
+SUMMARY = "summary.json"
 
 
 class Reporter:
@@ -49,8 +54,11 @@ class Reporter:
             f"rollout {m['time_rollout_s']:.1f}s  train {m['time_train_s']:.1f}s  "
             f"sync {m['time_sync_s']:.2f}s"
         )
-        # All groups with equal rewards: every advantage is 0 and the step learns nothing.
+        # All groups with equal rewards: every advantage is 0 and the step learns nothing;
+        # without a KL or entropy term its optimizer steps were not run at all.
         flat = "  no signal: every group's rewards are equal" if _no_signal(m) else ""
+        if m.get("train/skipped_no_gradient", 0.0) > 0:
+            flat += f"  (training skipped: {int(m['train/skipped_no_gradient'])} step(s))"
         if self.bar is not None:
             self.bar.n = step + 1
             self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}{flat}")
@@ -158,3 +166,52 @@ def summary(
         "wall_s": round(wall_s, 1),
         "plot": plot,
     }
+
+
+def record(config: TrainConfig, result: dict[str, Any]) -> None:
+    """``result`` (the summary) into ``SAVE/summary.json``, atomically: the run is complete."""
+    save = config.checkpoint.save
+    if save is None:
+        return
+    tmp = save / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(save / SUMMARY)
+
+
+def completed(config: TrainConfig) -> dict[str, Any] | None:
+    """The recorded result of the run in ``--save`` if it is complete for ``config`` (it
+    trained ``--num-rollout`` steps or more), after saying so; ``None``: there is work to
+    do (no run there, or one that stopped early or is asked for more steps)."""
+    save = config.checkpoint.save
+    if save is None:
+        return None
+    path = save / SUMMARY
+    try:
+        result: dict[str, Any] = json.loads(path.read_text())
+        steps = int(result["steps"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{str(path)!r} does not hold a run's result ({e}): remove it, or pass another "
+            "--save for a new run"
+        ) from None
+    want = config.rollout.num_rollout
+    if steps < want:
+        if not (save / "checkpoint" / "checkpoint.json").is_file():
+            raise ConfigError(
+                f"the run in {str(save)!r} completed {steps} steps and kept no checkpoint "
+                f"to continue from (--keep-checkpoints 0): it cannot train on to {want}; "
+                "pass another --save for a new run"
+            )
+        return None
+    before, after = result.get("eval_reward_before"), result.get("eval_reward_after")
+    held_out = f"; held-out reward {before} -> {after}" if after is not None else ""
+    print(
+        f"the run in {save} is complete: {steps} steps trained{held_out}; nothing to do "
+        f"(its result: {path}). A larger --num-rollout continues it; another --save "
+        "starts a new run.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result

@@ -5,7 +5,8 @@ runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import pydantic
@@ -54,6 +55,9 @@ class GRPOConfig(Group):
     it launches or is pointed at); ``max_rounds``, rounds per step at most while filters
     drop groups (``sync`` and ``one_step_off`` then train on the groups they have;
     ``async`` stops with an error after that many rounds in a row keep nothing).
+    ``max_failed_rounds``: a round in which every sample failed (a reward service that is
+    down, an environment that always raises) is not replayed without end: after that many
+    in a row, on any schedule, the run stops with an error naming the commonest reasons.
     ``filters`` takes group filters (``RewardStdFilter()``) or their ``module:name``.
     """
 
@@ -104,11 +108,70 @@ class GRPOConfig(Group):
         metavar="FUNCTION",
     )  # fmt: skip
     max_rounds: int = setting(None, 8, "rounds per step at most while filters drop groups", ge=1)
+    max_failed_rounds: int = setting(
+        "--max-failed-rounds", 3, "stop the run with the failures' reasons after this many "
+        "rounds in a row in which every sample failed", ge=1,
+    )  # fmt: skip
+    episode_timeout: float | None = setting(
+        "--episode-timeout", 600.0, "seconds an episode may take (its rewards included) "
+        "before it fails as a sample naming the timeout, as in agentenv eval", gt=0,
+    )  # fmt: skip
     shuffle: bool = setting("--rollout-shuffle", True, "reshuffle the tasks at each pass")
     chat_template_kwargs: dict[str, Any] = setting(
         "--apply-chat-template-kwargs", default_factory=dict,
         doc='JSON object of chat-template arguments, e.g. {"enable_thinking": false}',
     )  # fmt: skip
+
+    # The fields of ``sampling`` given explicitly (flags, a config file, Python): they win
+    # over the environment's ``sampling`` attribute (:meth:`for_env`), which is laid over
+    # the rest once (a resolved config is not resolved, nor warned about, again).
+    _sampling_given: frozenset[str] = pydantic.PrivateAttr(default=frozenset())
+    _sampling_resolved: bool = pydantic.PrivateAttr(default=False)
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _remember_given_sampling(cls, data: Any, handler: Any) -> Any:
+        config = handler(data)
+        given = data.get("sampling") if isinstance(data, Mapping) else None
+        if isinstance(given, Mapping):
+            config._sampling_given = frozenset(given)
+        elif isinstance(given, SamplingParams):  # a whole record: every field of it
+            config._sampling_given = frozenset(f.name for f in dataclasses.fields(given))
+        return config
+
+    @property
+    def sampling_given(self) -> frozenset[str]:
+        """The fields of :attr:`sampling` given explicitly (the rest are defaults)."""
+        return self._sampling_given
+
+    def for_env(self, env: Any) -> GRPOConfig:
+        """This config with ``env``'s ``sampling`` attribute in place of the sampling
+        fields not given explicitly (:func:`agentenv.resolve_sampling`: what was given
+        wins, and a disagreement is logged naming both values); the same config once
+        resolved."""
+        if self._sampling_resolved:
+            return self
+        from agentenv import resolve_sampling
+
+        sub = GRPOConfig.model_fields["sampling"].json_schema_extra
+        flags = sub.get("sub", {}) if isinstance(sub, dict) else {}
+        given = {}
+        for field in self._sampling_given:
+            pair = flags.get(field) if isinstance(flags, dict) else None
+            name = pair[0] if isinstance(pair, list) else f"sampling.{field}"
+            given[field] = f"{name} {getattr(self.sampling, field)}"
+        out = self.model_copy(update={"sampling": resolve_sampling(env, self.sampling, given)})
+        out._sampling_resolved = True
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        # Equal settings are equal configs, however they were given (a config file
+        # written from one gives every field).
+        if not isinstance(other, GRPOConfig):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = Group.__hash__
 
     @pydantic.field_validator("filters", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -71,7 +72,9 @@ def load_tasks(config: TrainConfig) -> RunTasks:
         if data.prompt_data is not None:
             from agentenv import read_prompt_data
 
-            rows = read_prompt_data(data.prompt_data, **keys)
+            rows = read_prompt_data(
+                data.prompt_data, **keys, check_rm_type=data.custom_rm_path is None
+            )
             for problem in rows.skipped:
                 log.warning("%s; skipped", problem)
             train, skipped = rows.tasks, rows.skipped
@@ -108,11 +111,22 @@ def place_run(config: TrainConfig) -> Placed | None:
     config.uses_ray``; Ray is then not imported)."""
     if not config.uses_ray:
         return None
-    from trainer.distributed import Placement, connect
+    from trainer.distributed import Placement, check_worker_room, connect
 
     placement = Placement.from_config(config)
-    ray = connect(config.placement.ray_address, num_cpus=placement.num_bundles + 1)
-    return placement.place(ray, timeout=config.placement.placement_timeout)
+    p = config.placement
+    workers = math.ceil(p.rollout_num_workers * p.rollout_num_cpus_per_worker)
+    # A cluster started for this run (local) has room for the bundles, the driver and
+    # the rollout workers whatever the cores; a running one is checked before anything
+    # is placed or loaded.
+    ray = connect(p.ray_address, num_cpus=placement.num_bundles + 1 + workers)
+    if p.rollout_num_workers:
+        check_worker_room(
+            ray, num_workers=p.rollout_num_workers, num_cpus=p.rollout_num_cpus_per_worker,
+            resources={p.rollout_worker_resource: 1.0} if p.rollout_worker_resource else None,
+            reserved={k: v * placement.num_bundles for k, v in placement.bundle.items()},
+        )  # fmt: skip
+    return placement.place(ray, timeout=p.placement_timeout)
 
 
 def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
@@ -247,6 +261,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     was found, (``--backend megatron``) megatron's parallel layout as the backend reads it
     and (on Ray) the placement it will ask for."""
     tasks = load_tasks(config)
+    config = config.for_env(tasks.env)  # what will run: the environment's sampling included
     source = _load_source(config)
     out: dict[str, Any] = {
         "config": config.model_dump(mode="json"),
@@ -258,6 +273,9 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         },
     }
     out["resolved"] = resolved_defaults(config)
+    # The environment's own sampling defaults the run takes (the flags given win over them).
+    own = getattr(tasks.env, "sampling", None) or {}
+    out["env_sampling"] = {k: v for k, v in own.items() if k not in config.rollout.sampling_given}
     if config.parallel.backend == "megatron":  # its own flags, as the backend reads them
         out["megatron"] = dataclasses.asdict(config.parallel.megatron_parallel())
     if config.uses_ray:  # what the run will ask the cluster for (nothing is placed here)

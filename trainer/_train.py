@@ -19,11 +19,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
     checkpoint), evaluate again, save the model. Returns the summary (rewards before and
     after, timings). Everything that can be checked without a model is checked before
     one loads."""
+    import shutil
+
     import anyio
 
     from trainer._evaluation import Evaluator
     from trainer._loop import run_grpo
-    from trainer._reporting import Reporter, plot, summary
+    from trainer._reporting import Reporter, completed, plot, record, summary
     from trainer._servers import (
         engine_dtypes,
         engine_hooks,
@@ -41,7 +43,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
         weights_dir,
     )
 
+    done = completed(config)  # a complete run says so and does nothing again
+    if done is not None:
+        return done
     tasks = load_tasks(config)
+    config = config.for_env(tasks.env)  # the environment's sampling, the flags winning
     tokenizer = load_tokenizer(config)
     checkpoint, resuming = checkpoint_dir(config)
     started = time.perf_counter()
@@ -63,6 +69,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 config.rollout.model_copy(update={"concurrency": n}), sync=sync,
                 on_step=report, checkpoint=checkpoint,
                 save_interval=config.checkpoint.save_interval,
+                keep_checkpoints=config.checkpoint.keep_checkpoints,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
                 hooks=engine_hooks(config, policy),
                 workers=rollout_workers(config, tokenizer, policy, n), on_batch=report.batch,
@@ -75,14 +82,35 @@ def train(config: TrainConfig) -> dict[str, Any]:
         with weights_dir(config) as weights:
             before, after, history = anyio.run(run, weights)
         if config.checkpoint.save is not None:
-            backend.save_hf(config.checkpoint.save / "model")
+            save_model(backend, config, checkpoint)
     finally:
         report.close()
         if placed is not None:  # the ranks end, the bundles go back
             getattr(backend, "close", lambda: None)()
             placed.release()
-    return summary(
+    result = summary(
         config, history, precision=precision_name(backend), eval_tasks=len(tasks.held_out),
         before=before, after=after, wall_s=time.perf_counter() - started,
         plot=plot(config, history, before, after),
     )  # fmt: skip
+    record(config, result)
+    if checkpoint is not None and config.checkpoint.keep_checkpoints == 0:
+        # Complete, its model saved and its result recorded: no resume will need it.
+        shutil.rmtree(checkpoint)
+    return result
+
+
+def save_model(backend: Any, config: TrainConfig, checkpoint: Path | None) -> None:
+    """The trained model into ``SAVE/model``, replaced atomically: hard links to the last
+    checkpoint's model when that is of the last step (the same weights: the run then
+    holds them once on disk), else the backend's export."""
+    from trainer._checkpoints import link_model
+    from trainer._files import replace_dir
+
+    assert config.checkpoint.save is not None
+    target = config.checkpoint.save / "model"
+    last = config.rollout.num_rollout - 1
+    if checkpoint is not None and link_model(checkpoint, target, last):
+        return
+    with replace_dir(target) as tmp:
+        backend.save_hf(tmp)

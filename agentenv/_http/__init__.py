@@ -27,6 +27,11 @@ server (:class:`HTTPServer`) has:
 - timeouts: idle connections close after ``keepalive_timeout``, a request head must
   arrive within ``head_timeout`` of its first byte and a body within
   ``request_timeout`` (408);
+- a per-client limit (``client_limit``, :class:`ClientLimit`): requests of one client in
+  flight at once, counted from the head (429 beyond, unread), so one client sending
+  heads and half bodies cannot take every connection;
+- JSON bodies (``Request.json``, :func:`decode_json`) nested at most
+  :data:`MAX_JSON_DEPTH` deep (400 beyond, never a RecursionError);
 - graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 
@@ -49,6 +54,7 @@ connection pool (a fraction of httpx's default per-request cost). ::
 from typing import TYPE_CHECKING, Any
 
 from agentenv._http._api import (
+    MAX_JSON_DEPTH,
     Guard,
     Handler,
     HTTPError,
@@ -56,16 +62,20 @@ from agentenv._http._api import (
     Response,
     Router,
     StreamingResponse,
+    decode_json,
     sse,
 )
 from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
 from agentenv._http._client import HTTPTransport, RawResponse, async_client
-from agentenv._http._limits import raise_open_file_limit
+from agentenv._http._limits import MAX_BODY_BYTES, ClientLimit, raise_open_file_limit
 
 if TYPE_CHECKING:
     from agentenv._http._server import HTTPServer
 
 __all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_JSON_DEPTH",
+    "ClientLimit",
     "Guard",
     "HTTPError",
     "HTTPServer",
@@ -79,6 +89,7 @@ __all__ = [
     "api_key_guard",
     "async_client",
     "check_api_key",
+    "decode_json",
     "raise_open_file_limit",
     "sse",
     "warn_if_open",

@@ -13,6 +13,7 @@ from typing import Any
 from agentenv._errors import AgentEnvError, ConfigError
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "Guard",
     "HTTPError",
     "Handler",
@@ -20,6 +21,7 @@ __all__ = [
     "Response",
     "Router",
     "StreamingResponse",
+    "decode_json",
     "sse",
 ]
 
@@ -34,19 +36,67 @@ class HTTPError(AgentEnvError):
         *,
         type: str | None = None,
         headers: list[tuple[str, str]] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type or _phrase(status).replace(" ", "")
         self.headers = headers or []
+        self.code = code  # a machine-readable reason (OpenAI's ``code``), when there is one
 
     def to_response(self) -> Response:
-        return Response.json(
-            {"error": {"type": self.type, "message": self.message}},
-            status=self.status,
-            headers=self.headers,
-        )
+        error = {"type": self.type, "message": self.message}
+        if self.code is not None:
+            error["code"] = self.code
+        return Response.json({"error": error}, status=self.status, headers=self.headers)
+
+
+MAX_JSON_DEPTH = 128
+"""Arrays and objects nested in a request body, at most. Code that walks a decoded body
+recursively (schema checks, chat templates, ``json.dumps``) fails near Python's recursion
+limit (~1,000 frames, shared with the caller's), so deeper bodies are refused up front;
+real bodies (JSON Schemas of tools included) nest a few dozen levels at most."""
+
+
+def decode_json(body: bytes | str) -> Any:
+    """``body`` decoded; ValueError naming the problem when it is not JSON or nests
+    deeper than :data:`MAX_JSON_DEPTH` (never RecursionError)."""
+    try:
+        data = json.loads(body)
+    except RecursionError:  # the C decoder's own guard, deep below any usable depth
+        raise ValueError(_too_deep()) from None
+    # Nesting needs brackets: a body with fewer than the bound cannot exceed it, and
+    # counting them (C speed) spares most bodies the walk.
+    raw = body.encode() if isinstance(body, str) else body
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > MAX_JSON_DEPTH and _deeper_than(data, MAX_JSON_DEPTH):
+        raise ValueError(_too_deep())
+    return data
+
+
+def _too_deep() -> str:
+    return (
+        f"it nests arrays and objects deeper than {MAX_JSON_DEPTH} levels, the most "
+        "this server takes; send a flatter body"
+    )
+
+
+def _deeper_than(data: Any, limit: int) -> bool:
+    """Whether ``data`` nests containers more than ``limit`` deep (a level-by-level walk,
+    no recursion)."""
+    level = [data] if isinstance(data, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for item in level:
+            values = item.values() if isinstance(item, dict) else item
+            below.extend(v for v in values if isinstance(v, dict | list))
+        level = below
+    return False
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,10 +112,11 @@ class Request:
     client: tuple[str, int] | None = None
 
     def json(self) -> Any:
-        """The body as JSON; :class:`HTTPError` 400 when it is not."""
+        """The body as JSON; :class:`HTTPError` 400 when it is not, or when it nests
+        deeper than :data:`MAX_JSON_DEPTH`."""
         try:
-            return json.loads(self.body)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            return decode_json(self.body)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too deep
             raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
 
 

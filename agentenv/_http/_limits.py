@@ -24,6 +24,7 @@ descriptor held for the purpose is given up for a moment to accept the client an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import http
 import json
@@ -31,11 +32,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
+
+from agentenv._errors import ConfigError
+from agentenv._http._api import HTTPError
 
 __all__ = [
     "DEFAULT_RESERVE",
+    "MAX_BODY_BYTES",
+    "ClientLimit",
     "Slots",
     "default_max_connections",
     "open_file_limit",
@@ -45,6 +51,7 @@ __all__ = [
 log = logging.getLogger("agentenv.http")
 
 DEFAULT_RESERVE = 8  # connections beyond the cap, for health probes
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a request body, at most, unless the server says otherwise
 _MAX_DEFAULT = 8192  # a default cap above this buys little and costs memory per connection
 
 Admission = Literal["serve", "probe", "refuse"]
@@ -80,6 +87,58 @@ def default_max_connections(limit: int | None = None) -> int:
     of what is left after 64 for files, pipes and libraries; between 16 and 8,192."""
     soft = open_file_limit() if limit is None else limit
     return max(16, min(_MAX_DEFAULT, (soft - 64) * 3 // 4))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientLimit:
+    """At most ``max_requests`` requests of one client in flight at once (from its head
+    to its answer, body included), so one client cannot take every connection.
+
+    ``client(method, path, headers)`` names a request's client from its head (``None``:
+    not counted), or raises :class:`~agentenv._http.HTTPError` to refuse the request
+    unread. A request beyond the limit is answered 429 before its body is read, and its
+    connection is closed; ``hint`` (in that answer) says how to raise the limit.
+    """
+
+    client: Callable[[str, str, Mapping[str, str]], str | None]
+    max_requests: int
+    hint: str = ""
+
+
+class InFlight:
+    """Requests in flight per client, against a :class:`ClientLimit`."""
+
+    def __init__(self, limit: ClientLimit) -> None:
+        if limit.max_requests < 1:
+            raise ConfigError(
+                f"max_requests per client must be at least 1, got {limit.max_requests}"
+            )
+        self.limit = limit
+        self.counts: dict[str, int] = {}
+
+    def take(self, method: str, path: str, headers: Mapping[str, str]) -> str | None:
+        """Count a request whose head is read: its client (give it back with
+        :meth:`give`), or None when not counted; HTTPError 429 beyond the limit."""
+        client = self.limit.client(method, path, headers)
+        if client is None:
+            return None
+        n = self.counts.get(client, 0)
+        if n >= self.limit.max_requests:
+            hint = f"; {self.limit.hint}" if self.limit.hint else ""
+            raise HTTPError(
+                429,
+                f"this client already has {n} requests in flight, the most one client may "
+                f"have at once; wait for their answers before sending more{hint}",
+                type="TooManyRequests",
+                headers=[("retry-after", "1")],
+            )
+        self.counts[client] = n + 1
+        return client
+
+    def give(self, client: str) -> None:
+        n = self.counts.pop(client, 0) - 1
+        if n > 0:
+            self.counts[client] = n
 
 
 def raw_error(

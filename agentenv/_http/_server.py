@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import socket
+from collections.abc import Mapping
 from typing import Any, cast
 
 import anyio
@@ -35,7 +36,14 @@ from agentenv._http._api import (
     check_header,
 )
 from agentenv._http._connection import Connection, Connections
-from agentenv._http._limits import DEFAULT_RESERVE, Slots, default_max_connections
+from agentenv._http._limits import (
+    DEFAULT_RESERVE,
+    MAX_BODY_BYTES,
+    ClientLimit,
+    InFlight,
+    Slots,
+    default_max_connections,
+)
 
 __all__ = ["HTTPServer"]
 
@@ -79,6 +87,11 @@ class HTTPServer:
         reserve_connections: connections beyond the cap that only answer probe routes
             (health checks), so that a saturated server still says it is alive; a
             request is known to be a probe once its head is read.
+        client_limit: requests in flight per client, at most (see
+            :class:`~agentenv._http._limits.ClientLimit`): one client sending heads and
+            half bodies cannot take every connection.
+        hints: how a user raises a limit, by setting name (``"max_body_bytes"``,
+            ``"request_timeout"``), said in the answer that limit gives.
     """
 
     def __init__(
@@ -88,7 +101,7 @@ class HTTPServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_header_bytes: int = 64 * 1024,
-        max_body_bytes: int = 64 * 1024 * 1024,
+        max_body_bytes: int = MAX_BODY_BYTES,
         keepalive_timeout: float = 10.0,
         head_timeout: float = 10.0,
         request_timeout: float = 60.0,
@@ -96,6 +109,8 @@ class HTTPServer:
         guard: Guard | None = None,
         max_connections: int | None = None,
         reserve_connections: int = DEFAULT_RESERVE,
+        client_limit: ClientLimit | None = None,
+        hints: Mapping[str, str] | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {port}")
@@ -132,6 +147,9 @@ class HTTPServer:
         self.guard = guard
         self.max_connections = max_connections
         self._slots = Slots(max_connections, reserve_connections)
+        self._in_flight = InFlight(client_limit) if client_limit is not None else None
+        self._clients: dict[asyncio.Task[Any], str] = {}  # requests counted in _in_flight
+        self._hints = dict(hints or {})
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
         self._manager: web.Server | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -328,6 +346,9 @@ class HTTPServer:
             return await _respond(raw, answer, keep)
         finally:
             self._tasks.discard(task)
+            client = self._clients.pop(task, None)
+            if client is not None and self._in_flight is not None:
+                self._in_flight.give(client)
             conn.end()
 
     async def _answer(
@@ -405,9 +426,15 @@ class HTTPServer:
         if n > self.max_body_bytes:
             raise HTTPError(
                 413,
-                f"the request body is {n} bytes; this server takes at most {self.max_body_bytes}",
+                f"the request body is {n} bytes; this server takes at most "
+                f"{self.max_body_bytes}{self._hint('max_body_bytes')}",
                 type="ContentTooLarge",
             )
+        if self._in_flight is not None:  # counted before its body is waited for
+            client = self._in_flight.take(method, path, headers)
+            task = asyncio.current_task()
+            if client is not None and task is not None:
+                self._clients[task] = client
         body = b""
         if n:
             if headers.get("expect", "").lower() == "100-continue":
@@ -416,7 +443,11 @@ class HTTPServer:
                 with anyio.fail_after(self.request_timeout):
                     body = await raw.content.readexactly(n)
             except TimeoutError:
-                raise HTTPError(408, "the request took too long to arrive") from None
+                raise HTTPError(
+                    408,
+                    f"the request body took over {self.request_timeout:g} s to arrive"
+                    f"{self._hint('request_timeout')}",
+                ) from None
             except (asyncio.IncompleteReadError, ConnectionError, OSError):
                 return None
         peer = conn.peername
@@ -429,6 +460,10 @@ class HTTPServer:
             f"HTTP/{version.major}.{version.minor}",
             peer if isinstance(peer, tuple) and len(peer) == 2 else None,
         )
+
+    def _hint(self, setting: str) -> str:
+        hint = self._hints.get(setting)
+        return f" ({hint})" if hint else ""
 
     async def _long_poll(
         self, handler: Handler, request: Request, conn: Connection

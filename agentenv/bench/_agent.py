@@ -1,5 +1,6 @@
 """``agentenv bench agent``: chat-completion calls per second through the per-episode
-endpoint, and what a call costs over ``episode.generate`` directly.
+endpoint, and what a call costs over ``episode.generate`` directly; and the same for
+Anthropic's Messages API (``/v1/messages``) on the same endpoint.
 
 Both sides play the same episodes with the scripted model on one CPU core (client,
 server and runner share one event loop): a conversation of ``--calls`` model turns, each
@@ -11,8 +12,10 @@ over loopback HTTP with a lean keep-alive client (agentenv's ``HTTPTransport``; 
 difference of the two times per call. The agents run in the endpoint's process (the
 numbers an :class:`AgentEnv` sees), and again in a process of their own on the other core
 (the endpoint's own cost: its core runs only the runner, the server and the episodes).
-For scale it also times the bare HTTP round trip: a no-op handler on the same server,
-posted to by the same client::
+The same in-process agents also post Anthropic Messages calls (``messages_*``: the same
+conversation as ``system`` and ``user``/``assistant`` messages). For scale it also times
+the bare HTTP round trip: a no-op handler on the same server, posted to by the same
+client::
 
     agentenv bench agent [--quick] [--json]
 """
@@ -44,29 +47,42 @@ __all__ = ["add_parser", "bench"]
 
 SYSTEM = "You are a terse assistant."
 _HEADERS = {"content-type": "application/json"}
+_MAX_TOKENS = 1024  # Anthropic's required max_tokens, as an agent sends it
 
 
 def _reply(ctx: Any) -> str:
     return "Noted."
 
 
-async def _agent(transport: HTTPTransport, base_url: str, task_id: str, calls: int) -> str:
-    """The benchmark's agent: ``calls`` chat completions, one user message more each."""
+async def _agent(
+    transport: HTTPTransport, base_url: str, task_id: str, calls: int, api: str = "chat"
+) -> str:
+    """The benchmark's agent: ``calls`` chat completions (``api="messages"``: Anthropic
+    Messages calls), one user message more each."""
     url = urllib.parse.urlsplit(base_url)
-    host, port, target = url.hostname or "", url.port or 80, f"{url.path}/chat/completions"
-    messages: list[Any] = [{"role": "system", "content": SYSTEM}]
+    route = "/messages" if api == "messages" else "/chat/completions"
+    host, port, target = url.hostname or "", url.port or 80, f"{url.path}{route}"
+    messages: list[Any] = [] if api == "messages" else [{"role": "system", "content": SYSTEM}]
     content = ""
     for i in range(calls):
         messages.append({"role": "user", "content": f"Item {i} of task {task_id}."})
-        body = json.dumps({"model": "policy", "messages": messages}).encode()
+        request: dict[str, Any] = {"model": "policy", "messages": messages}
+        if api == "messages":
+            request.update(system=SYSTEM, max_tokens=_MAX_TOKENS)
+        body = json.dumps(request).encode()
         r = await transport.fetch(
             "POST", host, port, target, _HEADERS, body, connect_timeout=10, timeout=60
         )
         if r.status_code != 200:
             raise RuntimeError(f"the endpoint answered {r.status_code}: {r.text[:200]}")
-        message = r.json()["choices"][0]["message"]
-        messages.append(message)
-        content = message["content"]
+        if api == "messages":
+            blocks = r.json()["content"]
+            messages.append({"role": "assistant", "content": blocks})
+            content = "".join(b["text"] for b in blocks if b["type"] == "text")
+        else:
+            message = r.json()["choices"][0]["message"]
+            messages.append(message)
+            content = message["content"]
     return str(content)
 
 
@@ -76,11 +92,12 @@ class _EndpointEnv(AgentEnv):
     rubric = Rubric()
     client_kind = "base_url"
     calls: int = 4
+    api: str = "chat"
     transport: HTTPTransport | None = None
 
     async def run_agent(self, task: Task, client: Any) -> str:
         assert self.transport is not None
-        return await _agent(self.transport, client, task.id, self.calls)
+        return await _agent(self.transport, client, task.id, self.calls, self.api)
 
 
 class _SplitEnv(AgentEnv):
@@ -198,10 +215,12 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
     tok = ChatTokenizer.load("smollm2-135m")
     model = ScriptedModel(tok, _reply)
     endpoint_env, direct_env, split_env = _EndpointEnv(), _DirectEnv(), _SplitEnv()
-    endpoint_env.calls = direct_env.calls = split_env.calls = calls
+    messages_env = _EndpointEnv()
+    messages_env.api = "messages"
+    endpoint_env.calls = direct_env.calls = split_env.calls = messages_env.calls = calls
     total = episodes * calls
     inf = float("inf")
-    sides = ("endpoint", "split", "direct", "floor")
+    sides = ("endpoint", "split", "messages", "direct", "floor")
     best = {side: [inf, inf] for side in sides}
     floor_calls = max(1, total // concurrency) * concurrency
     driver = [sys.executable, "-m", "agentenv.bench._agent", "--driver", "--calls", str(calls)]
@@ -211,6 +230,7 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
 
     async def main() -> None:
         endpoint_env.transport = HTTPTransport(max_connections=concurrency)
+        messages_env.transport = HTTPTransport(max_connections=concurrency)
         async with (
             await anyio.open_process(driver, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc,
             anyio.create_task_group() as tg,
@@ -218,7 +238,12 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
             assert proc.stdin is not None and proc.stdout is not None
             split_env.send = proc.stdin.send
             tg.start_soon(split_env.listen, proc.stdout)
-            plays = (("endpoint", endpoint_env), ("split", split_env), ("direct", direct_env))
+            plays = (
+                ("endpoint", endpoint_env),
+                ("split", split_env),
+                ("messages", messages_env),
+                ("direct", direct_env),
+            )
             for _, env in plays:  # warm up
                 await _play(env, model, min(episodes, 64), concurrency)
             for _ in range(rounds):
@@ -227,11 +252,13 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
                 keep("floor", *await _http_floor(floor_calls, concurrency))
             await proc.stdin.aclose()
         await endpoint_env.transport.aclose()
+        await messages_env.transport.aclose()
 
     load = os.getloadavg()[0]
     anyio.run(main)
     (e_wall, e_cpu), (d_wall, d_cpu) = best["endpoint"], best["direct"]
     s_wall, s_cpu = best["split"]
+    m_wall, m_cpu = best["messages"]
     us = 1e6 / total
     return {
         "bench": "agent",
@@ -256,6 +283,12 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
         "split_overhead_us_per_call": round((s_wall - d_wall) * us, 1),
         "split_cpu_us_per_call": round(s_cpu * us, 1),
         "split_overhead_cpu_us_per_call": round((s_cpu - d_cpu) * us, 1),
+        # Anthropic's Messages API, the agents in the endpoint's process (as "endpoint_*").
+        "messages_calls_per_s": round(total / m_wall, 1),
+        "messages_us_per_call": round(m_wall * us, 1),
+        "messages_overhead_us_per_call": round((m_wall - d_wall) * us, 1),
+        "messages_cpu_us_per_call": round(m_cpu * us, 1),
+        "messages_overhead_cpu_us_per_call": round((m_cpu - d_cpu) * us, 1),
         "http_noop_us_per_call": round(best["floor"][0] / floor_calls * 1e6, 1),
         "http_noop_cpu_us_per_call": round(best["floor"][1] / floor_calls * 1e6, 1),
         "targets": {"calls_per_s": 2000, "overhead_us_per_call": 300},
@@ -265,6 +298,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
             "split_calls_per_s": total / s_wall >= 2000,
             "split_overhead_us_per_call": (s_wall - d_wall) * us <= 300,
             "split_overhead_cpu_us_per_call": (s_cpu - d_cpu) * us <= 300,
+            "messages_calls_per_s": total / m_wall >= 2000,
+            "messages_overhead_us_per_call": (m_wall - d_wall) * us <= 300,
         },
         "cpu": _pinned(),
         "loadavg_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
@@ -283,7 +318,8 @@ def _pinned() -> int | None:
 def add_parser(sub: Any) -> None:
     parser = bench_parser(
         sub, "agent",
-        help="chat-completion calls/s through the per-episode endpoint, overhead per call",
+        help="chat-completion (and Anthropic messages) calls/s through the per-episode "
+        "endpoint, overhead per call",
         doc=__doc__, quick="fewer episodes (< 30 s)",
     )  # fmt: skip
     parser.add_argument(
@@ -317,7 +353,10 @@ def run(args: argparse.Namespace) -> int:
         f"µs/call (CPU {result['overhead_cpu_us_per_call']}); agents in another process: "
         f"{result['split_calls_per_s']:,.0f} calls/s, overhead "
         f"{result['split_overhead_us_per_call']} µs/call (CPU "
-        f"{result['split_overhead_cpu_us_per_call']}); a no-op HTTP call "
+        f"{result['split_overhead_cpu_us_per_call']}); Anthropic messages: "
+        f"{result['messages_calls_per_s']:,.0f} calls/s, overhead "
+        f"{result['messages_overhead_us_per_call']} µs/call (CPU "
+        f"{result['messages_overhead_cpu_us_per_call']}); a no-op HTTP call "
         f"{result['http_noop_us_per_call']} µs (CPU {result['http_noop_cpu_us_per_call']}); "
         f"load {result['loadavg_1m']}",
         file=sys.stderr,

@@ -17,7 +17,13 @@ import sys
 from collections.abc import Sequence
 
 from agentenv._errors import AgentEnvError
-from agentenv.cli._config import add_model_arguments, build_config, read_config_file
+from agentenv.cli._config import (
+    add_model_arguments,
+    build_config,
+    check_unknown_flags,
+    command_parser,
+    read_config_file,
+)
 from agentenv.cli._plugins import add_plugins
 
 __all__ = ["add_model_arguments", "add_plugins", "build_config", "main", "read_config_file"]
@@ -53,8 +59,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AgentEnvError as e:
             parser.error(str(e))
     args, extra = parser.parse_known_args(ours + argv[cut:])
-    if extra and not getattr(args, "megatron_passthrough", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    # A command that hands flags on (agentenv train: megatron's) names them lazily: the
+    # names may need heavy imports.
+    passthrough = getattr(args, "passthrough_flags", None)
+    if extra:
+        check_unknown_flags(
+            command_parser(parser, args), [a for a in extra if a in ours],
+            passthrough() if passthrough is not None else (),
+        )  # fmt: skip
+        if passthrough is None:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.megatron_args = extra  # e.g. agentenv train --backend megatron --sequence-parallel
     if (server_flags or router_flags) and not getattr(args, "sglang_passthrough", False):
         parser.error(

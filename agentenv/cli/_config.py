@@ -12,11 +12,13 @@ The parsed values are validated by the model, so a bad flag fails with the model
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 import sys
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -169,6 +171,73 @@ def build_config(model: type[M], namespace: argparse.Namespace) -> M:
             for err in e.errors()
         )
         _usage_error(problems)
+
+
+def command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub-)parser of the command ``args`` ran: ``agentenv bench engine``'s, not
+    ``agentenv``'s."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                return command_parser(action.choices[chosen], args)
+    return parser
+
+
+def check_unknown_flags(
+    parser: argparse.ArgumentParser, extra: Sequence[str], passthrough: Collection[str] = ()
+) -> None:
+    """Exit (status 2, argparse's way) naming each flag of ``extra`` -- what ``parser``
+    did not know -- that is not one of ``passthrough`` (flags handed on to another
+    program, e.g. megatron's), with the closest known flag: ``unknown flag --num-rolout;
+    did you mean --num-rollout?``. Close by spelling, else by the words of the flags'
+    help (``--learning-rate``: ``--lr``, the "peak learning rate")."""
+    known: dict[str, str] = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            known[option] = action.help or ""
+    known.update({flag: "" for flag in passthrough if flag not in known})
+    problems = []
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if not _is_flag(name) or name in passthrough:
+            continue
+        close = _close_flags(name, known)
+        hint = f"; did you mean {_either(close)}?" if close else ""
+        problems.append(f"unknown flag {name}{hint}")
+    if problems:
+        more = " (--help lists the flags)" if not any("did you mean" in p for p in problems) else ""
+        parser.error("; ".join(problems) + more)
+
+
+def _is_flag(token: str) -> bool:
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)  # a negative number is a value
+    except ValueError:
+        return True
+    return False
+
+
+def _close_flags(name: str, known: Mapping[str, str]) -> list[str]:
+    flags = [f for f in known if f.startswith("--")]
+    close = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+    if close:
+        return close
+    # Another library's name for a flag: every word of it in that flag's help, the
+    # shortest help (the flag that is about just that) first.
+    words = {w for w in re.split(r"[^a-z]+", name.lower()) if len(w) > 2}
+    if not words:
+        return []
+    found = [f for f in flags if words <= set(re.split(r"[^a-z]+", known[f].lower()))]
+    return sorted(found, key=lambda f: len(known[f]))[:3]
+
+
+def _either(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _usage_error(message: str) -> NoReturn:

@@ -25,12 +25,13 @@ from typing import Any, Literal
 import anyio
 import pydantic
 
-from agentenv._environment import Limits, Task
+from agentenv._environment import Limits, Task, resolve_sampling
 from agentenv._errors import ConfigError, ModelNotFoundError
 from agentenv._generator import SamplingParams
 from agentenv._policies import open_policy
 from agentenv._registry import load_environment
 from agentenv._runner import JsonlSink, ListSink, RolloutConfig, SampleSink, run_rollouts
+from agentenv._text_model import TextGenerator
 from agentenv.cli._config import add_model_arguments, build_config
 from agentenv.games import GameEnv, ModelPlayer, TallySink
 
@@ -45,7 +46,9 @@ class EvalConfig(pydantic.BaseModel):
     )
     model: str = pydantic.Field(
         description="http://host:port (SGLang or agentenv serve), a model name "
-        "(smollm2-135m) or HF directory (embedded engine), or scripted:<file.json|file.py>"
+        "(smollm2-135m) or HF directory (embedded engine), scripted:<file.json|file.py>, "
+        "or openai:<base url>[#<model>] (an OpenAI-compatible chat API such as vLLM or a "
+        "hosted one: text-level, its samples are not token-exact; key from $OPENAI_API_KEY)"
     )
     tokenizer: str | None = pydantic.Field(
         None,
@@ -154,9 +157,7 @@ async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> d
     config = RolloutConfig(
         n_samples_per_prompt=cfg.n_samples_per_prompt,
         concurrency=cfg.concurrency,
-        sampling=SamplingParams(
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
-        ),
+        sampling=_sampling(cfg, env),
         limits=Limits(
             max_turns=cfg.max_turns,
             context_length=cfg.context_length,
@@ -173,6 +174,9 @@ async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> d
     summary = stats.to_dict()
     summary["env"] = cfg.env
     summary["model"] = cfg.model
+    if isinstance(policy, TextGenerator):
+        # Its replies were re-tokenized here: what it scored, never what it sampled.
+        summary["token_exact"] = False
     if tally is not None:
         assert isinstance(env, GameEnv)
         games = tally.tally.summary()
@@ -182,6 +186,20 @@ async def _evaluate(cfg: EvalConfig, env: Any, policy: Any, tokenizer: Any) -> d
     if cfg.out:
         summary["out"] = str(cfg.out)
     return summary
+
+
+def _sampling(cfg: EvalConfig, env: Any) -> SamplingParams:
+    """The flags' sampling, the environment's ``sampling`` attribute in place of the
+    flags left at their defaults (:func:`~agentenv.resolve_sampling`)."""
+    base = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+    )
+    given: dict[str, str] = {
+        name: f"--{name.replace('_', '-')} {getattr(cfg, name)}"
+        for name in ("max_new_tokens", "temperature", "top_p")
+        if name in cfg.model_fields_set
+    }
+    return resolve_sampling(env, base, given)
 
 
 @contextlib.asynccontextmanager
@@ -242,6 +260,13 @@ def _table(summary: dict[str, Any]) -> str:
         rows.append(("invalid moves", _rate(summary, "invalid_move_rate")))
     if "out" in summary:
         rows.append(("samples file", summary["out"]))
+    if summary.get("token_exact") is False:
+        rows.append((
+            "token-exact",
+            "no: a text-level model (OpenAI-compatible chat API); its replies were "
+            "re-tokenized here and carry no log-probs -- fine for evaluation, refused for "
+            "training (metadata token_exact: false)",
+        ))  # fmt: skip
     for i, (reason, n) in enumerate(summary["failure_reasons"]):
         rows.append(("why failed" if i == 0 else "", f"{n}x {reason}"))
     width = max(len(k) for k, _ in rows)
@@ -257,4 +282,6 @@ def _seat_line(stats: dict[str, Any], n: int) -> str:
     parts = [f"{k} {_rate(stats, f'{k}_rate')}" for k in ("win", "draw", "loss")]
     if stats["truncated_rate"]:
         parts.append(f"truncated {stats['truncated_rate']:.3f}")
+    # The score beside the outcome: in a general-sum game a loss may still gain.
+    parts.append(f"return {stats['mean_return']:.3f}")
     return f"{', '.join(parts)}  (n={n})"

@@ -6,9 +6,11 @@
 Any SGLang client works against it (``/generate``, ``/health``, ``/abort_request``,
 ``/update_weights_from_disk``, ...), and so does an OpenAI client: it serves
 ``/v1/chat/completions`` and ``/v1/models`` as SGLang does (base URL
-``http://HOST:PORT/v1``). It binds to 127.0.0.1 unless told otherwise and runs
+``http://HOST:PORT/v1``), and so does an Anthropic client: it serves ``/v1/messages``
+(base URL ``http://HOST:PORT``). It binds to 127.0.0.1 unless told otherwise and runs
 until Ctrl-C (or SIGTERM). With an API key (``--api-key``, or ``$AGENTENV_API_KEY``) every
-request but ``/health*`` must send ``Authorization: Bearer KEY``, as with SGLang's.
+request but ``/health*`` must send ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``,
+as Anthropic clients do), as with SGLang's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal
 import anyio
 import pydantic
 
+from agentenv._http import MAX_BODY_BYTES
 from agentenv.cli._config import add_model_arguments, build_config
 
 __all__ = ["add_parser"]
@@ -77,6 +80,12 @@ class ServeConfig(pydantic.BaseModel):
     )
     max_prompts: int = pydantic.Field(
         4096, ge=1, description="prompts one /generate request may hold (a batch beyond: 400)"
+    )
+    max_body_bytes: int = pydantic.Field(
+        MAX_BODY_BYTES,
+        ge=1,
+        description="bytes one request body may hold (beyond: 413, unread); chat messages "
+        "that cannot fit the context are refused before they are tokenized",
     )
 
 
@@ -147,6 +156,7 @@ async def serve(cfg: ServeConfig) -> None:
         api_key=api_key,
         max_connections=cfg.max_connections,
         max_prompts=cfg.max_prompts,
+        max_body_bytes=cfg.max_body_bytes,
     )
     async with engine, server:
         auth = "API key required" if api_key else "no API key"

@@ -1,6 +1,8 @@
-""":class:`AgentEnv`: train an agent written against the OpenAI API, unchanged.
+""":class:`AgentEnv`: train an agent written against the OpenAI API (or Anthropic's
+Messages API), unchanged.
 
-The agent gets an ``openai.AsyncOpenAI`` (or the base URL) pointed at its episode's
+The agent gets an ``openai.AsyncOpenAI`` (an ``anthropic.AsyncAnthropic``, or the base
+URL) pointed at its episode's
 endpoint; every call it makes becomes transcript turns, token-exact; its final answer and
 the recorded state are scored by the rubric, and every segment becomes a sample.
 """
@@ -17,7 +19,13 @@ from agentenv._errors import ConfigError, short_repr
 from agentenv._rewards import Rubric, State
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tools import HermesParser, ToolCallParser
-from agentenv.endpoint._server import AgentServer, Endpoint
+from agentenv.endpoint._server import (
+    BODY_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_REQUESTS_PER_ENDPOINT,
+    AgentServer,
+    Endpoint,
+)
 
 __all__ = ["AgentEnv"]
 
@@ -28,12 +36,13 @@ class AgentEnv(Environment):
     """An environment whose episodes are an OpenAI-API agent's runs.
 
     Write :meth:`run_agent`; it gets ``client``, an ``openai.AsyncOpenAI`` pointed at the
-    episode's endpoint (``client_kind = "base_url"``: the URL string instead;
-    ``"endpoint"``: the :class:`~agentenv.endpoint.Endpoint` itself, whose ``role(name)``
-    is another agent's endpoint in the same episode), and returns the agent's final
-    answer. The rubric scores the episode: reward functions see the
-    answer as ``state.info["answer"]`` (``None`` when a limit ended the run), the last
-    transcript as ``state.transcript`` and all of them as ``state.episode.transcripts``.
+    episode's endpoint (``client_kind = "anthropic"``: an ``anthropic.AsyncAnthropic``,
+    for agents written against Anthropic's Messages API; ``"base_url"``: the URL string
+    instead; ``"endpoint"``: the :class:`~agentenv.endpoint.Endpoint` itself, whose
+    ``role(name)`` is another agent's endpoint in the same episode), and returns the
+    agent's final answer. The rubric scores the episode: reward functions see the answer
+    as ``state.info["answer"]`` (``None`` when a limit ended the run), the last transcript
+    as ``state.transcript`` and all of them as ``state.episode.transcripts``.
 
     An agent that raises, or runs past ``timeout_s``, is a failed sample naming the reason;
     one that never calls the endpoint is a failed sample saying so. A call that overflows
@@ -48,7 +57,12 @@ class AgentEnv(Environment):
         request_sampling: honour the calls' ``temperature``/``top_p``/``seed`` (default:
             the run's sampling wins; ``max_tokens`` and ``stop`` always apply).
         parser: finds tool calls in the model's text (Hermes ``<tool_call>``).
-        client_kind: ``"openai"`` (an ``AsyncOpenAI``), ``"base_url"`` or ``"endpoint"``.
+        client_kind: ``"openai"`` (an ``AsyncOpenAI``), ``"anthropic"`` (an
+            ``AsyncAnthropic``), ``"base_url"`` or ``"endpoint"``.
+        max_body_bytes, body_timeout_s, max_requests_per_endpoint: the endpoints' bounds
+            on one request's body, on the seconds it may take to arrive, and on the
+            requests one endpoint may have in flight (see
+            :class:`~agentenv.endpoint.AgentServer`).
     """
 
     rubric: Rubric = _NO_RUBRIC
@@ -57,7 +71,10 @@ class AgentEnv(Environment):
     timeout_s: ClassVar[float | None] = None
     request_sampling: ClassVar[bool] = False
     parser: ClassVar[ToolCallParser] = HermesParser()
-    client_kind: ClassVar[Literal["openai", "base_url", "endpoint"]] = "openai"
+    client_kind: ClassVar[Literal["openai", "anthropic", "base_url", "endpoint"]] = "openai"
+    max_body_bytes: ClassVar[int] = MAX_BODY_BYTES
+    body_timeout_s: ClassVar[float] = BODY_TIMEOUT_S
+    max_requests_per_endpoint: ClassVar[int] = MAX_REQUESTS_PER_ENDPOINT
     _async_methods: ClassVar[tuple[str, ...]] = (*Environment._async_methods, "run_agent")
 
     def check(self) -> None:
@@ -68,9 +85,10 @@ class AgentEnv(Environment):
                 "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
                 "or rubric = Rubric() to run without a reward on purpose"
             )
-        if self.client_kind not in ("openai", "base_url", "endpoint"):
+        if self.client_kind not in ("openai", "anthropic", "base_url", "endpoint"):
             raise ConfigError(
-                f"client_kind must be 'openai', 'base_url' or 'endpoint', got {self.client_kind!r}"
+                "client_kind must be 'openai', 'anthropic', 'base_url' or 'endpoint', got "
+                f"{self.client_kind!r}"
             )
 
     @abc.abstractmethod
@@ -86,6 +104,9 @@ class AgentEnv(Environment):
                 parser=self.parser,
                 request_sampling=self.request_sampling,
                 max_turns=self.max_turns,
+                max_body_bytes=self.max_body_bytes,
+                body_timeout_s=self.body_timeout_s,
+                max_requests_per_endpoint=self.max_requests_per_endpoint,
             )
             self.__dict__["_agent_server"] = server
         return server
@@ -96,6 +117,8 @@ class AgentEnv(Environment):
             client: Any = endpoint
             if self.client_kind == "openai":
                 client = endpoint.client()
+            elif self.client_kind == "anthropic":
+                client = endpoint.anthropic_client()
             elif self.client_kind == "base_url":
                 client = endpoint.base_url
             answer = await self._run(task, client, endpoint)

@@ -29,6 +29,7 @@ __all__ = [
     "ReplyToolCall",
     "bad_field",
     "chat_call",
+    "check_function",
     "content_text",
     "parse_chat",
 ]
@@ -119,7 +120,8 @@ class ReplyToolCall:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatReply:
     """The assistant's answer to one call, with the exact tokens behind it (``tokens``,
-    their texts, only when the call asked for log-probs)."""
+    their texts, only when the call asked for log-probs; ``stop_sequence``, the stop
+    string that ended it, left out of ``content``)."""
 
     content: str | None
     tool_calls: tuple[ReplyToolCall, ...]
@@ -129,6 +131,7 @@ class ChatReply:
     tokens: list[str]
     prompt_tokens: int
     weight_version: str
+    stop_sequence: str | None = None
 
     @property
     def key(self) -> Key:
@@ -277,7 +280,31 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             raise bad_field(
                 f"tools[{j}]", 'expected {"type": "function", "function": {"name", ...}}'
             )
+        check_function(fn, f"tools[{j}].function")
     return [dict(t) for t in tools]
+
+
+def check_function(fn: Mapping[str, Any], param: str) -> None:
+    """A function tool's ``description``, ``parameters`` and ``strict``, checked (the chat
+    template renders them, and the model reads them as a JSON Schema)."""
+    description = fn.get("description")
+    if description is not None and not isinstance(description, str):
+        raise bad_field(f"{param}.description", f"expected a string, got {_kind(description)}")
+    parameters = fn.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        hint = " (send the object itself, not its JSON text)" if isinstance(parameters, str) else ""
+        schema = '{"type": "object", "properties": {...}}'
+        raise bad_field(
+            f"{param}.parameters",
+            f"expected a JSON Schema object such as {schema}, got {_kind(parameters)}{hint}",
+        )
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_field(f"{param}.strict", f"expected true or false, got {_kind(strict)}")
+
+
+def _kind(value: Any) -> str:
+    return "a string" if isinstance(value, str) else type(value).__name__
 
 
 def parse_chat(body: Any) -> ChatCall:

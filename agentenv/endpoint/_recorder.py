@@ -21,12 +21,17 @@ renders exactly what the model produced.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import json
+import os
 import re
+import weakref
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from agentenv._environment import Episode
 from agentenv._errors import (
@@ -34,6 +39,7 @@ from agentenv._errors import (
     EpisodeAborted,
     EpisodeTruncated,
     HistoryRewriteError,
+    TemplateError,
     ToolCallError,
 )
 from agentenv._messages import Message
@@ -44,6 +50,25 @@ from agentenv.endpoint._protocol import ChatCall, ChatError, ChatReply, Key, Rep
 __all__ = ["EpisodeRecorder"]
 
 _SEED_MASK = (1 << 63) - 1
+# A call whose messages hold more characters is rendered and tokenized in a worker thread.
+_THREAD_CHARS = 32768
+_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _tokenizing() -> anyio.CapacityLimiter:
+    """The worker threads long calls are tokenized in, per event loop: half the CPUs this
+    process may use (at least one, at most four), so long calls never take them all."""
+    loop = asyncio.get_running_loop()
+    limiter = _LIMITERS.get(loop)
+    if limiter is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        limiter = anyio.CapacityLimiter(max(1, min(4, (cpus or 1) // 2)))
+        _LIMITERS[loop] = limiter
+    return limiter
+
+
 _UNANSWERED: Key = ("", "", "unanswered", ())
 # Hermes calls, to cut them out of the content returned to the agent and to salvage the
 # name of a call whose JSON the parser refused.
@@ -131,7 +156,7 @@ class EpisodeRecorder:
         self._scopes.add(scope)
         try:
             with scope:
-                thread = self._prepare(call, messages, thread, mode)
+                thread = await self._prepare_off_loop(call, messages, thread, mode)
                 try:
                     reply = await self._generate(call, thread)
                 except BaseException:
@@ -149,6 +174,33 @@ class EpisodeRecorder:
         thread.view = [*call.keys, reply.key]
         self._returned[reply.key] = (thread, thread.transcript.messages[-1])
         return reply
+
+    async def count_tokens(self, call: ChatCall) -> int:
+        """The tokens ``call``'s messages (and tools) take as a prompt, rendered as a call
+        would be (returned replies as the model's own text); nothing is recorded."""
+        if self.closed:
+            raise ChatError(
+                410,
+                "this episode has ended; its endpoint takes no more calls",
+                code="episode_ended",
+            )
+        messages = self._template_messages(call)
+        episode = self.episode
+
+        def count() -> int:
+            kwargs = episode.chat_template_kwargs or None
+            try:
+                t = Transcript(
+                    episode.tokenizer, messages, tools=call.tools, chat_template_kwargs=kwargs
+                )
+            except TemplateError as e:
+                raise ChatError(400, str(e), param="messages") from None
+            return t.num_tokens
+
+        size = len(call.tools_key) + sum(len(key[1]) for key in call.keys)
+        if size < _THREAD_CHARS:
+            return count()
+        return await anyio.to_thread.run_sync(count, limiter=_tokenizing())
 
     # -- matching ------------------------------------------------------------------------
     def _template_messages(self, call: ChatCall) -> list[Message]:
@@ -179,6 +231,17 @@ class EpisodeRecorder:
                     return thread, "rewrite"
                 break
         return None, "new"
+
+    async def _prepare_off_loop(
+        self, call: ChatCall, messages: list[Message], thread: _Thread | None, mode: str
+    ) -> _Thread:
+        """:meth:`_prepare`; a long call's in a worker thread (a few at a time), so that
+        rendering and tokenizing it leaves the other episodes' calls running."""
+        size = len(call.tools_key) + sum(len(key[1]) for key in call.keys)
+        if size < _THREAD_CHARS:
+            return self._prepare(call, messages, thread, mode)
+        work = functools.partial(self._prepare, call, messages, thread, mode)
+        return await anyio.to_thread.run_sync(work, limiter=_tokenizing())
 
     def _prepare(
         self, call: ChatCall, messages: list[Message], thread: _Thread | None, mode: str
@@ -257,6 +320,7 @@ class EpisodeRecorder:
             tokens=[decode([t]) for t in ids] if call.logprobs else [],
             prompt_tokens=start,
             weight_version=segment.weight_versions[-1] if segment.weight_versions else "",
+            stop_sequence=stop if isinstance(stop, str) else None,
         )
 
     def _split(self, call: ChatCall, text: str) -> tuple[str | None, tuple[ReplyToolCall, ...]]:

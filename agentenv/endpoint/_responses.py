@@ -24,6 +24,7 @@ from agentenv.endpoint._protocol import (
     Key,
     bad_field,
     chat_call,
+    check_function,
     content_text,
 )
 
@@ -49,6 +50,7 @@ def _function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 'only function tools ({"type": "function", "name", ...}) are served, '
                 f"got {kind!r}",
             )
+        check_function(t, f"tools[{j}]")
         function = {k: t[k] for k in ("name", "description", "parameters") if k in t}
         out.append({"type": "function", "function": function})
     return out

@@ -8,9 +8,10 @@ when the last one is given back, so it needs no start or stop of its own::
     async with server.open(episode) as endpoint:
         client = endpoint.client()           # an openai.AsyncOpenAI
         await my_agent(client)               # POST {endpoint.base_url}/chat/completions
+        claude = endpoint.anthropic_client() # an anthropic.AsyncAnthropic: POST .../v1/messages
 
-:func:`chat_routes` adds the same two routes, without episodes, to another server's
-router (``agentenv serve``).
+:func:`chat_routes` adds the same routes, without episodes, to another server's router
+(``agentenv serve``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import contextlib
 import dataclasses
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -30,6 +31,7 @@ from agentenv._environment import Episode, Limits, Task
 from agentenv._errors import ConfigError
 from agentenv._generator import Generator, SamplingParams
 from agentenv._http import (
+    ClientLimit,
     HTTPError,
     Request,
     Response,
@@ -39,6 +41,13 @@ from agentenv._http import (
 )
 from agentenv._tokenizer import Tokenizer
 from agentenv._tools import ToolCallParser
+from agentenv.endpoint._anthropic import (
+    anthropic_error,
+    message_body,
+    message_events,
+    parse_count_tokens,
+    parse_messages,
+)
 from agentenv.endpoint._protocol import (
     ChatCall,
     ChatError,
@@ -51,9 +60,25 @@ from agentenv.endpoint._protocol import (
 from agentenv.endpoint._recorder import EpisodeRecorder
 from agentenv.endpoint._responses import parse_responses, response_body, response_events
 
-__all__ = ["AgentServer", "Endpoint", "chat_routes", "serve_chat"]
+__all__ = [
+    "BODY_TIMEOUT_S",
+    "MAX_BODY_BYTES",
+    "MAX_REQUESTS_PER_ENDPOINT",
+    "AgentServer",
+    "Endpoint",
+    "chat_routes",
+    "serve_chat",
+]
 
 _PREFIX = "/e/"
+
+# The endpoints' bounds (AgentServer's and AgentEnv's defaults). A body holds the whole
+# conversation, so its cap is generous (a 1M-token conversation is ~4 MB of text); its
+# messages are refused before they are tokenized when they cannot fit the context anyway
+# (see Transcript).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+BODY_TIMEOUT_S = 10.0  # an agent on this machine sends a body in milliseconds
+MAX_REQUESTS_PER_ENDPOINT = 64  # calls of one episode (one role) in flight at once
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,10 +89,12 @@ class _API:
     body: Callable[[ChatCall, ChatReply, str, str], dict[str, Any]]
     stream: Callable[[ChatCall, ChatReply, str, str], Iterable[bytes]]
     prefix: str
+    error: Callable[[ChatError], Response] = ChatError.to_response
 
 
 _CHAT = _API(parse_chat, completion_body, stream_chunks, "chatcmpl-")
 _RESPONSES = _API(parse_responses, response_body, response_events, "")
+_MESSAGES = _API(parse_messages, message_body, message_events, "msg_", anthropic_error)
 
 
 async def _answer(
@@ -84,7 +111,7 @@ async def _answer(
         reply = await recorder.complete(call)
     except ChatError as e:
         recorder.refused += 1
-        return e.to_response()
+        return api.error(e)
     cid = f"{api.prefix}{uuid.uuid4().hex}"
     name = call.model or model
     if call.stream:
@@ -98,6 +125,20 @@ async def _answer(
     return Response.json(api.body(call, reply, cid, name))
 
 
+async def _count_tokens(request: Request, recorder: EpisodeRecorder) -> Response:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens, nothing generated or
+    recorded (not a call: it is not counted in ``recorder.calls``)."""
+    try:
+        try:
+            body = request.json()
+        except HTTPError as e:
+            raise ChatError(400, e.message) from None
+        n = await recorder.count_tokens(parse_count_tokens(body))
+    except ChatError as e:
+        return anthropic_error(e)
+    return Response.json({"input_tokens": n})
+
+
 def chat_routes(
     router: Router,
     recorder: Callable[[], EpisodeRecorder],
@@ -105,7 +146,8 @@ def chat_routes(
     model: str,
     prefix: str = "",
 ) -> None:
-    """Serve ``POST {prefix}/v1/chat/completions``, ``POST {prefix}/v1/responses`` and
+    """Serve ``POST {prefix}/v1/chat/completions``, ``POST {prefix}/v1/responses``,
+    Anthropic's ``POST {prefix}/v1/messages`` (and ``/v1/messages/count_tokens``) and
     ``GET {prefix}/v1/models`` on ``router``, each call through a fresh ``recorder()``
     (one episode per call)."""
 
@@ -115,11 +157,19 @@ def chat_routes(
     async def responses(request: Request) -> Response | StreamingResponse:
         return await _answer(request, recorder(), model, _RESPONSES)
 
+    async def messages(request: Request) -> Response | StreamingResponse:
+        return await _answer(request, recorder(), model, _MESSAGES)
+
+    async def count_tokens(request: Request) -> Response:
+        return await _count_tokens(request, recorder())
+
     async def models(request: Request) -> Response:
         return Response.json(models_body([model]))
 
     router.add("POST", f"{prefix}/v1/chat/completions", chat, long_poll=True)
     router.add("POST", f"{prefix}/v1/responses", responses, long_poll=True)
+    router.add("POST", f"{prefix}/v1/messages", messages, long_poll=True)
+    router.add("POST", f"{prefix}/v1/messages/count_tokens", count_tokens)
     router.add("GET", f"{prefix}/v1/models", models)
 
 
@@ -168,14 +218,22 @@ _CHAT_TASK = Task(id="chat")
 class Endpoint:
     """One episode's (one role's) OpenAI-compatible endpoint.
 
-    ``base_url`` is what an OpenAI client takes (``.../v1``); ``recorder`` holds the calls'
-    counts and state. Any API key is accepted: the path is the scope.
+    ``base_url`` is what an OpenAI client takes (``.../v1``); ``anthropic_base_url`` what
+    an Anthropic client takes (the same without ``/v1``); ``recorder`` holds the calls'
+    counts and state. Any API key is accepted (``Authorization: Bearer`` or
+    ``x-api-key``): the path is the scope.
     """
 
     base_url: str
     key: str
     recorder: EpisodeRecorder
     _server: AgentServer
+    _clients: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL an Anthropic client takes (it adds ``/v1/messages`` itself)."""
+        return self.base_url.removesuffix("/v1")
 
     def client(self, **kwargs: Any) -> Any:
         """An ``openai.AsyncOpenAI`` pointed at this endpoint (the ``openai`` package is
@@ -199,6 +257,39 @@ class Endpoint:
         )
         return openai.AsyncOpenAI(base_url=self.base_url, http_client=http, **options)
 
+    def anthropic_client(self, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` pointed at this endpoint (the ``anthropic``
+        package is the agent's own dependency); ``kwargs`` go to ``AsyncAnthropic``.
+        Retries are off: a refused call is the agent's to see. Its connections are its
+        own (the SDK takes only its own HTTP client) and are closed when the episode
+        gives the endpoint back."""
+        try:
+            import anthropic
+            import httpx2
+        except ImportError:
+            raise ConfigError(
+                "Endpoint.anthropic_client() needs the anthropic package: pip install "
+                "anthropic, or hand the agent endpoint.anthropic_base_url instead"
+            ) from None
+        if self.recorder.closed:
+            raise ConfigError("this episode's endpoint is closed")
+        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0}
+        options.update(kwargs)
+        if "http_client" not in options:
+            # No proxy from the environment: the endpoint is on this machine.
+            options["http_client"] = httpx2.AsyncClient(
+                timeout=httpx2.Timeout(None), trust_env=False
+            )
+        client = anthropic.AsyncAnthropic(base_url=self.anthropic_base_url, **options)
+        self._clients.append(client)
+        return client
+
+    async def aclose_clients(self) -> None:
+        """Close the Anthropic clients made by :meth:`anthropic_client`."""
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.close()
+
     def role(self, name: str) -> Endpoint:
         """The endpoint of role ``name`` in the same episode (its transcripts carry the
         role, and so its samples); made on first use, given back with this one."""
@@ -217,6 +308,16 @@ class AgentServer:
         parser, request_sampling, max_turns: for each episode's
             :class:`~agentenv.endpoint.EpisodeRecorder`.
         host: the interface to bind (127.0.0.1: this machine only).
+        max_body_bytes: a request body, at most (413 beyond, before it is read).
+        body_timeout_s: seconds a request's body may take to arrive once its head has
+            (408 beyond, and the connection is closed).
+        max_requests_per_endpoint: requests one endpoint (an episode's, or one role's)
+            may have in flight at once, bodies still arriving included (429 beyond,
+            before the body is read), so that one agent cannot take the connections
+            every other episode needs. A request for an ended episode is answered 410
+            before its body is read.
+        max_connections: connections held at once (default: below the descriptor limit,
+            see :class:`~agentenv._http.HTTPServer`).
     """
 
     def __init__(
@@ -227,7 +328,27 @@ class AgentServer:
         request_sampling: bool = False,
         max_turns: int | None = None,
         host: str = "127.0.0.1",
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        max_requests_per_endpoint: int = MAX_REQUESTS_PER_ENDPOINT,
+        max_connections: int | None = None,
     ) -> None:
+        for name, value in (
+            ("max_body_bytes", max_body_bytes),
+            ("max_requests_per_endpoint", max_requests_per_endpoint),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}")
+        if isinstance(body_timeout_s, bool) or not (
+            isinstance(body_timeout_s, int | float) and body_timeout_s > 0
+        ):
+            raise ConfigError(
+                f"body_timeout_s must be a number > 0 seconds, got {body_timeout_s!r}"
+            )
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = float(body_timeout_s)
+        self.max_requests_per_endpoint = max_requests_per_endpoint
+        self.max_connections = max_connections
         self.model = model
         self.parser = parser
         self.request_sampling = request_sampling
@@ -245,6 +366,8 @@ class AgentServer:
         router = Router()
         router.add("POST", f"{_PREFIX}{{key}}/v1/chat/completions", self._chat, long_poll=True)
         router.add("POST", f"{_PREFIX}{{key}}/v1/responses", self._responses, long_poll=True)
+        router.add("POST", f"{_PREFIX}{{key}}/v1/messages", self._messages, long_poll=True)
+        router.add("POST", f"{_PREFIX}{{key}}/v1/messages/count_tokens", self._count_tokens)
         router.add("GET", f"{_PREFIX}{{key}}/v1/models", self._models)
         self._router = router
 
@@ -269,9 +392,13 @@ class AgentServer:
             try:
                 yield endpoint
             finally:
-                for e in [endpoint, *self._roles.pop(endpoint.key, {}).values()]:
+                endpoints = [endpoint, *self._roles.pop(endpoint.key, {}).values()]
+                for e in endpoints:
                     e.recorder.close()
                     self._recorders.pop(e.key, None)
+                with anyio.CancelScope(shield=True):
+                    for e in endpoints:
+                        await e.aclose_clients()
         finally:
             with anyio.CancelScope(shield=True):  # a cancelled episode gives it back too
                 await self._release()
@@ -300,6 +427,23 @@ class AgentServer:
         return Endpoint(f"{self._url}{_PREFIX}{key}/v1", key, recorder, self)
 
     # -- routes --------------------------------------------------------------------------
+    def _endpoint_of(self, method: str, path: str, headers: Mapping[str, str]) -> str | None:
+        """The endpoint a request's head names (counted against
+        ``max_requests_per_endpoint``); 410 before its body is read when no episode
+        holds it."""
+        if not path.startswith(_PREFIX):
+            return None  # 404, unread
+        key = path[len(_PREFIX) :].split("/", 1)[0]
+        if key not in self._recorders:
+            raise HTTPError(
+                410,
+                f"no episode holds the endpoint {key!r}: it has ended (or never existed)",
+                type="invalid_request_error",
+                code="episode_ended",
+                headers=[("x-should-retry", "false")],
+            )
+        return key
+
     def _recorder(self, request: Request) -> EpisodeRecorder:
         key = request.path[len(_PREFIX) :].split("/", 1)[0]
         recorder = self._recorders.get(key)
@@ -324,6 +468,20 @@ class AgentServer:
         except ChatError as e:
             return e.to_response()
         return await _answer(request, recorder, self.model, _RESPONSES)
+
+    async def _messages(self, request: Request) -> Response | StreamingResponse:
+        try:
+            recorder = self._recorder(request)
+        except ChatError as e:
+            return anthropic_error(e)
+        return await _answer(request, recorder, self.model, _MESSAGES)
+
+    async def _count_tokens(self, request: Request) -> Response:
+        try:
+            recorder = self._recorder(request)
+        except ChatError as e:
+            return anthropic_error(e)
+        return await _count_tokens(request, recorder)
 
     async def _models(self, request: Request) -> Response:
         try:
@@ -358,9 +516,28 @@ class AgentServer:
         started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
 
+        how = "raise it with the AgentEnv class attribute (or AgentServer argument)"
+        http_server = HTTPServer(
+            self._router,
+            host=self.host,
+            shutdown_grace=1.0,
+            max_body_bytes=self.max_body_bytes,
+            request_timeout=self.body_timeout_s,
+            max_connections=self.max_connections,
+            client_limit=ClientLimit(
+                self._endpoint_of,
+                self.max_requests_per_endpoint,
+                hint=f"{how} max_requests_per_endpoint={self.max_requests_per_endpoint}",
+            ),
+            hints={
+                "max_body_bytes": f"{how} max_body_bytes",
+                "request_timeout": f"{how} body_timeout_s",
+            },
+        )
+
         async def serve() -> None:
             try:
-                async with HTTPServer(self._router, host=self.host, shutdown_grace=1.0) as http:
+                async with http_server as http:
                     started.set_result(http.url)
                     await stop.wait()
             except BaseException as e:

@@ -5,7 +5,9 @@ carries SGLang's distributed weight updates) import torch, so they load on first
 resolving a model name (``resolve_model``) stays light, and so does importing
 ``serialize_named_tensors`` / ``load_named_tensors`` (SGLang's ``/update_weights_from_tensor``
 payload; they import torch when called), and ``release_freed_memory`` (the C heap's free
-pages back to the system between the phases of a CPU run).
+pages back to the system between the phases of a CPU run). ``use_torch_threads`` sets
+the calling thread's torch thread count for the engine's or the trainer's work, from the
+CPUs the process may use (``_threads.py``).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agentenv.engine._ipc import load_named_tensors, serialize_named_tensors
 from agentenv.engine._memory import release_freed_memory
 from agentenv.engine._models import SMOLLM2_NAME, cache_dir, resolve_model
+from agentenv.engine._threads import use_torch_threads
 
 if TYPE_CHECKING:
     from agentenv.engine._engine import Engine, EngineChunk
@@ -30,6 +33,7 @@ __all__ = [
     "release_freed_memory",
     "resolve_model",
     "serialize_named_tensors",
+    "use_torch_threads",
 ]
 
 

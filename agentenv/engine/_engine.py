@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -39,12 +40,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from agentenv._errors import ClosedResourceError, ConfigError, ContextLengthError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
 from agentenv.engine._memory import release_freed_memory
-from agentenv.engine._model import KEY_BLOCK, MIN_ROWS, LlamaModel, Prefill, round_up
+from agentenv.engine._model import (
+    KEY_BLOCK,
+    MIN_ROWS,
+    LlamaModel,
+    Prefill,
+    read_safetensors,
+    round_up,
+)
 from agentenv.engine._models import resolve_model
 from agentenv.engine._pool import KVPool, bytes_per_token
 from agentenv.engine._radix import Node, RadixCache
 from agentenv.engine._sampler import SampleRow, sample
 from agentenv.engine._thread import ModelThread
+from agentenv.engine._threads import use_torch_threads
 
 __all__ = ["CPU_POOL_TOKENS", "Engine", "EngineChunk"]
 
@@ -220,6 +229,8 @@ class Engine:
         mem_fraction_static: float | None,
     ) -> None:
         device = self.device
+        # First on the model thread: its torch threads, before any work starts their team.
+        self._thread.call(use_torch_threads, "engine")
         if torch.device(device).index is not None:  # cuda:N: the model thread's device
             self._thread.call(torch.cuda.set_device, torch.device(device))
         self.model = self._thread.call(
@@ -608,15 +619,17 @@ class Engine:
     async def update_weights_from_disk(
         self, path: str | Path, *, weight_version: str | None = None
     ) -> None:
-        """Load every weight from an HF-format directory (safetensors) between two steps."""
+        """Load every weight from an HF-format directory (safetensors) between two steps.
+
+        The files are read in a worker thread while generation goes on (regular files only,
+        checked whole before any data is read, never mapped: see
+        :func:`~agentenv.engine._model.read_safetensors`), then installed at once."""
         directory = Path(path)
         if not await anyio.Path(directory).is_dir():
             raise ConfigError(f"model_path {str(path)!r} is not a directory")
-        async with self._step_lock:
-            await self._on_thread(self._install, self.model.load_weights, directory)
-            self._requeue()
-            if weight_version is not None:
-                self.weight_version = weight_version
+        read = functools.partial(read_safetensors, directory, self.weight_shapes())
+        tensors = await anyio.to_thread.run_sync(read)
+        await self.update_weights(tensors, weight_version=weight_version)
 
     def _install(self, install: Callable[[Any], None], weights: Any) -> None:
         try:

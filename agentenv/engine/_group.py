@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -39,11 +42,18 @@ import torch
 
 from agentenv._errors import ConfigError
 
-__all__ = ["DEFAULT_GROUP_NAME", "TRANSFER_TIMEOUT", "WeightUpdateGroup", "parse_dtype"]
+__all__ = [
+    "DEFAULT_GROUP_NAME",
+    "TRANSFER_TIMEOUT",
+    "WeightUpdateGroup",
+    "join_within",
+    "parse_dtype",
+]
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's default
 TRANSFER_TIMEOUT = 1800.0  # s a broadcast may wait for every rank (torch's default)
 WATCH_INTERVAL = 0.5  # s between a receiving rank's checks that rank 0 is still there
+UNBLOCK_INTERVAL = 0.2  # s between an abandoned join's unblockings
 Backend = Literal["nccl", "gloo"]
 BACKENDS: tuple[str, ...] = ("nccl", "gloo")
 
@@ -126,16 +136,15 @@ class WeightUpdateGroup:
                 multi_tenant=True,
             )
         except (RuntimeError, OSError) as e:  # torch's DistStoreError is a RuntimeError
-            who = "the other ranks" if rank == 0 else "rank 0 (the trainer)"
-            raise TimeoutError(
-                f"weight update group {name!r}: {who} did not join at {where} within "
-                f"{timeout:g} s (this is rank {rank} of {world_size}): {_first_line(e)}"
-            ) from None
+            raise _late(name, where, rank, world_size, timeout, _first_line(e)) from None
         # The layout init_custom_process_group gives the keys (see the module docstring).
         device = "cpu" if backend == "gloo" else "cuda"
         keys = PrefixStore(f"{device}/", PrefixStore(f"{name}/", PrefixStore(name, store)))
         try:
-            pg = _backend(backend, keys, rank, world_size, name, transfer_timeout)
+            # The ranks connect within the join's timeout; later broadcasts wait up to
+            # transfer_timeout.
+            pg = _backend(backend, keys, rank, world_size, name, timeout)
+            pg._set_default_timeout(datetime.timedelta(seconds=transfer_timeout))
         except (RuntimeError, OSError) as e:
             raise TimeoutError(
                 f"weight update group {name!r} at {where}: rank {rank} of {world_size} could "
@@ -256,6 +265,136 @@ def _backend(
     # Rank 0 publishes a sequence number that the others wait for: both ends must do it.
     pg._set_sequence_number_for_group()
     return pg
+
+
+async def join_within(
+    master_address: str,
+    master_port: int,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the store's own timeout too
+    **options: Any,
+) -> WeightUpdateGroup:
+    """:meth:`WeightUpdateGroup.join` for async code: over within ``timeout`` seconds (a
+    :class:`TimeoutError` then) and cancellable at any time.
+
+    torch's ``TCPStore`` does not bound every wait of its handshake by its timeout (a
+    master that accepts the connection and never answers holds it for ever), and a thread
+    blocked in C++ cannot be interrupted. So the join runs in a daemon thread of its own,
+    which is abandoned at the deadline or on cancellation; until it ends, the connections
+    it opens to the master are shut down (which ends its waits: the store gives up at its
+    own deadline), and a group that forms after all is destroyed."""
+    import anyio
+    import anyio.from_thread
+    import anyio.lowlevel
+
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    state = threading.Lock()
+    outcome: list[WeightUpdateGroup | BaseException] = []
+    abandoned = threading.Event()
+    before = _sockets()
+
+    def run() -> None:
+        result: WeightUpdateGroup | BaseException
+        try:
+            result = WeightUpdateGroup.join(master_address, master_port, timeout=timeout, **options)
+        except BaseException as e:  # handed to the waiting task
+            result = e
+        with state:
+            late = abandoned.is_set()
+            if not late:
+                outcome.append(result)
+        if late:
+            if isinstance(result, WeightUpdateGroup):
+                result.destroy()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    def abandon() -> None:
+        with state:  # held by the thread for an instant at most
+            abandoned.set()
+            handed = list(outcome)  # a group formed just as the wait ended: not kept
+        cleanup = functools.partial(_unblock, thread, before, master_address, master_port, handed)
+        threading.Thread(target=cleanup, daemon=True).start()
+
+    thread = threading.Thread(target=run, name=f"join {master_address}:{master_port}", daemon=True)
+    thread.start()
+    try:
+        with anyio.move_on_after(timeout):
+            await done.wait()
+    except BaseException:  # cancelled: the server stops, or the request went away
+        abandon()
+        raise
+    if not outcome:
+        abandon()
+        raise _late(
+            options.get("name", DEFAULT_GROUP_NAME), f"{master_address}:{master_port}",
+            options["rank"], options["world_size"], timeout, "the rendezvous did not complete",
+        )  # fmt: skip
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _late(
+    name: str, where: str, rank: int, world_size: int, timeout: float, detail: str
+) -> TimeoutError:
+    who = "the other ranks" if rank == 0 else "rank 0 (the trainer)"
+    return TimeoutError(
+        f"weight update group {name!r}: {who} did not join at {where} within {timeout:g} s "
+        f"(this is rank {rank} of {world_size}): {detail}"
+    )
+
+
+def _sockets() -> set[int]:
+    """The inodes of this process's sockets (Linux; empty elsewhere)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:["):
+                    found.add(int(link[8:-1]))
+    return found
+
+
+def _unblock(
+    thread: threading.Thread,
+    before: set[int],
+    address: str,
+    port: int,
+    handed: list[WeightUpdateGroup | BaseException],
+) -> None:
+    """After a join is abandoned: destroy the group it handed over (if any); until
+    ``thread`` (the join) ends, shut down the sockets opened since ``before`` that lead to
+    the master at ``address:port``, so that its waits on them end."""
+    for result in handed:
+        if isinstance(result, WeightUpdateGroup):
+            result.destroy()
+    try:
+        hosts = {info[4][0] for info in socket.getaddrinfo(address, port)}
+    except OSError:
+        hosts = set()  # the join cannot have connected either
+    while thread.is_alive():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError, ValueError):
+                    link = os.readlink(f"/proc/self/fd/{fd}")
+                    if not link.startswith("socket:[") or int(link[8:-1]) in before:
+                        continue
+                    with socket.socket(fileno=os.dup(int(fd))) as s:
+                        if s.family not in (socket.AF_INET, socket.AF_INET6):
+                            continue
+                        peer = s.getpeername()
+                        host = peer[0].removeprefix("::ffff:")  # an IPv4 peer of an IPv6 socket
+                        # Still the socket listed (a number may be reused), to the master.
+                        if os.fstat(s.fileno()).st_ino == int(link[8:-1]) and (
+                            peer[1] == port and (host in hosts or peer[0] in hosts)
+                        ):
+                            s.shutdown(socket.SHUT_RDWR)
+        thread.join(UNBLOCK_INTERVAL)
 
 
 def _answers(store: Any) -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -246,18 +247,8 @@ class LlamaModel:
 
     def load_weights(self, directory: str | Path) -> None:
         """(Re)load every weight from ``directory``'s safetensors files, in place."""
-        from safetensors import safe_open
-
-        directory = Path(directory)
-        files = sorted(directory.glob("*.safetensors"))
-        if not files:
-            raise ConfigError(f"{str(directory)!r} has no *.safetensors weights")
-        tensors: dict[str, torch.Tensor] = {}
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    tensors[name] = f.get_tensor(name)
-        self.set_weights(tensors)
+        shapes = self.weight_shapes() if self.has_weights else None
+        self.set_weights(read_safetensors(directory, shapes))
 
     @property
     def has_weights(self) -> bool:
@@ -403,10 +394,22 @@ class LlamaModel:
         )
         if problem is not None:
             raise ConfigError(f"{problem}: an update must keep the architecture")
+        # Every value converted to its weight's device and dtype first: a value that cannot
+        # be (a meta tensor, one on another machine's device) fails before any weight
+        # changes, and the copies that follow cannot fail.
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name, value in tensors.items():
             view = views[name]
-            if view is not None:
-                view.copy_(value)
+            if view is None:
+                continue
+            if value.device.type == "meta" or value.layout != torch.strided:
+                raise ConfigError(
+                    f"weight {name} is a {value.device.type} {value.layout} tensor without "
+                    "values; send dense tensors that hold memory"
+                )
+            staged.append((view, value.to(device=view.device, dtype=view.dtype)))
+        for view, value in staged:
+            view.copy_(value)
         embed = tensors.get("model.embed_tokens.weight")
         if self._tied and embed is not None and self.lm_head is not self.embed:  # two dtypes
             self.lm_head.copy_(embed)
@@ -681,6 +684,107 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     if x.shape[0] >= rows:
         return x
     return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
+#: safetensors' dtype names -> torch's.
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+MAX_SAFETENSORS_HEADER = 100 << 20  # bytes of JSON header (safetensors' own limit)
+
+
+def read_safetensors(
+    directory: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``directory``'s ``*.safetensors`` files, read into memory of this
+    process: every file is opened only if it is a regular file (a FIFO or device is
+    refused, never waited on), its header is checked whole (dtypes, shapes, offsets inside
+    the file) before any data is read, and the data is read with ``pread``, never mapped
+    (a file cut short meanwhile is refused, not a fault). With ``shapes`` (a loaded
+    model's weights), only those names are read, and each must have its shape.
+    Raises :class:`ConfigError` naming the file and the problem."""
+    from agentenv.engine._ipc import open_regular, read_bytes
+
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{str(directory)!r} has no *.safetensors weights")
+    plan: list[tuple[Path, list[tuple[str, torch.dtype, tuple[int, ...], int, int]]]] = []
+    for file in files:  # every header first: nothing is read from a set that is refused
+        fd = open_regular(str(file))
+        try:
+            plan.append((file, _safetensors_header(fd, file, shapes)))
+        finally:
+            os.close(fd)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, entries in plan:
+        fd = open_regular(str(file))
+        try:
+            for name, dtype, shape, start, nbytes in entries:
+                data = read_bytes(fd, start, nbytes, f"{file}'s tensor {name!r}")
+                tensors[name] = data.view(dtype).reshape(shape)
+        finally:
+            os.close(fd)
+    return tensors
+
+
+def _safetensors_header(
+    fd: int, file: Path, shapes: Mapping[str, tuple[int, ...]] | None
+) -> list[tuple[str, torch.dtype, tuple[int, ...], int, int]]:
+    """``file``'s tensors to read: (name, dtype, shape, first byte, bytes), checked."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 8, 0)
+    n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 0 < n <= min(MAX_SAFETENSORS_HEADER, size - 8):
+        raise ConfigError(f"{file} is not a safetensors file (header of {n} bytes, file {size})")
+    raw = os.pread(fd, n, 8)
+    try:
+        header = json.loads(raw) if len(raw) == n else None
+    except (ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{file} is not a safetensors file (its header is not a JSON object)")
+    base = 8 + n
+    out = []
+    for name, entry in header.items():
+        if name == "__metadata__" or (shapes is not None and name not in shapes):
+            continue  # not a weight this model takes (e.g. a rotary table): not read
+        what = f"{file}'s tensor {name!r}"
+        ok = isinstance(entry, dict)
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype")) if ok else None
+        shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
+        if not (
+            isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+        ):
+            raise ConfigError(f"{what} has a malformed entry: {str(entry)[:200]}")
+        if dtype is None:
+            raise ConfigError(
+                f"{what} has dtype {entry['dtype']!r}; this engine reads "
+                f"{', '.join(_SAFETENSORS_DTYPES)}"
+            )
+        begin, end = offsets
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * dtype.itemsize
+        if end - begin != nbytes or base + end > size:
+            raise ConfigError(
+                f"{what} ({entry['dtype']} {shape}) claims bytes {begin}..{end} of a data "
+                f"section of {size - base}: the file is corrupt or cut short"
+            )
+        if shapes is not None and tuple(shape) != shapes[name]:
+            raise ConfigError(
+                f"{what} has shape {tuple(shape)}, the model's is {shapes[name]}: an update "
+                "must keep the architecture"
+            )
+        out.append((name, dtype, tuple(shape), base + begin, nbytes))
+    return out
 
 
 def weight_mismatch(

@@ -12,13 +12,13 @@ field, the value and what is expected::
 
     sampling_params.top_k must be an integer, got 1e+30
 
-Keys a schema does not name are ignored, as SGLang ignores request fields it does not use.
+Top-level keys a schema does not name are ignored, as SGLang ignores request fields it
+does not use; ``sampling_params`` keys are not (see :class:`SamplingBody`).
 :func:`parse` is the one entry point: ``parse(GenerateBody, request, vocab=...)``.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal, TypeVar
 
 import pydantic
@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from agentenv._errors import ConfigError, short_repr
 from agentenv._generator import SamplingParams
-from agentenv._http import Request
+from agentenv._http import Request, decode_json
 from agentenv.engine._group import DEFAULT_GROUP_NAME
 
 __all__ = [
@@ -160,9 +160,54 @@ def _strings(value: Any, where: str) -> list[str]:
     return items
 
 
+# SGLang's sampling parameters this engine does not implement, with the values that mean
+# "off" (``null`` always does): accepted at those, refused otherwise -- never ignored.
+_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "frequency_penalty": ((0, 0.0), "0"),
+    "presence_penalty": ((0, 0.0), "0"),
+    "repetition_penalty": ((1, 1.0), "1"),
+    "n": ((1,), "1 (send a batch of the same prompt instead)"),
+    "json_schema": ((), "null"),
+    "regex": ((), "null"),
+    "ebnf": ((), "null"),
+    "structural_tag": ((), "null"),
+    "stop_regex": (("", []), "null"),
+    "logit_bias": (({},), "null"),
+    "custom_params": (({},), "null"),
+    "stream_interval": ((), "null (a stream sends every step's tokens)"),
+}
+
+
+def _check_sampling_keys(data: dict[Any, Any]) -> dict[Any, Any]:
+    """Refuse a key SGLang does not know, or a parameter this engine does not implement
+    set to anything but its neutral value; returns the keys the schema takes."""
+    out = {}
+    for key, value in data.items():
+        if key in SamplingBody.model_fields:
+            out[key] = value
+            continue
+        if key in _NEUTRAL:
+            neutral, say = _NEUTRAL[key]
+            if value is None or (type(value) is not bool and value in neutral):
+                continue
+            raise _invalid(
+                f"sampling_params.{key}={short_repr(value, 80)} is not supported by this "
+                f"engine; leave it out or send {say}"
+            )
+        hint = " (the seed is sampling_params.sampling_seed)" if key == "seed" else ""
+        name = key if isinstance(key, str) and key.isidentifier() else short_repr(key, 40)
+        raise _invalid(
+            f"sampling_params.{name} is not a sampling parameter{hint}; "
+            f"supported: {', '.join(SamplingBody.model_fields)}"
+        )
+    return out
+
+
 class SamplingBody(Body):
-    """SGLang's ``sampling_params`` (the keys this engine uses); ranges as
-    :meth:`SamplingParams.verify`."""
+    """SGLang's ``sampling_params``: the keys this engine uses, ranges as
+    :meth:`SamplingParams.verify`. SGLang's other parameters are accepted only at their
+    neutral value, and a key SGLang does not know (``seed``) is refused (SGLang refuses it
+    too), so no parameter is silently ignored."""
 
     max_new_tokens: int | None = None
     temperature: float | None = None
@@ -174,6 +219,27 @@ class SamplingBody(Body):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     sampling_seed: int | None = None
+    # How the answer's text is decoded (SGLang's names). The text keeps special tokens
+    # unless skip_special_tokens is true; a fast tokenizer decodes the same whatever
+    # spaces_between_special_tokens says (as in SGLang); stop strings stay in the output.
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _keys(cls, data: Any) -> Any:
+        return _check_sampling_keys(data) if isinstance(data, dict) else data
+
+    @pydantic.field_validator("no_stop_trim", mode="after")
+    @classmethod
+    def _no_stop_trim(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise _invalid(
+                "sampling_params.no_stop_trim=false is not supported by this engine: the "
+                "output keeps the stop string or token it stopped at; send true or leave it out"
+            )
+        return value
 
     @pydantic.field_validator("sampling_seed", mode="after")
     @classmethod
@@ -203,7 +269,10 @@ class SamplingBody(Body):
 
     def params(self) -> SamplingParams:
         """These parameters, range-checked (:class:`ConfigError` naming the field)."""
-        fields = self.model_dump(exclude_none=True)
+        fields = self.model_dump(
+            exclude_none=True,
+            exclude={"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"},
+        )
         if "sampling_seed" in fields:
             fields["seed"] = fields.pop("sampling_seed")
         return SamplingParams(**fields)
@@ -414,9 +483,9 @@ def parse(schema: type[B], request: Request, **context: Any) -> B:
     data: Any = {}
     if request.body:
         try:
-            data = json.loads(request.body)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-            raise ConfigError(f"the request body is not JSON: {short_repr(str(e), 80)}") from None
+            data = decode_json(request.body)
+        except ValueError as e:  # malformed, or nested deeper than MAX_JSON_DEPTH
+            raise ConfigError(f"the request body is not JSON: {short_repr(str(e), 160)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"the request body must be a JSON object, got {short_repr(data, 80)}")
     try:

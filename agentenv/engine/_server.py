@@ -27,6 +27,8 @@ and any other SGLang client talk to it unchanged::
                                    OpenAI's API, as SGLang serves it too, when ``extra_routes``
                                    adds them (``agentenv serve`` does: see
                                    :func:`agentenv.endpoint.serve_chat`)
+    POST /v1/messages, /v1/messages/count_tokens
+                                   Anthropic's Messages API, added the same way
 
 Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
 token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
@@ -72,6 +74,7 @@ from agentenv._errors import (
 )
 from agentenv._generator import FinishReason, SamplingParams
 from agentenv._http import (
+    MAX_BODY_BYTES,
     HTTPError,
     HTTPServer,
     Request,
@@ -82,9 +85,10 @@ from agentenv._http import (
     sse,
     warn_if_open,
 )
+from agentenv._text_bound import text_bound
 from agentenv.engine._engine import Engine
-from agentenv.engine._group import WeightUpdateGroup, parse_dtype
-from agentenv.engine._ipc import load_named_tensors
+from agentenv.engine._group import WeightUpdateGroup, join_within, parse_dtype
+from agentenv.engine._ipc import describe_named_tensors
 from agentenv.engine._model import weight_mismatch
 from agentenv.engine._requests import (
     MAX_PROMPTS,
@@ -195,6 +199,7 @@ class EngineServer:
             answered 400 naming the limit).
         extra_routes: adds more routes to the server's router (``agentenv serve`` adds OpenAI's
             ``/v1`` routes with :func:`agentenv.endpoint.serve_chat`).
+        max_body_bytes: a request body, at most (413 beyond, before it is read).
     """
 
     def __init__(
@@ -207,6 +212,7 @@ class EngineServer:
         max_connections: int | None = None,
         max_prompts: int = MAX_PROMPTS,
         extra_routes: Callable[[Router], None] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         if max_prompts < 1:
             raise ConfigError(f"max_prompts must be at least 1, got {max_prompts}")
@@ -251,10 +257,19 @@ class EngineServer:
             )
         self.api_key = api_key
         self._http = HTTPServer(
-            router, host=host, port=port, guard=guard, max_connections=max_connections
+            router,
+            host=host,
+            port=port,
+            guard=guard,
+            max_connections=max_connections,
+            max_body_bytes=max_body_bytes,
+            hints={"max_body_bytes": "agentenv serve --max-body-bytes raises the limit"},
         )
         self._groups: dict[str, _ServedGroup] = {}
         self._forming: set[str] = set()  # groups whose rendezvous is under way
+        # (A stand-in tokenizer, not a tokenizers.Tokenizer, proves no bound.)
+        tok = engine.tokenizer
+        self._text_bound = text_bound(tok) if hasattr(tok, "to_str") else None
 
     @property
     def url(self) -> str:
@@ -285,6 +300,15 @@ class EngineServer:
             ids = body.input_ids
             return ids if body.batch else [ids]  # type: ignore[list-item,return-value]
         texts = body.text if isinstance(body.text, list) else [body.text or ""]
+        # A text that cannot fit the context is refused before it is tokenized.
+        room, bound = self.engine.context_length - 1, self._text_bound
+        for t in texts:
+            if bound is not None and not bound.may_fit(t, room):
+                raise _bad(
+                    f"The input (at least {bound.fewest_tokens(t)} tokens, {len(t)} "
+                    "characters) is longer than the model's context length "
+                    f"({self.engine.context_length} tokens)."
+                )
         try:
             encoded = [self.engine.tokenizer.encode(t).ids for t in texts]
         except Exception as e:  # e.g. a lone surrogate, which JSON can carry
@@ -329,16 +353,17 @@ class EngineServer:
             except (ConfigError, ContextLengthError) as e:
                 raise _status(e) from None
         logprob = body.return_logprob
+        skip = bool(body.sampling_params and body.sampling_params.skip_special_tokens)
         if body.stream:
             if body.batch:
                 raise _bad("streaming a batch is not supported by this server; send one prompt")
-            return StreamingResponse(self._stream(prompts[0], params, rids[0], logprob))
+            return StreamingResponse(self._stream(prompts[0], params, rids[0], logprob, skip))
         results: list[Any] = [None] * len(prompts)
         errors: list[AgentEnvError] = []
 
         async def one(i: int, scope: anyio.CancelScope) -> None:
             try:
-                results[i] = await self._one(prompts[i], params, rids[i], logprob)
+                results[i] = await self._one(prompts[i], params, rids[i], logprob, skip)
             except AgentEnvError as e:  # the batch fails with its first error
                 errors.append(e)
                 scope.cancel()
@@ -351,7 +376,7 @@ class EngineServer:
         return Response.json(results if body.batch else results[0])
 
     async def _one(
-        self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool
+        self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool, skip: bool
     ) -> dict[str, Any]:
         start = time.perf_counter()
         c = await self.engine.generate(ids, params, rid=rid, return_logprob=logprob)
@@ -364,6 +389,7 @@ class EngineServer:
             c.weight_version,
             start,
             c.cached_tokens,
+            skip,
         )
 
     def _response(
@@ -376,6 +402,7 @@ class EngineServer:
         version: str,
         start: float,
         cached: int = 0,
+        skip_special_tokens: bool = False,
     ) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": rid,
@@ -392,13 +419,13 @@ class EngineServer:
             ]
             meta["input_token_logprobs"] = []
         return {
-            "text": self.engine.tokenizer.decode(output, skip_special_tokens=False),
+            "text": self.engine.tokenizer.decode(output, skip_special_tokens=skip_special_tokens),
             "output_ids": output,
             "meta_info": meta,
         }
 
     async def _stream(
-        self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool
+        self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool, skip: bool
     ) -> AsyncIterator[bytes]:
         start = time.perf_counter()
         output: list[int] = []
@@ -417,6 +444,7 @@ class EngineServer:
                     chunk.weight_version,
                     start,
                     chunk.cached_tokens,
+                    skip,
                 )
                 yield sse(json.dumps(event, separators=(",", ":")))
         except AgentEnvError as e:  # after the 200 went out: an error event, as SGLang
@@ -513,8 +541,11 @@ class EngineServer:
 
     async def _update_from_tensor(self, request: Request) -> Response:
         """SGLang's same-machine handover: the payload holds handles to the sender's
-        tensors (CUDA IPC on a GPU, shared memory on CPU), copied into the model in place;
-        the sender keeps them alive until this answers."""
+        tensors (CUDA IPC on a GPU, shared memory on CPU). It is described and checked
+        whole (names, shapes, dtypes, handles: :mod:`agentenv.engine._ipc`), then every
+        tensor is read (CPU) or mapped (CUDA), then all are installed at once; a payload
+        refused at any step leaves the model as it was. The sender keeps its tensors
+        alive until this answers."""
         try:
             body = parse(UpdateFromTensorBody, request)
             if body.load_format not in (None, "auto"):
@@ -522,16 +553,17 @@ class EngineServer:
                     f"load_format {body.load_format!r} is not supported here; send the "
                     "tensors as they are (load_format null)"
                 )
-            tensors = await anyio.to_thread.run_sync(
-                load_named_tensors, body.serialized_named_tensors[0]
+            cuda = self.engine.device.startswith("cuda")
+            describe = functools.partial(
+                describe_named_tensors, body.serialized_named_tensors[0], cuda=cuda
             )
+            payload = await anyio.to_thread.run_sync(describe)  # a large pickle takes a while
+            problem = weight_mismatch(payload.shapes, self.engine.weight_shapes())
+            if problem is not None:
+                raise ConfigError(f"{problem}; the model is unchanged")
+            tensors = await anyio.to_thread.run_sync(payload.materialise)
         except ConfigError as e:
             return _failure(f"Failed to update weights: {e}")
-        problem = weight_mismatch(
-            {n: tuple(t.shape) for n, t in tensors.items()}, self.engine.weight_shapes()
-        )
-        if problem is not None:
-            return _failure(f"Failed to update weights: {problem}; the model is unchanged")
         if body.abort_all_requests:
             self.engine.abort(all=True)
         version = body.weight_version
@@ -542,7 +574,7 @@ class EngineServer:
         except AgentEnvError as e:
             return _failure(f"Failed to update weights: {e}")
         finally:
-            tensors.clear()  # the sender's memory is its own again
+            tensors.clear()  # CUDA: the sender's memory is its own again
         message = "Succeeded to update model weights."
         if version is not None:
             message += f" Weight version updated to {version}."
@@ -604,14 +636,11 @@ class EngineServer:
             )
         self._forming.add(name)
         try:
-            # Shielded: a group that formed is kept (and destroyed with the server) even if
-            # the request is cancelled meanwhile.
-            with anyio.CancelScope(shield=True):
-                group = await anyio.to_thread.run_sync(
-                    functools.partial(WeightUpdateGroup.join, **args)
-                )
-                receive_on = device if args["backend"] == "nccl" else "cpu"
-                self._groups[name] = _ServedGroup(group, receive_on)
+            # Over within the timeout and cancellable (the server stops while a rank is
+            # missing): a join abandoned so destroys the group if it forms after all.
+            group = await join_within(**args)
+            receive_on = device if args["backend"] == "nccl" else "cpu"
+            self._groups[name] = _ServedGroup(group, receive_on)
         except (ConfigError, TimeoutError) as e:
             return _failure(f"{fail}{e}")
         finally:

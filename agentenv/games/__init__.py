@@ -6,7 +6,8 @@ plays it as an :class:`~agentenv.Environment`: one sample per turn of every trai
 fixed opponents (:class:`RandomPlayer` and other scripted players, a frozen model in a
 :class:`ModelPlayer`), invalid-move retries or forfeits, discounting, and an optional
 :class:`RoleBaseline`. :class:`GameTally` turns the samples into win/draw/loss rates per
-seat with confidence intervals (``agentenv eval --opponent``).
+seat with confidence intervals (``agentenv eval --opponent``); :func:`game_metrics` gives
+the per-role figures each training step logs.
 """
 
 from agentenv.games._baseline import RoleBaseline
@@ -20,7 +21,7 @@ from agentenv.games._players import (
     StrategyPlayer,
     play_match,
 )
-from agentenv.games._stats import GameTally, SeatStats, TallySink, wilson_interval
+from agentenv.games._stats import GameTally, SeatStats, TallySink, game_metrics, wilson_interval
 
 __all__ = [
     "Game",
@@ -36,6 +37,7 @@ __all__ = [
     "SeatStats",
     "StrategyPlayer",
     "TallySink",
+    "game_metrics",
     "last_bracketed",
     "play_match",
     "wilson_interval",

@@ -40,6 +40,7 @@ from agentenv._errors import (
 )
 from agentenv._generator import Generator
 from agentenv._sample import JSONValue, Sample, Status
+from agentenv._text_model import TextGenerator
 from agentenv._transcript import Transcript
 from agentenv.games._baseline import RoleBaseline
 from agentenv.games._game import Game, InvalidMove, checked_legal_actions
@@ -68,8 +69,19 @@ class _Turn:
     attempts: int = 0
 
 
-def _outcome(ret: float) -> str:
-    return "win" if ret > 0 else "loss" if ret < 0 else "draw"
+def _outcomes(returns: Mapping[str, float]) -> dict[str, str]:
+    """Each role's outcome from the returns of all: ``win`` when its return is above every
+    other role's, ``draw`` when it ties the best, ``loss`` below it. General-sum games
+    (both players gain) therefore have one winner at most; in a two-player zero-sum game
+    this is the sign of the return. A one-role game (a puzzle) wins with a positive
+    return and loses with a negative one."""
+    if len(returns) == 1:
+        return {r: "win" if v > 0 else "loss" if v < 0 else "draw" for r, v in returns.items()}
+    out: dict[str, str] = {}
+    for role, value in returns.items():
+        best_other = max(v for r, v in returns.items() if r != role)
+        out[role] = "win" if value > best_other else "draw" if value == best_other else "loss"
+    return out
 
 
 class GameEnv(Environment):
@@ -329,7 +341,7 @@ class GameEnv(Environment):
                     f"{list(self.roles)}, got {raw!r}"
                 )
             returns[role] = float(value)
-        return returns, {r: _outcome(v) for r, v in returns.items()}
+        return returns, _outcomes(returns)
 
     def _role_samples(
         self,
@@ -432,7 +444,12 @@ class GameEnv(Environment):
                     seed=_derive_seed("frozen", episode.seed, role, move, attempt)
                 )
             try:
-                completion = await player.generator.generate(transcript.ids, call, rid=rid)
+                if isinstance(player.generator, TextGenerator):  # a chat API's text reply
+                    completion = await player.generator.generate_chat(
+                        transcript.messages, call, rid=rid
+                    )
+                else:
+                    completion = await player.generator.generate(transcript.ids, call, rid=rid)
                 if completion.finish_reason.type == "abort":
                     raise EpisodeAborted(completion.finish_reason.message or "opponent aborted")
                 reply = transcript.add_completion(completion)

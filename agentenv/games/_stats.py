@@ -4,7 +4,12 @@
 of each trained seat in an episode carries ``metadata["final"]`` and the seat's
 ``outcome`` (``win``, ``draw``, ``loss``, ``truncated``, ``aborted``); every turn carries
 its ``attempts`` and ``invalid`` moves. :class:`TallySink` counts the samples on their
-way into another sink (what ``agentenv eval`` does for game environments).
+way into another sink (what ``agentenv eval`` does for game environments);
+:func:`game_metrics` gives a training step's per-role figures.
+
+A seat *wins* when its return is above every other seat's (a draw when it ties the best,
+a loss below it), so in a general-sum game, where both seats may gain, at most one wins;
+``mean_return`` is each seat's score.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from agentenv._runner import SampleSink
 from agentenv._sample import Sample, Status
 
-__all__ = ["GameTally", "SeatStats", "TallySink", "wilson_interval"]
+__all__ = ["GameTally", "SeatStats", "TallySink", "game_metrics", "wilson_interval"]
 
 OUTCOMES = ("win", "draw", "loss", "truncated", "aborted")
 
@@ -44,6 +49,8 @@ class SeatStats:
     attempts: int = 0
     invalid: int = 0
     forfeits: int = 0
+    samples: int = 0
+    rewards: float = 0.0
 
     def add(self, other: SeatStats) -> None:
         self.episodes += other.episodes
@@ -53,11 +60,14 @@ class SeatStats:
         self.attempts += other.attempts
         self.invalid += other.invalid
         self.forfeits += other.forfeits
+        self.samples += other.samples
+        self.rewards += other.rewards
 
     def to_dict(self) -> dict[str, Any]:
         """Rates (``win_rate``, ``draw_rate``, ``loss_rate``, ``truncated_rate``,
         ``invalid_move_rate``), their 95 % Wilson intervals (``*_ci``), the mean return
-        and the counts."""
+        (the seat's score per episode), the mean reward of its samples (``reward_mean``:
+        what the trainer sees, a baseline subtracted) and the counts."""
         n = self.episodes
         out: dict[str, Any] = {"episodes": n}
         for key in OUTCOMES:
@@ -67,6 +77,7 @@ class SeatStats:
         out["invalid_move_rate"] = self.invalid / self.attempts if self.attempts else 0.0
         out["invalid_move_rate_ci"] = list(wilson_interval(self.invalid, self.attempts))
         out["mean_return"] = self.returns / n if n else 0.0
+        out["reward_mean"] = self.rewards / self.samples if self.samples else 0.0
         out["attempts"] = self.attempts
         out["invalid_moves"] = self.invalid
         out["forfeits"] = self.forfeits
@@ -94,6 +105,8 @@ class GameTally:
             if "outcome" not in meta or s.role is None:
                 continue
             seat = self.seats.setdefault(s.role, SeatStats())
+            seat.samples += 1
+            seat.rewards += s.reward
             if meta.get("segment", 0) == 0:  # a turn split in segments counts once
                 seat.attempts += int(meta.get("attempts", 0))
                 seat.invalid += int(meta.get("invalid", 0))
@@ -116,6 +129,28 @@ class GameTally:
         out["seats"] = {role: s.to_dict() for role, s in sorted(self.seats.items())}
         out["failed_episodes"] = self.failed
         return out
+
+
+_STEP_RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
+
+
+def game_metrics(samples: Iterable[Sample]) -> dict[str, float]:
+    """A training step's game figures, as flat metrics: ``game/win_rate``,
+    ``game/draw_rate``, ``game/loss_rate`` and ``game/invalid_move_rate`` over all seats,
+    and per role ``game/<role>/reward_mean`` (its samples' mean reward), ``.../win_rate``,
+    ``.../draw_rate``, ``.../loss_rate``, ``.../invalid_move_rate`` and
+    ``.../mean_return``. Empty when no sample is a game's (so other environments log no
+    ``game/`` key)."""
+    tally = GameTally()
+    tally.add(samples)
+    if not tally.seats:
+        return {}
+    summary = tally.summary()
+    out = {f"game/{key}": float(summary[key]) for key in _STEP_RATES}
+    for role, seat in summary["seats"].items():
+        for key in (*_STEP_RATES, "reward_mean", "mean_return"):
+            out[f"game/{role}/{key}"] = float(seat[key])
+    return out
 
 
 class TallySink:

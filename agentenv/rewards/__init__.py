@@ -1,6 +1,7 @@
 """Rewards that RL-for-reasoning runs train on: slime's ``--rm-type`` names (``math``,
 ``deepscaler``, ``dapo``, ``f1``, ``remote_rm``), a user's function
-(``--custom-rm-path``), and an LLM judge (:class:`JudgeRubric`).
+(``--custom-rm-path``; TRL's reward functions through :func:`from_trl`), and an LLM
+judge (:class:`JudgeRubric`).
 
 :func:`reward_rubric` builds the :class:`~agentenv.Rubric` slime's flags describe;
 :func:`score` judges one response by a rule-based type. ``math`` and ``deepscaler`` check
@@ -18,6 +19,7 @@ from agentenv.rewards._judge import (
 )
 from agentenv.rewards._remote import RemoteReward
 from agentenv.rewards._rules import minerva_normalize
+from agentenv.rewards._trl import from_trl
 from agentenv.rewards._types import (
     RM_TYPES,
     RuleReward,
@@ -41,6 +43,7 @@ __all__ = [
     "Verdict",
     "after_thinking",
     "check_rm_type",
+    "from_trl",
     "label_verdict",
     "last_boxed",
     "last_number",

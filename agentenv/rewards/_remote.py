@@ -5,10 +5,17 @@ URL; the service answers with a number, or a JSON object whose ``reward_key`` fi
 the number. Failed requests (connection errors, 5xx, timeouts) are retried with
 exponential backoff; what still fails is a :class:`~agentenv.RewardError` (the episode's
 sample fails with that reason).
+
+Bounded whatever the service does: one reward takes at most ``timeout_s`` (a deadline on
+the whole call, every attempt and backoff included, so a service that drips one byte a
+second or never answers is cut off), and at most ``max_response_bytes`` of an answer are
+read (a larger one fails its sample at once, naming the bound; not retried).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +29,17 @@ if TYPE_CHECKING:
     from agentenv._environment import Task
     from agentenv._rewards import State
 
-__all__ = ["RemoteReward"]
+__all__ = ["MAX_RESPONSE_BYTES", "TIMEOUT_S", "RemoteReward"]
+
+TIMEOUT_S = 120.0  # one reward, retries included (--rm-timeout)
+MAX_RESPONSE_BYTES = 1 << 20  # an answer is a number or a small object (--rm-max-response-bytes)
 
 
 class RemoteReward:
     """A reward function ``(task, state) -> float`` that asks ``url`` (see the module
     docstring). ``prompt`` is the task's prompt (a string or chat messages), ``response``
-    the last assistant message, ``label`` the task's answer."""
+    the last assistant message, ``label`` the task's answer. ``timeout_s``: the deadline
+    of one reward, retries included; ``max_response_bytes``: the largest answer read."""
 
     __name__ = "remote_rm"
 
@@ -37,7 +48,8 @@ class RemoteReward:
         url: str,
         *,
         reward_key: str | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = TIMEOUT_S,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_connections: int = 64,
@@ -46,9 +58,16 @@ class RemoteReward:
             raise ConfigError(f"--rm-url must start with http:// or https://, got {url!r}")
         if max_retries < 0:
             raise ConfigError(f"max_retries must be at least 0, got {max_retries}")
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ConfigError(f"--rm-timeout must be a positive number of seconds, got {timeout_s}")
+        if max_response_bytes < 1:
+            raise ConfigError(
+                f"--rm-max-response-bytes must be at least 1, got {max_response_bytes}"
+            )
         self.url = url
         self.reward_key = reward_key
         self.timeout_s = timeout_s
+        self.max_response_bytes = max_response_bytes
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self._limits = httpx.Limits(max_connections=max_connections)
@@ -59,34 +78,68 @@ class RemoteReward:
         return self.read(await self.post(payload))
 
     async def post(self, payload: dict[str, Any]) -> Any:
-        """The service's JSON answer to ``payload``, retried as the module says."""
+        """The service's JSON answer to ``payload``, retried and bounded as the module
+        says."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=self._limits)
+        deadline: anyio.CancelScope | None = None
+        try:
+            with anyio.fail_after(self.timeout_s) as deadline:
+                return await self._attempts(self._client, payload)
+        except TimeoutError:
+            if deadline is None or not deadline.cancelled_caught:
+                raise
+            raise RewardError(
+                f"remote_rm {self.url}: no answer within {self.timeout_s:g} s (the deadline "
+                "of one reward, retries included; raise it with --rm-timeout)"
+            ) from None
+
+    async def _attempts(self, client: httpx.AsyncClient, payload: dict[str, Any]) -> Any:
         error: Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await anyio.sleep(self.backoff_s * 2 ** (attempt - 1) * (1 + random.random()))
             try:
-                response = await self._client.post(self.url, json=payload)
+                # identity: what is counted against the bound is what the service sent
+                async with client.stream(
+                    "POST", self.url, json=payload, headers={"accept-encoding": "identity"}
+                ) as response:
+                    body = await self._body(response)
             except httpx.HTTPError as e:
                 error = e
                 continue
+            text = body[:200].decode("utf-8", "replace")
             if response.status_code >= 500:
-                error = RewardError(f"HTTP {response.status_code}: {response.text[:200]}")
+                error = RewardError(f"HTTP {response.status_code}: {text}")
                 continue
             if response.status_code >= 400:  # the request is wrong: retrying will not help
-                raise RewardError(
-                    f"remote_rm {self.url}: HTTP {response.status_code}: {response.text[:200]}"
-                )
+                raise RewardError(f"remote_rm {self.url}: HTTP {response.status_code}: {text}")
             try:
-                return response.json()
+                return json.loads(body)
             except ValueError:
                 raise RewardError(
-                    f"remote_rm {self.url}: the answer is not JSON: {response.text[:200]!r}"
+                    f"remote_rm {self.url}: the answer is not JSON: {text!r}"
                 ) from None
         raise RewardError(
             f"remote_rm {self.url}: failed after {self.max_retries + 1} attempts: "
             f"{type(error).__name__}: {error}"
+        )
+
+    async def _body(self, response: httpx.Response) -> bytes:
+        """At most ``max_response_bytes`` of the answer; a longer one is refused."""
+        cap = self.max_response_bytes
+        length = response.headers.get("content-length", "")
+        body = bytearray()
+        if not (length.isdigit() and int(length) > cap):
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > cap:
+                    break
+            else:
+                return bytes(body)
+        raise RewardError(
+            f"remote_rm {self.url}: the answer is longer than {cap} bytes; raise the bound "
+            "with --rm-max-response-bytes (RemoteReward(max_response_bytes=...))"
         )
 
     def read(self, answer: Any) -> float:

@@ -12,11 +12,12 @@ import anyio
 
 from agentenv._errors import ConfigError
 from agentenv._names import close_names, resolve_name
-from agentenv._rewards import Rubric
+from agentenv._rewards import Rubric, trl_style
 from agentenv._sample import JSONValue
 from agentenv.rewards import _rules
 from agentenv.rewards._extract import last_boxed
 from agentenv.rewards._remote import RemoteReward
+from agentenv.rewards._trl import from_trl
 from agentenv.rewards._verdict import Verdict
 from agentenv.rewards._verifier import MathVerifier
 
@@ -149,12 +150,18 @@ def reward_rubric(
     reward_key: str | None = None,
     custom_rm_path: str | None = None,
     group_rm: bool = False,
+    label_key: str | None = "answer",
+    rm_timeout: float | None = None,
+    rm_max_response_bytes: int | None = None,
     verifier: MathVerifier | None = None,
 ) -> Rubric:
     """The rubric slime's reward flags describe: ``custom_rm_path``'s function (sync or
     async; ``(task, state) -> float``, or with ``group_rm`` ``(task, samples) ->
-    [float, ...]`` for a whole group), else the ``rm_type`` (``remote_rm`` asks
-    ``rm_url``)."""
+    [float, ...]`` for a whole group; a function with a parameter named ``completions``
+    and none named ``task`` is TRL's kind, called through :func:`from_trl` with the
+    answer as the ``label_key`` column), else the ``rm_type`` (``remote_rm`` asks
+    ``rm_url``, within ``rm_timeout`` seconds and ``rm_max_response_bytes``; ``None``:
+    :class:`RemoteReward`'s bounds)."""
     if custom_rm_path is not None:
         if rm_type is not None:
             raise ConfigError(
@@ -162,6 +169,13 @@ def reward_rubric(
                 "reward: pass one"
             )
         fn = load_reward_function(custom_rm_path)
+        if trl_style(fn):
+            if group_rm:
+                raise ConfigError(
+                    f"--custom-rm-path {custom_rm_path!r} is a TRL reward function (it takes "
+                    "completions), which scores each completion: drop --group-rm"
+                )
+            return Rubric(from_trl(fn, label_key=label_key))
         if group_rm:
             return Rubric(group=[fn])
         return Rubric(fn)
@@ -173,7 +187,13 @@ def reward_rubric(
     check_rm_type(rm_type)
     remote = None
     if rm_url is not None:
-        remote = RemoteReward(rm_url, reward_key=reward_key)
+        bounds: dict[str, Any] = {
+            "timeout_s": rm_timeout,
+            "max_response_bytes": rm_max_response_bytes,
+        }
+        remote = RemoteReward(
+            rm_url, reward_key=reward_key, **{k: v for k, v in bounds.items() if v is not None}
+        )
     elif rm_type == "remote_rm":
         raise ConfigError(
             "--rm-type remote_rm needs --rm-url, the reward service's URL "

@@ -274,6 +274,43 @@ async def test_failures_become_failed_samples_and_siblings_survive(smollm2: Chat
     assert stats.rewards == [1.0, 1.0]
 
 
+class StallsAfterATurn(MultiTurnEnv):
+    """Answers the first turn; on the second, hangs (task 'hang') or raises (task 'raise')."""
+
+    rubric = Rubric(exact)
+
+    async def respond(self, task: Task, state: State) -> str:
+        if state.turns == 2:
+            if task.id == "raise":
+                raise ValueError("the checker crashed")
+            await anyio.sleep_forever()
+        return "go on"
+
+
+@pytest.mark.parametrize(
+    ("task_id", "error_type"), [("hang", "EpisodeTimeout"), ("raise", "ValueError")]
+)
+async def test_a_failed_episode_keeps_the_tokens_of_its_turns(
+    smollm2: ChatTokenizer, task_id: str, error_type: str
+) -> None:
+    model = ScriptedModel(smollm2, lambda ctx: f"turn {ctx.text.count('go on') + 1}")
+    sink = ListSink()
+    config = RolloutConfig(limits=Limits(timeout_s=1.0))
+    await run_rollouts(
+        StallsAfterATurn(), [Task(id=task_id, prompt="start")], model, sink=sink, config=config
+    )
+    (s,) = sink.samples
+    assert s.status is Status.FAILED and s.error_type == error_type
+    assert not s.trainable  # kept for inspection, never trained on
+    assert s.metadata["turns"] == 2
+    text = smollm2.decode(s.completion_ids)
+    assert "turn 1" in text and "go on" in text and "turn 2" in text
+    assert "start" in smollm2.decode(s.prompt_ids)
+    # The model's tokens are masked in with their log-probs; the environment's are not.
+    assert list(s.loss_mask).count(1) == sum(1 for lp in s.rollout_logprobs or [] if lp != 0.0)
+    assert 0 in list(s.loss_mask)
+
+
 class Empty:
     async def generate(
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
@@ -466,6 +503,43 @@ async def test_tool_errors_go_back_to_the_model(smollm2: ChatTokenizer) -> None:
     assert '"name": "double"' in smollm2.decode(s.prompt_ids)
 
 
+async def test_tools_see_their_own_episode_in_concurrent_episodes(smollm2: ChatTokenizer) -> None:
+    n = 4
+    arrived, everyone = 0, anyio.Event()
+
+    @tool
+    async def check(answer: int, task: Task, state: State) -> str:
+        """Check an answer against the task.
+
+        Args:
+            answer: the proposed answer.
+        """
+        nonlocal arrived
+        arrived += 1
+        if arrived == n:
+            everyone.set()
+        await everyone.wait()  # every episode's call is in flight before any returns
+        state.info["checked"] = task.id
+        return f"{task.id}: {'right' if str(answer) == task.answer else 'wrong'}"
+
+    class Checked(ToolEnv):
+        tools = (check,)
+        rubric = Rubric(lambda task, state: 1.0 if "right" in state.completion else 0.0)
+
+    rules = [
+        (r"say (\d+)", '<tool_call>{"name": "check", "arguments": {"answer": \\1}}</tool_call>'),
+        (r"<\|im_start\|>tool\n([^<]*)<\|im_end\|>", r"\1"),
+    ]
+    sink = ListSink()
+    config = RolloutConfig(concurrency=n)
+    await run_rollouts(Checked(), tasks(n), ScriptedModel(smollm2, rules), sink=sink, config=config)
+    assert sorted(s.task_id or "" for s in sink.samples) == [f"t{i}" for i in range(n)]
+    for s in sink.samples:
+        assert s.metadata["checked"] == s.task_id
+        assert smollm2.decode(s.completion_ids).endswith(f"{s.task_id}: right<|im_end|>")
+        assert s.reward == 1.0
+
+
 # -- multi-agent ----------------------------------------------------------------------------
 async def test_fixed_opponent_policy_per_role(smollm2: ChatTokenizer) -> None:
     from environments.word_guess import GUESSER, WordGuessEnv
@@ -501,3 +575,54 @@ async def test_transcripts_of_one_role_generate_under_their_own_rids(
         tg.start_soon(episode.generate, first)
         tg.start_soon(episode.generate, second)
     assert sorted(r or "" for r in rids) == ["t/0/policy/0", "t/0/policy/0/1"]
+
+
+class _LongEnv(SingleTurnEnv):
+    rubric = Rubric(lambda task, state: 1.0)
+    sampling: ClassVar[Mapping[str, Any]] = {"max_new_tokens": 6, "temperature": 0.5}
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        return [Task(id="t", prompt="say it")]
+
+
+def test_the_run_sampling_wins_over_the_environments_which_wins_over_defaults(
+    smollm2: ChatTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentenv import resolve_sampling, run
+
+    env = _LongEnv()
+    seen: list[SamplingParams] = []
+
+    class Recording(ScriptedModel):
+        async def generate(self, input_ids: Any, params: SamplingParams, **kw: Any) -> Any:
+            seen.append(params)
+            return await super().generate(input_ids, params, **kw)
+
+    model = Recording(smollm2, lambda ctx: "word " * 50)
+    # Nothing given: the environment's defaults over SamplingParams'.
+    assert [len(s.completion_ids) for s in run(env, model).samples] == [6]
+    assert (seen[-1].max_new_tokens, seen[-1].temperature) == (6, 0.5)
+    # A SamplingParams given is used as it is: the environment no longer overrides it.
+    samples = run(env, model, sampling=SamplingParams(max_new_tokens=3)).samples
+    assert [len(s.completion_ids) for s in samples] == [3]
+    assert (seen[-1].max_new_tokens, seen[-1].temperature) == (3, 1.0)
+    # Field by field: what was given explicitly wins, and a disagreement is logged.
+    mixed = resolve_sampling(env, SamplingParams(max_new_tokens=3), {"max_new_tokens": "mine"})
+    assert (mixed.max_new_tokens, mixed.temperature) == (3, 0.5)
+    assert "mine wins over _LongEnv.sampling's max_new_tokens=6" in caplog.text
+
+
+def test_an_environments_sampling_must_name_sampling_parameters() -> None:
+    from agentenv import resolve_sampling
+
+    class Bad(_LongEnv):
+        sampling: ClassVar[Mapping[str, Any]] = {"max_tokens": 6}
+
+    with pytest.raises(ConfigError, match=r"Bad.sampling names \['max_tokens'\], which are"):
+        resolve_sampling(Bad(), SamplingParams())
+
+    class Worse(_LongEnv):
+        sampling: ClassVar[Mapping[str, Any]] = {"top_p": 2.0}
+
+    with pytest.raises(ConfigError, match=r"Worse.sampling: top_p must be in \(0, 1\], got 2.0"):
+        resolve_sampling(Worse(), SamplingParams())

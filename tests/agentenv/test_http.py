@@ -483,3 +483,20 @@ def test_router_patterns_match_one_segment() -> None:
     assert wrong.value.status == 405
     with pytest.raises(HTTPError):
         router.resolve("POST", "/e/a/b/v1/chat/completions")
+
+
+def test_json_bodies_nested_past_the_bound_are_refused_not_recursed() -> None:
+    from agentenv._http import MAX_JSON_DEPTH, decode_json
+
+    def nested(depth: int) -> bytes:
+        return b'{"a": ' * (depth - 1) + b"[]" + b"}" * (depth - 1)
+
+    assert decode_json(b"[" * 64 + b"]" * 64) is not None
+    assert decode_json(nested(MAX_JSON_DEPTH)) is not None
+    for body in (nested(MAX_JSON_DEPTH + 1), b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(ValueError, match=f"deeper than {MAX_JSON_DEPTH} levels"):
+            decode_json(body)
+    request = Request("POST", "/", {}, {}, b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(HTTPError) as info:
+        request.json()
+    assert info.value.status == 400 and "not valid JSON" in info.value.message

@@ -4,6 +4,7 @@ bad rows are skipped and reported with the file, the line (row) and the key."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,60 @@ def test_a_datasets_directory_without_a_train_split_names_its_splits(tmp_path: P
     )
     with pytest.raises(ConfigError, match=r"holds the splits \['test'\], no 'train'"):
         read_prompt_data(tmp_path / "d")
+
+
+@pytest.mark.timeout(120)  # the check was quadratic: 100k rows did not finish in hours
+def test_a_repeated_id_among_many_rows_is_found_in_linear_time(tmp_path: Path) -> None:
+    rows = [{"prompt": "p", "label": "1", "id": f"t{i}"} for i in range(100_000)]
+    path = write_jsonl(
+        tmp_path / "big.jsonl", [*rows, {"prompt": "p", "label": "1", "id": "t99999"}]
+    )
+    with pytest.raises(ConfigError, match=r"repeats an 'id' \('t99999'\)"):
+        read_prompt_data(path)
+
+
+@pytest.mark.timeout(60)  # the open blocked until a writer came
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"data\.jsonl' is not a regular file or directory"):
+        read_prompt_data(fifo)
+    table = tmp_path / "data.parquet"
+    os.mkfifo(table)
+    with pytest.raises(ConfigError, match=r"data\.parquet' is not a regular file or directory"):
+        read_prompt_data(table)
+
+
+def test_deep_nesting_bad_utf8_unknown_roles_and_reward_types_are_bad_rows(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "data.jsonl"
+    lines = [
+        json.dumps(ROWS[0]).encode(),
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"prompt": "caf\xe9", "label": "1"}',
+        json.dumps({"prompt": [{"role": "usr", "content": "hi"}], "label": "1"}).encode(),
+        json.dumps({"prompt": "p", "label": "1", "metadata": {"rm_type": "mathh"}}).encode(),
+        json.dumps({"prompt": "p", "label": "1", "rm_type": 3}).encode(),
+        json.dumps(ROWS[2]).encode(),
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    data = read_prompt_data(path)
+    assert [t.prompt for t in data.tasks] == ["1 + 1?", "3 + 3?"]
+    assert data.skipped[0] == "data.jsonl line 2: JSON nested too deep to parse"
+    assert data.skipped[1] == "data.jsonl line 3: not UTF-8 (byte 16 of the line)"
+    assert data.skipped[2] == (
+        "data.jsonl line 4: 'prompt': message 0 has unknown role 'usr'; expected one of "
+        "['assistant', 'system', 'tool', 'user']"
+    )
+    assert data.skipped[3].startswith(
+        "data.jsonl line 5: 'rm_type': 'mathh' is not a reward type; known: dapo, deepscaler, "
+        "f1, math, remote_rm"
+    )
+    assert data.skipped[3].endswith("did you mean math?")
+    assert data.skipped[4].startswith("data.jsonl line 6: 'rm_type' must be a string, one of")
+    with pytest.raises(ConfigError, match=r"data\.jsonl line 2: JSON nested too deep"):
+        load_prompt_data(path)
+    # A custom reward function may read rm_type values of its own.
+    custom = read_prompt_data(path, check_rm_type=False)
+    assert len(custom.tasks) == 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import anyio
@@ -17,13 +17,20 @@ from agentenv import (
     Completion,
     ConfigError,
     FinishReason,
+    Limits,
+    ListSink,
     RewardError,
+    RolloutConfig,
     Rubric,
     Sample,
+    ScriptedModel,
+    SingleTurnEnv,
     State,
+    Status,
     Task,
     Transcript,
     reward,
+    run_rollouts,
 )
 
 TASK = Task(id="t1", prompt="What is 2+2?", answer="4")
@@ -119,7 +126,6 @@ BAD_VALUES = [
     (-math.inf, "returned -inf; it must be finite"),
     (None, "returned NoneType None"),
     ("1", "returned str '1'"),
-    (True, "returned bool True"),
     ([1.0], r"returned list \[1.0\]"),
     pytest.param(10**400, "returned an int beyond float range", id="huge-int"),
 ]
@@ -354,3 +360,197 @@ def test_a_reward_function_of_the_wrong_shape_is_refused_naming_the_signature() 
 def test_a_bare_weight_names_the_pair() -> None:
     with pytest.raises(ConfigError, match=r"Rubric\(\(my_reward, 0.5\)\)"):
         Rubric(lambda task, state: 1.0, 0.5)  # type: ignore[arg-type]
+
+
+# -- bool rewards ----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_bool_rewards_count_as_one_and_zero() -> None:
+    def matches(task: Task, state: State) -> bool:
+        return state.info.get("answer") == task.answer
+
+    def firsts(task: Task, group: Sequence[Sample]) -> list[bool]:
+        return [i == 0 for i in range(len(group))]
+
+    assert await Rubric(matches).score(TASK, state({"answer": "4"})) == (1.0, {"matches": 1.0})
+    assert await Rubric(matches).score(TASK, state({"answer": "5"})) == (0.0, {"matches": 0.0})
+    assert await Rubric(group=[firsts]).score_group(TASK, samples(2)) == [1.0, 0.0]
+
+
+# -- what a reward function raises fails its sample, never the run ---------------------------
+
+
+class Halt(BaseException):
+    """A BaseException of the user's own (neither an Exception nor a cancellation)."""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", [SystemExit(3), GeneratorExit(), Halt("stop")])
+@pytest.mark.parametrize("kind", ["sync", "async", "group"])
+async def test_a_base_exception_from_a_reward_function_is_a_reward_error(
+    error: BaseException, kind: str
+) -> None:
+    def quits(task: Task, state: Any) -> float:
+        raise error
+
+    async def quits_async(task: Task, state: State) -> float:
+        raise error
+
+    if kind == "group":
+        scoring: Awaitable[Any] = Rubric(group=[quits]).score_group(TASK, samples(2))
+    else:
+        scoring = Rubric(quits if kind == "sync" else quits_async).score(TASK, state())
+    name = type(error).__name__
+    with pytest.raises(RewardError, match=rf"reward function 'quits\w*' raised {name}"):
+        await scoring
+
+
+@pytest.mark.anyio
+async def test_keyboard_interrupt_from_a_reward_function_still_stops() -> None:
+    async def interrupted(task: Task, state: State) -> float:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        await Rubric(interrupted).score(TASK, state())
+
+
+# -- sync reward functions run in worker threads ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_eight_sync_rewards_run_at_once_off_the_event_loop() -> None:
+    # Each waits for all eight: on the event loop one after another, the first would
+    # wait alone until the barrier's timeout broke it.
+    barrier = threading.Barrier(8, timeout=30)
+    loop_thread = threading.get_ident()
+    threads: set[int] = set()
+
+    def slow_verifier(task: Task, state: State) -> float:
+        threads.add(threading.get_ident())
+        barrier.wait()
+        return 1.0
+
+    rubric = Rubric(slow_verifier)
+    results: list[tuple[float, dict[str, float]]] = []
+
+    async def one() -> None:
+        results.append(await rubric.score(TASK, state()))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(one)
+    assert results == [(1.0, {"slow_verifier": 1.0})] * 8
+    assert len(threads) == 8 and loop_thread not in threads
+
+
+@pytest.mark.anyio
+async def test_max_threads_bounds_the_sync_rewards_at_once() -> None:
+    lock = threading.Lock()
+    barrier = threading.Barrier(2, timeout=30)  # two at a time must meet
+    running = peak = 0
+
+    def verify(task: Task, state: State) -> float:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        barrier.wait()
+        with lock:
+            running -= 1
+        return 1.0
+
+    rubric = Rubric(verify, max_threads=2)
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(rubric.score, TASK, state())
+    assert peak == 2
+    with pytest.raises(ConfigError, match="max_threads must be a positive int, got 0"):
+        Rubric(verify, max_threads=0)
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_sync_reward_is_abandoned_in_a_daemon_thread() -> None:
+    entered, release = threading.Event(), threading.Event()
+    returned: list[bool] = []
+
+    def stuck(task: Task, state: State) -> float:
+        entered.set()
+        release.wait(timeout=30)  # bounded: a loop it blocked would see it return
+        returned.append(True)
+        return 1.0
+
+    try:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(Rubric(stuck).score, TASK, state())
+                assert await anyio.to_thread.run_sync(entered.wait, 30)
+                scope.cancel()  # what an episode's timeout does
+        assert scope.cancelled_caught
+        assert not returned  # cancelled while the function still ran
+        (thread,) = [t for t in threading.enumerate() if t.name == "reward stuck"]
+        assert thread.daemon  # it cannot keep the process alive
+    finally:
+        release.set()
+
+
+# -- under the episode timeout, in a run -------------------------------------------------------
+
+
+class _OneAnswer(SingleTurnEnv):
+    pass
+
+
+async def _run_with_timeout(
+    rubric: Rubric, smollm2: ChatTokenizer, n: int, timeout_s: float
+) -> list[Sample]:
+    env = _OneAnswer()
+    env.rubric = rubric
+    sink = ListSink()
+    config = RolloutConfig(n_samples_per_prompt=n, limits=Limits(timeout_s=timeout_s))
+    model = ScriptedModel(smollm2, [], default="4")
+    await run_rollouts(env, [TASK], model, tokenizer=smollm2, sink=sink, config=config)
+    return sink.samples
+
+
+@pytest.mark.anyio
+async def test_a_sync_reward_that_never_returns_fails_at_the_episode_timeout(
+    smollm2: ChatTokenizer,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    returned: list[bool] = []
+
+    def never_returns(task: Task, state: State) -> float:
+        entered.set()
+        release.wait(timeout=30)
+        returned.append(True)
+        return 1.0
+
+    try:
+        # (generous: the episode reaches its reward long before the timeout)
+        (sample,) = await _run_with_timeout(Rubric(never_returns), smollm2, 1, 5.0)
+        assert entered.is_set() and not returned
+        assert sample.status is Status.FAILED and sample.error_type == "EpisodeTimeout"
+    finally:
+        release.set()
+
+
+@pytest.mark.anyio
+async def test_a_sync_group_reward_that_never_returns_fails_its_group_at_the_timeout(
+    smollm2: ChatTokenizer,
+) -> None:
+    release = threading.Event()
+    returned: list[bool] = []
+
+    def never_returns(task: Task, group: Sequence[Sample]) -> list[float]:
+        release.wait(timeout=30)
+        returned.append(True)
+        return [1.0] * len(group)
+
+    try:
+        group = await _run_with_timeout(Rubric(group=[never_returns]), smollm2, 2, 1.0)
+        assert not returned
+        assert {s.status for s in group} == {Status.FAILED}
+        assert group[0].reason == "group reward: exceeded the episode timeout of 1.0 s"
+    finally:
+        release.set()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 import agentenv
 from agentenv import (
     ChatTokenizer,
     ConfigError,
+    Environment,
+    Episode,
     Limits,
     ListSink,
     RolloutConfig,
     Rubric,
+    Sample,
     ScriptedModel,
     SingleTurnEnv,
     State,
@@ -89,3 +93,44 @@ def test_the_tokenizer_comes_from_the_models_directory_or_is_asked_for(
 
     with pytest.raises(ConfigError, match=r"pass tokenizer=ChatTokenizer\.load\("):
         policy_tokenizer(ClientLike())  # type: ignore[arg-type]
+
+
+class LastTaskFirst(Environment):
+    """Each episode finishes only after every episode of the later tasks: the runner's
+    groups complete in the reverse of the task order."""
+
+    def __init__(self, n_tasks: int, n_samples: int) -> None:
+        self.n_tasks, self.n_samples = n_tasks, n_samples
+        self.turns: dict[int, anyio.Event] = {}  # made in the run's event loop
+
+    def turn(self, k: int) -> anyio.Event:
+        return self.turns.setdefault(k, anyio.Event())
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        return [Task(id=f"t{i}", prompt="go") for i in range(self.n_tasks)]
+
+    async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
+        t = episode.transcript("go")
+        await episode.generate(t)
+        index = int(task.id[1:])
+        k = (self.n_tasks - 1 - index) * self.n_samples + (self.n_samples - 1 - episode.index)
+        if k > 0:  # every episode is in flight at once: wait for the one before
+            await self.turn(k).wait()
+        self.turn(k + 1).set()
+        return episode.samples(t, float(index))
+
+
+def test_run_returns_samples_in_task_order_whatever_order_they_finish_in(
+    smollm2: ChatTokenizer,
+) -> None:
+    env = LastTaskFirst(n_tasks=3, n_samples=2)
+    completion_order = ListSink()
+    result = agentenv.run(
+        env, ScriptedModel(smollm2, [(".", "ok")]), n_samples_per_prompt=2, sink=completion_order
+    )
+    # The sink streams groups as they finish; the result is in the order of the tasks.
+    assert [s.task_id for s in completion_order.samples] == ["t2", "t2", "t1", "t1", "t0", "t0"]
+    assert [(s.task_id, s.episode) for s in result.samples] == [
+        ("t0", 0), ("t0", 1), ("t1", 0), ("t1", 1), ("t2", 0), ("t2", 1),
+    ]  # fmt: skip
+    assert list(result.by_task()) == ["t0", "t1", "t2"]

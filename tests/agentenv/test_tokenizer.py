@@ -129,3 +129,54 @@ def test_render_without_template_names_the_fix(smollm2: ChatTokenizer) -> None:
     bare = ChatTokenizer(smollm2._tok, None, name="bare")
     with pytest.raises(TemplateError, match="with_template"):
         bare.render([{"role": "user", "content": "x"}])
+
+
+# Texts that pack the most text into the fewest tokens, or that the tokenizer drops.
+DENSE_TEXTS = [
+    "#" * 80 * 50,
+    "\n" + " " * 80,
+    ("\n" + " " * 79) * 30,
+    "\x04" * 500 + "a",  # a byte SmolLM2's vocabulary lacks: dropped
+    "<|im_end|>" * 40,
+    "\U00040000" * 30,  # a lead byte without a token; its continuation bytes stay
+    "日本語のテキスト" * 50,
+    "🙂" * 100,
+    "hello world " * 300,
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300) | st.sampled_from(DENSE_TEXTS))
+def test_the_text_bound_never_exceeds_the_tokens(smollm2: ChatTokenizer, text: str) -> None:
+    bound = smollm2.text_bound
+    assert bound is not None
+    n = len(smollm2.encode(text))
+    assert bound.fewest_tokens(text) <= n
+    assert bound.may_fit(text, n)
+
+
+def test_the_text_bound_is_proven_or_absent(smollm2: ChatTokenizer) -> None:
+    import tokenizers
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    from agentenv._text_bound import text_bound
+
+    bound = smollm2.text_bound
+    assert bound is not None and bound.max_token_bytes == 81  # its longest token
+    assert "\x04" in bound.dropped
+    assert not bound.may_fit("hello world " * 10_000, 1000)
+    assert bound.fewest_tokens("\x04" * 10_000) == 0
+    # Whitespace drops text; a fused unknown token covers any run; Strip has no bound.
+    whitespace = tokenizers.Tokenizer(models.BPE(vocab={"a": 0}, merges=[], unk_token="a"))
+    whitespace.pre_tokenizer = pre_tokenizers.Whitespace()
+    fused = tokenizers.Tokenizer(
+        models.BPE(vocab={"a": 0, "?": 1}, merges=[], unk_token="?", fuse_unk=True)
+    )
+    stripped = tokenizers.Tokenizer(models.BPE(vocab={"a": 0}, merges=[], unk_token="a"))
+    stripped.normalizer = normalizers.Strip()
+    for tok in (whitespace, fused, stripped):
+        assert text_bound(tok) is None
+    # An NFC normalizer shrinks text at most 4-fold; an unknown token is one character.
+    nfc = tokenizers.Tokenizer(models.BPE(vocab={"abc": 0, "?": 1}, merges=[], unk_token="?"))
+    nfc.normalizer = normalizers.NFC()
+    assert text_bound(nfc) == type(bound)(4 * 4)

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, cast
 
 import anyio
 import anyio.lowlevel
 import pydantic
 import pytest
 
-from agentenv import ConfigError, HermesParser, Tool, ToolCall, ToolCallError, run_tool_calls, tool
+from agentenv import (
+    ConfigError,
+    HermesParser,
+    State,
+    Task,
+    Tool,
+    ToolCall,
+    ToolCallError,
+    run_tool_calls,
+    tool,
+)
 
 
 class Point(pydantic.BaseModel):
@@ -622,3 +632,71 @@ async def test_parser_to_messages_end_to_end() -> None:
     assert msgs[2]["content"].startswith("Error: invalid arguments for 'echo': ")
     assert "text: Field required" in msgs[2]["content"]
     assert "txt: Extra inputs are not permitted" in msgs[2]["content"]
+
+
+# -- the episode's task and state --------------------------------------------------------
+
+
+@tool
+def grade(code: str, task: Task, state: State) -> str:
+    """Run the task's tests against code and count the runs in this episode.
+
+    Args:
+        code: the candidate solution.
+    """
+    runs = int(state.info.get("runs", 0)) + 1
+    state.info["runs"] = runs
+    return f"{code} vs {task.info['tests']} (run {runs} of {task.id})"
+
+
+def episode_state(task: Task) -> State:
+    # A tool reads only the task and the info of the state; the rest is not needed here.
+    return State(task, transcript=cast(Any, None), episode=cast(Any, None))
+
+
+def test_episode_parameters_are_not_in_the_schema() -> None:
+    assert grade.episode_parameters == {"task": Task, "state": State}
+    assert grade.parameters == {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "the candidate solution."}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
+
+
+@pytest.mark.anyio
+async def test_tools_get_the_episode_task_and_state() -> None:
+    state = episode_state(Task(id="t1", info={"tests": "assert f() == 1"}))
+    calls = [ToolCall("grade", {"code": "f"}), ToolCall("grade", {"code": "g"})]
+    msgs = await run_tool_calls(calls, [grade], state=state)
+    assert [m["content"] for m in msgs] == [
+        "f vs assert f() == 1 (run 1 of t1)",
+        "g vs assert f() == 1 (run 2 of t1)",
+    ]
+    assert state.info == {"runs": 2}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["task", "state"])
+async def test_the_model_cannot_give_the_episode_arguments(name: str) -> None:
+    state = episode_state(Task(id="t1", info={"tests": "real"}))
+    forged = {"code": "f", name: {"id": "forged", "info": {"tests": "none"}}}
+    [msg] = await run_tool_calls([ToolCall("grade", forged)], [grade], state=state)
+    assert msg["content"].startswith("Error: invalid arguments for 'grade': ")
+    assert f"{name}: Extra inputs are not permitted" in msg["content"]
+    assert state.info == {}  # refused before the tool ran
+
+
+@pytest.mark.anyio
+async def test_an_episode_tool_called_without_the_state_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"run_tool_calls\(calls, tools, state=state\)"):
+        await run_tool_calls([ToolCall("grade", {"code": "f"})], [grade])
+
+
+def test_an_episode_type_inside_a_union_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="write `task: Task`"):
+
+        @tool
+        def peek(task: Task | None = None) -> str:
+            """Look at the task."""
+            return ""

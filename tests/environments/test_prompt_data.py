@@ -52,3 +52,14 @@ def test_it_needs_a_reward(tmp_path: Path) -> None:
     path = write(tmp_path / "x.jsonl", [{"prompt": "a", "label": "1"}])
     with pytest.raises(ConfigError, match="no reward: pass --rm-type"):
         PromptDataEnv(str(path))
+
+
+def test_a_row_naming_an_unknown_reward_type_is_skipped_at_load_time(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "x.jsonl",
+        [{"prompt": "a", "label": "1"},
+         {"prompt": "b", "label": "2", "metadata": {"rm_type": "f2"}}],
+    )  # fmt: skip
+    env = PromptDataEnv(str(path), rm_type="math")
+    assert [t.prompt for t in env.tasks()] == ["a"]
+    assert env.skipped[0].startswith("x.jsonl line 2: 'rm_type': 'f2' is not a reward type; known:")

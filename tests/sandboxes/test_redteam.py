@@ -257,6 +257,7 @@ async def test_12_to_20_reward_hacks_fail(sandbox: Sandbox) -> None:
             sandbox, code, TESTS, entry_point="sort_list", limits=Limits(timeout_s=10)
         )
         assert not v.passed, f"{name}: {v.reason}"
+        assert v.fraction_passed == 0.0 and not any(t.passed for t in v.tests), (name, v)
     again = await check_python(sandbox, HONEST, TESTS, entry_point="sort_list")
     assert again.passed, again  # the hacks left nothing behind
 

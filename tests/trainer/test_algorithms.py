@@ -22,6 +22,7 @@ from trainer import (
     tempered_logits,
     token_weights,
 )
+from trainer._losses import gradient_without_advantage
 
 # -- references: plain Python, one sample at a time -----------------------------------
 
@@ -116,6 +117,14 @@ def test_a_group_of_equal_rewards_has_zero_advantage() -> None:
     assert adv.tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_equal_rewards_whose_mean_rounds_still_give_exactly_zero(estimator: str) -> None:
+    # 0.1 + 0.1 + 0.1 = 0.30000000000000004: the mean is not 0.1, yet the group has no
+    # signal; divided by the std of that rounding its advantage would be ~1e-11, not 0.
+    adv = compute_advantages([0.1, 0.1, 0.1, 1.0, 0.0], ["g"] * 3 + ["h"] * 2, estimator)
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0] and adv[3] > 0 > adv[4]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -179,6 +188,33 @@ def test_first_step_on_fresh_data_has_ratio_one_and_no_clipping() -> None:
     assert float(sums["rollout_train_logprob_abs_diff"]) == 0.0
     loss.backward()
     assert logp.grad is not None and logp.grad.tolist() == pytest.approx([-0.5, 0.5, 0.0])
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LossConfig(),
+        LossConfig(dual_clip=3.0, eps_clip_high=0.28),
+        LossConfig(use_tis=True),
+        LossConfig(use_kl_loss=True, kl_loss_coef=0.1, kl_type="k1"),
+        LossConfig(use_kl_loss=True, kl_loss_coef=0.0),  # no KL: the coefficient is 0
+        LossConfig(entropy_coef=0.01),
+    ],
+)
+def test_zero_advantages_have_a_gradient_exactly_when_the_rule_says(cfg: LossConfig) -> None:
+    """The rule the loop skips steps by (``gradient_without_advantage``) against autograd:
+    with every advantage 0, only the KL and entropy terms leave a gradient."""
+    logp = torch.tensor([-0.5, -1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    entropy = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    old = (logp - torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)).detach()
+    loss, _ = policy_loss(
+        logp, old, torch.zeros(3, dtype=torch.float64), torch.full((3,), 1 / 3), cfg,
+        ref_logp=old - 0.5, rollout_logp=old + 0.1, entropy=entropy,
+    )  # fmt: skip
+    loss.backward()  # type: ignore[no-untyped-call]
+    grads = [g for g in (logp.grad, entropy.grad) if g is not None]  # None: not in the loss
+    moved = any(bool(g.abs().max() > 0) for g in grads)
+    assert moved == gradient_without_advantage(cfg)
 
 
 def test_kl_estimators_are_zero_on_equal_policies_and_k3_is_non_negative() -> None:

@@ -16,7 +16,8 @@ from agentenv import ChatTokenizer, Sample, SamplingParams
 from agentenv.engine import Engine
 from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
 from trainer import GRPOConfig, OptimConfig, TorchBackend, compute_advantages, run_grpo
-from trainer._checkpoints import cpu_copy
+from trainer._checkpoints import CheckpointWriter, cpu_copy
+from trainer._config import CheckpointConfig
 from trainer._files import replace_dir
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -133,3 +134,65 @@ def test_a_failed_background_write_fails_the_run_and_keeps_the_previous_checkpoi
     assert backend.writes == 2 and steps == [0, 1]
     saved = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())
     assert saved["extra"]["step"] == 0  # the previous checkpoint, whole
+
+
+class StepCheckpoints:
+    """A backend's checkpoint part only: each save writes its step, in the foreground;
+    ``fail_at`` makes that step's write fail halfway."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+
+    def checkpoint_snapshot(self, extra: Any) -> None:
+        return None
+
+    def save_checkpoint(self, directory: Path, extra: dict[str, Any]) -> None:
+        with replace_dir(directory) as tmp:
+            (tmp / "weights.bin").write_bytes(bytes([extra["step"]]) * 1000)
+            if extra["step"] == self.fail_at:
+                raise OSError(28, "No space left on device")
+            (tmp / "checkpoint.json").write_text(json.dumps({"extra": extra}))
+
+
+def _steps_on_disk(root: Path) -> dict[str, int]:
+    return {
+        p.name: json.loads((p / "checkpoint.json").read_text())["extra"]["step"]
+        for p in sorted(root.iterdir())
+        if not p.name.endswith(".tmp")  # a failed write's leftover (the next one clears it)
+    }
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_only_the_newest_keep_checkpoints_stay_and_a_failed_write_deletes_none(
+    tmp_path: Path, keep: int
+) -> None:
+    async def save(backend: StepCheckpoints, steps: range) -> OSError | None:
+        async with anyio.create_task_group() as tg:
+            writer = CheckpointWriter(tg, keep=keep)
+            try:
+                for step in steps:
+                    await writer.save(backend, tmp_path / "ckpt", {"step": step})
+                await writer.wait()
+            except OSError as e:
+                return e
+        return None
+
+    assert anyio.run(save, StepCheckpoints(), range(5)) is None
+    want = {"ckpt": 4} | ({"ckpt.step-2": 2, "ckpt.step-3": 3} if keep == 3 else {})
+    assert _steps_on_disk(tmp_path) == want
+    # Setting a checkpoint aside copies nothing: its files are the replaced one's.
+    if keep == 3:
+        assert (tmp_path / "ckpt.step-3" / "weights.bin").stat().st_nlink == 1
+        assert (tmp_path / "ckpt.step-3" / "weights.bin").read_bytes() == bytes([3]) * 1000
+    # The newest complete checkpoint stays until the next one is complete: a write that
+    # fails keeps it, and every one kept beside it.
+    assert "No space left" in str(anyio.run(save, StepCheckpoints(fail_at=5), range(5, 6)))
+    assert _steps_on_disk(tmp_path) == want | ({"ckpt.step-4": 4} if keep == 3 else {})
+
+
+def test_the_save_interval_help_says_where_checkpoints_are_written(tmp_path: Path) -> None:
+    """On CPU the torch backend writes checkpoints in the step (a copy to write in the
+    background would double the step's memory); the flag's help says so."""
+    help_text = CheckpointConfig.model_fields["save_interval"].description or ""
+    assert "on CUDA writes them in the background, on CPU and megatron in the step" in help_text
+    assert TorchBackend(tiny_llama(tmp_path / "tiny")).checkpoint_snapshot({}) is None

@@ -241,3 +241,50 @@ def test_a_dry_run_resolves_the_settings_left_unset_for_the_device(
         "max_tokens_per_gpu": 512, "rollout_device": "cuda", "offload_rollout": False,
         "eps_clip_high": 0.3, "precision": "bf16-autocast", "compile": True,
     }  # fmt: skip
+
+
+def test_a_row_nested_too_deep_is_skipped_like_other_bad_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "deep.jsonl"
+    good = "".join(json.dumps({"prompt": f"{i}?", "label": str(i)}) + "\n" for i in range(4))
+    prompts.write_text(good + '{"prompt": ' + "[" * 100_000 + "\n")
+    argv = ["--prompt-data", str(prompts), "--rm-type", "math", "--rollout-batch-size", "4"]
+    assert _train(argv) == 0
+    found = json.loads(capsys.readouterr().out)["found"]
+    assert found["skipped_rows"] == ["deep.jsonl line 5: JSON nested too deep to parse"]
+
+
+LONG_ENV = """
+from agentenv import Rubric, SingleTurnEnv, Task
+
+
+class LongEnv(SingleTurnEnv):
+    rubric = Rubric(lambda task, state: 1.0)
+    sampling = {"max_new_tokens": 96, "temperature": 0.5}
+
+    def tasks(self, split="train"):
+        return [Task(id=str(i), prompt=f"say {i}") for i in range(8)]
+"""
+
+
+def test_a_dry_run_shows_the_sampling_that_will_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "long_env.py").write_text(LONG_ENV)
+    env = ["--env", f"{tmp_path / 'long_env.py'}:LongEnv"]
+    assert _train(env) == 0  # the environment's defaults replace the command's
+    out = json.loads(capsys.readouterr().out)
+    sampling = out["config"]["rollout"]["sampling"]
+    assert (sampling["max_new_tokens"], sampling["temperature"]) == (96, 0.5)
+    assert out["config"]["algorithm"]["temperature"] == 0.5  # the log-probs follow
+    assert out["env_sampling"] == {"max_new_tokens": 96, "temperature": 0.5}
+    assert _train([*env, "--rollout-max-response-len", "32"]) == 0  # the flag wins
+    out = json.loads(capsys.readouterr().out)
+    sampling = out["config"]["rollout"]["sampling"]
+    assert (sampling["max_new_tokens"], sampling["temperature"]) == (32, 0.5)
+    assert out["env_sampling"] == {"temperature": 0.5}
+    assert (
+        "--rollout-max-response-len 32 wins over LongEnv.sampling's max_new_tokens=96"
+        in caplog.text
+    )

@@ -3,6 +3,7 @@ few steps, the engine follows the trainer's weights, and samples carry weight ve
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,14 @@ def test_reward_rises_and_the_engine_follows(tmp_path: Path) -> None:
     last = sum(h["reward_mean"] for h in history[-2:]) / 2
     assert last > first + 0.1, [round(h["reward_mean"], 3) for h in history]
     assert history[0]["train/ratio_max"] == 1.0
-    # On CPU the engine gave its memory (pool and weights) back for every step's training,
-    # and the sync loaded the new weights: the engine followed all the same.
-    assert [h["rollout/engine_memory_releases"] for h in history] == list(range(1, 11))
+    # On CPU the engine gave its memory (pool and weights) back for every step's training
+    # (a step whose groups all had equal rewards trains nothing, and keeps it), and the
+    # sync loaded the new weights: the engine followed all the same.
+    trained = list(itertools.accumulate(int("train/loss" in h) for h in history))
+    assert [h["rollout/engine_memory_releases"] for h in history] == trained
+    assert trained[-1] >= 2 and all(
+        h["rollout/zero_std_groups"] == 1.0 for h in history if h["train/skipped_no_gradient"]
+    )
     phases = ("time_rollout_s", "time_train_s", "time_wait_s", "time_sync_s")
     for h in history:  # every step syncs the weights, and its phases make up the step
         assert 0 < h["time_sync_s"] < h["time_step_s"]
@@ -120,13 +126,13 @@ def test_agentenv_train_cli_runs_saves_and_reports(tmp_path: Path) -> None:
 
     model = tiny_llama(tmp_path / "tiny")
 
-    def train(steps: int) -> subprocess.CompletedProcess[str]:
+    def train(steps: int, run: str = "run", *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "agentenv", "train",
              "--env", "tests.trainer.test_loop:GoodTokensEnv", "--hf-checkpoint", str(model),
              "--num-rollout", str(steps), "--rollout-batch-size", "4",
              "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8", "--n-eval", "4",
-             "--lr", "1e-2", "--save", str(tmp_path / "run"), "--json"],
+             "--lr", "1e-2", "--save", str(tmp_path / run), "--json", *extra],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
@@ -139,12 +145,33 @@ def test_agentenv_train_cli_runs_saves_and_reports(tmp_path: Path) -> None:
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()
     assert "step 3/3  reward" in out.stderr
+    # The final model and the last checkpoint's are the same weights, held once on disk.
+    weights = [tmp_path / "run" / d / "model.safetensors" for d in ("model", "checkpoint/model")]
+    assert weights[0].stat().st_ino == weights[1].stat().st_ino
     # The same command with more steps resumes after the checkpoint of step 3.
     out = train(4)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step 4/4" in out.stderr and "step 1/4" not in out.stderr
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
+    recorded = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert recorded == json.loads(out.stdout.splitlines()[-1])
+    # Once more: the run is complete. It says so, evaluates nothing, trains nothing, and
+    # prints the result it recorded.
+    out = train(4)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"the run in {tmp_path / 'run'} is complete: 4 steps trained" in out.stderr
+    assert "held-out reward before" not in out.stderr and "step 4/4" not in out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == recorded
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4
+    # --keep-checkpoints 0: once complete only the model and the result stay; such a run
+    # cannot be continued, and says why.
+    out = train(1, "bare", "--keep-checkpoints", "0")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert {p.name for p in (tmp_path / "bare").iterdir()} >= {"model", "summary.json"}
+    assert not (tmp_path / "bare" / "checkpoint").exists()
+    out = train(2, "bare")
+    assert out.returncode == 2 and "kept no checkpoint to continue from" in out.stderr
 
 
 def test_a_run_stopped_and_resumed_continues_as_if_never_interrupted(tmp_path: Path) -> None:
@@ -416,3 +443,66 @@ def test_the_loop_keeps_as_many_episodes_in_flight_as_the_engine_decodes(
         assert metrics["rollout/peak_requests"] == max_running
         # On CPU the process's peak resident set (CUDA: the step's peak GPU memory).
         assert 0.1 < metrics["perf/peak_rss_gib"] < 64 and "perf/peak_memory_gib" not in metrics
+
+
+class SameRewardEnv(GoodTokensEnv):
+    """Every episode scores 1: every group's rewards are equal, every advantage is 0."""
+
+    name = "same_reward"
+    rubric = Rubric(lambda task, state: 1.0)
+
+
+class CountingBackend(TorchBackend):
+    """The torch backend, counting its forward passes and optimizer steps."""
+
+    forwards = 0
+    steps_run = 0
+
+    def _forward(self, batch: Any, *, with_entropy: bool, model: Any = None) -> Any:
+        self.forwards += 1
+        return super()._forward(batch, with_entropy=with_entropy, model=model)
+
+    def train_step(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        self.steps_run += 1
+        return super().train_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_a_step_without_gradient_is_not_run_unless_a_kl_term_gives_one(
+    tmp_path: Path, kl: bool
+) -> None:
+    """All groups' rewards equal: no forward, no backward, no optimizer step (AdamW's
+    weight decay would have moved the weights), counted in ``train/skipped_no_gradient``;
+    the weights are still synced as the step's version. With a KL penalty the loss has a
+    gradient without advantages: the step runs."""
+    model = tiny_llama(tmp_path / "tiny")
+    tokenizer = ChatTokenizer.load(model)
+    env = SameRewardEnv()
+    loss = LossConfig(use_kl_loss=True, kl_loss_coef=0.1) if kl else LossConfig()
+    backend = CountingBackend(model, optim=OptimConfig(lr=1e-2, weight_decay=0.1), loss=loss)
+    before = {k: v.clone() for k, v in backend.state_dict().items()}
+    config = GRPOConfig(
+        num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=4, global_batch_size=4,
+        num_steps_per_rollout=2,
+        sampling=SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True),
+    )  # fmt: skip
+
+    async def go() -> tuple[list[dict[str, float]], str | None]:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+            history = await run_grpo(env, env.tasks(), backend, e, tokenizer, config)
+            c = await e.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+            return history, c.weight_version
+
+    history, version = anyio.run(go)
+    assert version == "2"  # synced after every step, skipped or not
+    assert all(h["rollout/zero_std_groups"] == 1.0 for h in history)
+    after = backend.state_dict()
+    if kl:
+        assert [h["train/skipped_no_gradient"] for h in history] == [0.0, 0.0]
+        assert backend.steps_run == 4 and backend.forwards > 0
+        assert any(not torch.equal(after[k], v) for k, v in before.items())
+    else:
+        assert [h["train/skipped_no_gradient"] for h in history] == [2.0, 2.0]
+        assert backend.steps_run == 0 and backend.forwards == 0
+        assert all(torch.equal(after[k], v) for k, v in before.items())
+        assert all("train/loss" not in h and h["perf/train_tokens_per_s"] == 0 for h in history)

@@ -65,13 +65,15 @@ def test_one_step_off_trains_on_samples_one_version_behind(model: Path) -> None:
     history = run(model, config, backend)
     assert len(history) == 4
     # Step k trains on a rollout made with the weights of step k - 1 (version k - 1 after
-    # the first): exactly one version behind, never more.
+    # the first): exactly one version behind, never more. (A step whose groups all have
+    # equal rewards trains nothing: what every step's batch held is in its metrics.)
     versions = [{v for s in batch for v in s.weight_versions} for batch in backend.trained]
-    assert versions == [{"0"}, {"0"}, {"1"}, {"2"}]
+    assert versions[:2] == [{"0"}, {"0"}] and all(len(v) == 1 for v in versions)
+    assert [h["rollout/weight_version_min"] for h in history] == [0, 0, 1, 2]
     assert [h["rollout/staleness_max"] for h in history] == [0, 1, 1, 1]
     # The trainer's old log-probs are its own (the ratio starts at 1); the sampling
     # policy's differ from them once the samples lag a version behind (TIS corrects it).
-    diff = [h["train/rollout_train_logprob_abs_diff"] for h in history]
+    diff = [h["train/rollout_train_logprob_abs_diff"] for h in history[:2]]
     assert diff[0] <= 1e-4 and diff[1] > 1e-3, diff
     assert all(h["samples"] == 16 for h in history)
 
@@ -236,7 +238,7 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
     out = _train(*base, "--tensor-model-parallel-size", "2")
     assert out.returncode == 2 and "need --backend megatron" in out.stderr
     out = _train(*base, "--backend", "megatron", "--tensor-parallel", "2")
-    assert out.returncode == 2 and "unsupported megatron flag(s) ['--tensor-par" in out.stderr
+    assert out.returncode == 2 and "did you mean --tensor-model-parallel-size?" in out.stderr
     out = _train(*base, "--backend", "megatron", "--actor-num-gpus-per-node", "3",
                  "--tensor-model-parallel-size", "2")  # fmt: skip
     assert out.returncode == 2 and "world size 3 is not a multiple of TP" in out.stderr
@@ -249,7 +251,7 @@ def test_agentenv_train_refuses_bad_settings_before_loading_anything(
         [sys.executable, "-m", "agentenv", "eval", "--env", "x", "--model", "y", "--bogus"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+    assert out.returncode == 2 and "unknown flag --bogus" in out.stderr
     out = _train(*base, "--rollout-batch-size", "8", "--over-sampling-batch-size", "4")
     assert out.returncode == 2 and "--over-sampling-batch-size (4) must be at least" in out.stderr
     out = _train(*base, "--dynamic-sampling-filter-path", "nowhere.filter")

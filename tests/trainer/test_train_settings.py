@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -293,3 +295,52 @@ def test_a_launched_agentenv_serve_gets_the_key_and_the_trainer_sends_it(
                 assert r.status_code == 401
 
     anyio.run(go)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-rolout", "3"], "unknown flag --num-rolout; did you mean --num-rollout?"),
+        (["--learning-rate", "1e-5"], "unknown flag --learning-rate; did you mean --lr,"),
+        (["--backend", "megatron", "--num-rolout", "3"], "did you mean --num-rollout?"),
+        (["--backend", "megatron", "--tensor-parallel", "2"],
+         "unknown flag --tensor-parallel; did you mean --tensor-model-parallel-size?"),
+        (["--frobnicate"], "unknown flag --frobnicate (--help lists the flags)"),
+        # Only megatron's own flags are blamed on the backend.
+        (["--tensor-model-parallel-size", "2"],
+         "megatron flags (--tensor-model-parallel-size 2) need --backend megatron"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_train_flag_is_named_with_the_closest_one(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    from agentenv.cli import main
+
+    try:
+        code = main(["train", "--dry-run", "--env", "arithmetic", *argv])
+    except SystemExit as e:  # argparse's way
+        code = int(str(e.code))
+    err = capsys.readouterr().err
+    assert code == 2 and message in err
+    if "megatron flags" not in message:
+        assert "megatron flags" not in err and "need --backend megatron" not in err
+
+
+class _SampledEnv(SingleTurnEnv):
+    rubric = Rubric(lambda task, state: 1.0)
+    sampling: ClassVar[Mapping[str, Any]] = {"max_new_tokens": 96, "temperature": 0.5}
+
+
+def test_the_environments_sampling_fills_what_was_not_given_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = _SampledEnv()
+    plain = GRPOConfig().for_env(env)
+    assert (plain.sampling.max_new_tokens, plain.sampling.temperature) == (96, 0.5)
+    config = TrainConfig(env="x", rollout_max_response_len=8).for_env(env)
+    assert (config.rollout.sampling.max_new_tokens, config.rollout.sampling.temperature) == (8, 0.5)
+    assert config.algorithm.temperature == 0.5  # the log-probs follow the rollouts
+    message = "--rollout-max-response-len 8 wins over _SampledEnv.sampling's max_new_tokens=96"
+    assert caplog.text.count(message) == 1
+    again = config.rollout.model_copy(update={"concurrency": 4}).for_env(env)  # run_grpo's
+    assert again.sampling == config.rollout.sampling and caplog.text.count(message) == 1

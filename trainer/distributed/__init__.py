@@ -31,7 +31,12 @@ from trainer.distributed._hosts import available as hosts_available
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 from trainer.distributed._sender import RankSender
-from trainer.distributed._workers import PlayResult, RolloutWorkers, WorkerSpec
+from trainer.distributed._workers import (
+    PlayResult,
+    RolloutWorkers,
+    WorkerSpec,
+    check_worker_room,
+)
 
 if typing.TYPE_CHECKING:
     from trainer.distributed._trainer import TorchRank, TrainerGroup
@@ -61,6 +66,7 @@ __all__ = [
     "TrainerRankError",
     "Worker",
     "WorkerSpec",
+    "check_worker_room",
     "connect",
     "hosts_available",
     "node_address",

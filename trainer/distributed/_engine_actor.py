@@ -168,6 +168,15 @@ class EngineActor:
         """This actor's own process id."""
         return os.getpid()
 
+    def peak_rss_gib(self) -> float:
+        """The largest peak resident set so far (GiB) of this actor's process and its
+        server's (the server and every process it started)."""
+        from trainer._rss import peak_rss_gib
+
+        process = self._process
+        server = peak_rss_gib(process.pid, descendants=True) if process is not None else 0.0
+        return max(peak_rss_gib(), server)
+
     async def stop(self) -> None:
         """Stop the server (SIGTERM to its process group, then SIGKILL)."""
         self._stop.set()

@@ -179,6 +179,7 @@ class EngineGroup:
         self._closed = False
         self._started = False
         self._deaths = self._replacements = self._retried = self._request_failures = 0
+        self._peak_rss_gib = 0.0  # the largest engine process's, as of the last check
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> EngineGroup:
@@ -247,6 +248,7 @@ class EngineGroup:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             self._tg.start_soon(self._watch)
+            self._tg.start_soon(self._sample_memory)  # after loading: then every check
         except BaseException:
             # Not under a shield of ours: aclose leaves the task groups entered above.
             await self.aclose()
@@ -300,7 +302,9 @@ class EngineGroup:
         )
 
     def metrics(self) -> dict[str, float]:
-        """The statistics as the run's step metrics (``rollout/engine_...``)."""
+        """The statistics as the run's step metrics (``rollout/engine_...``), and the
+        largest engine process's peak resident set as of the last check
+        (``perf/peak_rss_gib/engines``, once measured)."""
         s = self.statistics()
         return {
             "rollout/engine_routed": float(s.routed),
@@ -308,6 +312,7 @@ class EngineGroup:
             "rollout/engine_replacements": float(s.replacements),
             "rollout/engine_retried_requests": float(s.retried_requests),
             "rollout/engine_failed_requests": float(s.failed_requests),
+            **({"perf/peak_rss_gib/engines": self._peak_rss_gib} if self._peak_rss_gib else {}),
         }
 
     async def wait_ready(self, timeout: float = 600.0) -> None:  # noqa: ASYNC109
@@ -503,6 +508,23 @@ class EngineGroup:
                 await self.check()
             except Exception:  # the watcher goes on: a failed check is tried again
                 log.exception("checking the engines failed")
+            await self._sample_memory()
+
+    async def _sample_memory(self) -> None:
+        """Keep the largest peak resident set so far of the live engines' processes
+        (each actor and its server's: :meth:`EngineActor.peak_rss_gib`)."""
+
+        async def sample(m: _Member) -> None:
+            with anyio.move_on_after(self.probe_timeout):
+                try:
+                    gib = float(await m.actor.peak_rss_gib.remote())
+                except Exception:  # a dead or busy actor: the health check decides
+                    return
+                self._peak_rss_gib = max(self._peak_rss_gib, gib)
+
+        async with anyio.create_task_group() as tg:
+            for m in self._live():
+                tg.start_soon(sample, m)
 
     async def _probe(self, m: _Member) -> str | None:
         """``None`` if the engine is well, else why it is dead."""

@@ -26,6 +26,7 @@ from trainer._backend import Backend, OptimConfig
 from trainer._data_parallel import DataParallel
 from trainer._losses import LossConfig
 from trainer._precision import resolve_precision
+from trainer._rss import peak_rss_gib
 from trainer._torch import TorchBackend
 from trainer.distributed._ranks import RankGroup, Rendezvous
 from trainer.distributed._sender import RankSender
@@ -158,6 +159,11 @@ class TrainerGroup(Backend):
         self.steps += 1
         return metrics
 
+    def memory_metrics(self) -> dict[str, float]:
+        """The largest rank process's peak resident set so far (GiB)."""
+        each = self.ranks.call_each(_peak_rss, [((), {})] * self.world_size)
+        return {"perf/peak_rss_gib/trainer_ranks": max(each)}
+
     def _rank0(self, method: Any, *args: Any) -> Any:
         idle: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
         return self.ranks.call_each(
@@ -207,3 +213,7 @@ def _on_rank0(rank: TorchRank, method: Any = None, args: tuple[Any, ...] = ()) -
 
 def _steps(rank: TorchRank) -> int:
     return rank.steps
+
+
+def _peak_rss(rank: TorchRank) -> float:
+    return peak_rss_gib()

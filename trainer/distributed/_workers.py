@@ -42,7 +42,7 @@ import anyio
 
 from agentenv import ConfigError, RolloutConfig, RolloutStats, Sample, Status, Task
 
-__all__ = ["PlayResult", "RolloutWorkers", "WorkerSpec"]
+__all__ = ["PlayResult", "RolloutWorkers", "WorkerSpec", "check_worker_room"]
 
 log = logging.getLogger("trainer.distributed")
 
@@ -87,6 +87,8 @@ class _Part:
     roles: int
     wall_s: float
     rss_mb: float
+    #: The worker process's peak resident set so far (GiB).
+    peak_rss_gib: float = 0.0
 
 
 class RolloutWorker:
@@ -133,7 +135,10 @@ class RolloutWorker:
             stats = await run_rollouts(
                 self.env, tasks, policy, tokenizer=self.tokenizer, sink=sink, config=config
             )
-        return _Part(stats, sink.put, sink.roles, time.perf_counter() - start, _rss_mb())
+        from trainer._rss import peak_rss_gib
+
+        wall_s = time.perf_counter() - start
+        return _Part(stats, sink.put, sink.roles, wall_s, _rss_mb(), peak_rss_gib())
 
 
 @contextlib.asynccontextmanager
@@ -235,6 +240,7 @@ class RolloutWorkers:
         self._retries = 0
         self._failed_parts = 0
         self._recycled = 0
+        self._peak_rss_gib = 0.0  # the largest worker process's, over the run
         self._pending: list[_Worker] = []  # replacements not yet placed
         self._failures: Counter[str] = Counter()
 
@@ -276,7 +282,8 @@ class RolloutWorkers:
             raise ConfigError(
                 f"the {self.num_workers} rollout workers were not all placed within "
                 f"{self.start_timeout:g} s (each asks for {self._ask()}); the cluster has "
-                f"{_cluster()}: lower --rollout-num-workers or add nodes"
+                f"{_cluster(self._asked())}: lower --rollout-num-workers or "
+                "--rollout-num-cpus-per-worker, or add nodes"
             ) from None
         except BaseException:
             self._kill(workers)
@@ -297,9 +304,11 @@ class RolloutWorkers:
             self._buffer_url, directory / "buffer.json",
         )  # fmt: skip
 
+    def _asked(self) -> dict[str, float]:
+        return {"CPU": self.spec.num_cpus, **self.spec.resources}
+
     def _ask(self) -> str:
-        parts = {"CPU": self.spec.num_cpus, **self.spec.resources}
-        return "{" + ", ".join(f"{k}: {v:g}" for k, v in parts.items()) + "}"
+        return "{" + ", ".join(f"{k}: {v:g}" for k, v in self._asked().items()) + "}"
 
     def _launch(self) -> _Worker:
         import ray
@@ -410,6 +419,7 @@ class RolloutWorkers:
         _merge(result, part)
         w.episodes += part.stats.episodes
         w.busy_s += part.wall_s
+        self._peak_rss_gib = max(self._peak_rss_gib, part.peak_rss_gib)
         limit = self.spec.max_worker_rss_mb
         if limit is not None and part.rss_mb > limit:
             w.dead = w.recycle = True  # replaced after the round (its part is done)
@@ -529,7 +539,8 @@ class RolloutWorkers:
 
     # -- observability ---------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
-        """Counts since the run began, and each live worker's episodes per busy second."""
+        """Counts since the run began, each live worker's episodes per busy second, and
+        the largest worker process's peak resident set so far."""
         out = {
             "rollout/workers_alive": float(len(self.live())),
             "rollout/worker_restarts": float(self._restarts),
@@ -538,6 +549,8 @@ class RolloutWorkers:
             "rollout/worker_recycled": float(self._recycled),
             "rollout/workers_in_flight": float(sum(w.in_flight for w in self.live())),
         }
+        if self._peak_rss_gib > 0:  # the largest worker process's peak resident set
+            out["perf/peak_rss_gib/rollout_workers"] = self._peak_rss_gib
         for w in self.live():
             rate = w.episodes / w.busy_s if w.busy_s > 0 else 0.0
             out[f"rollout/worker_{w.index}_episodes_per_s"] = rate
@@ -567,15 +580,80 @@ def _merge(result: PlayResult, part: _Part) -> None:
     result.roles = max(result.roles, part.roles)
 
 
+def check_worker_room(
+    ray: Any,
+    *,
+    num_workers: int,
+    num_cpus: float,
+    resources: Mapping[str, float] | None = None,
+    reserved: Mapping[str, float] | None = None,
+) -> None:
+    """Refuse, before anything is placed or loaded, rollout workers the joined cluster
+    can never hold: ``num_workers`` asking ``num_cpus`` CPUs (and ``resources``) each,
+    beside the ``reserved`` resources of the run's placement group. (Ray would keep them
+    pending until the start timeout, and name its own resource names.)
+
+    Raises:
+        ConfigError: naming ``--rollout-num-workers``, ``--rollout-num-cpus-per-worker``
+            (or ``--rollout-worker-resource``), the numbers asked and what the cluster
+            has, and values that would fit.
+    """
+    ask = {"CPU": num_cpus, **(resources or {})}
+    reserved = reserved or {}
+    total: Mapping[str, float] = ray.cluster_resources()
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    cpus = float(total.get("CPU", 0.0))
+    room = cpus - float(reserved.get("CPU", 0.0))
+    what = (
+        f"--rollout-num-workers {num_workers} x --rollout-num-cpus-per-worker {num_cpus:g} "
+        f"= {num_workers * num_cpus:g} CPUs"
+    )
+    placed = f", beside the {reserved['CPU']:g} of the trainer and engine bundles" if (
+        reserved.get("CPU")
+    ) else ""  # fmt: skip
+    has = f"the cluster has {cpus:g} CPUs on {len(nodes)} node(s)"
+    for name, amount in ask.items():
+        if name != "CPU" and float(total.get(name, 0.0)) < num_workers * amount:
+            raise ConfigError(
+                f"--rollout-worker-resource {name}: the {num_workers} rollout workers ask "
+                f"for {num_workers * amount:g} {name!r} in all, and the cluster has "
+                f"{float(total.get(name, 0.0)):g}: start nodes with it (ray start --resources "
+                f"'{{\"{name}\": N}}') or lower --rollout-num-workers"
+            )
+    largest = max((float(n.get("CPU", 0.0)) for n in nodes), default=cpus)
+    if num_cpus > largest:
+        raise ConfigError(
+            f"--rollout-num-cpus-per-worker {num_cpus:g}: no node has that many CPUs "
+            f"({has}, at most {largest:g} on one): pass --rollout-num-cpus-per-worker "
+            f"{largest:g} or less (a worker mostly waits on the engines)"
+        )
+    if num_workers * num_cpus > room + 1e-9:
+        fixes = []
+        if room > 0:
+            per = math.floor(room / num_workers * 100) / 100
+            if per > 0:
+                fixes.append(f"--rollout-num-cpus-per-worker {per:g} (a worker mostly waits "
+                             "on the engines)")  # fmt: skip
+            fit = math.floor(room / num_cpus + 1e-9)
+            if fit >= 1:
+                fixes.append(f"--rollout-num-workers {fit}")
+        fixes.append("add nodes (ray start --address HEAD)")
+        raise ConfigError(
+            f"{what} for the rollout workers{placed}, but {has}: pass " + ", or ".join(fixes)
+        )
+
+
 def _actor_error(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     first = next((line for line in text if line.strip()), type(e).__name__)
     return f"{type(e).__name__}: {first[:300]}"
 
 
-def _cluster() -> str:
+def _cluster(asked: Mapping[str, float]) -> str:
+    """What the cluster has of the resources a worker asks for (not Ray's own, such as
+    ``node:10.0.0.2`` or ``object_store_memory``)."""
     import ray
 
     total = ray.cluster_resources()  # type: ignore[no-untyped-call]
     free = ray.available_resources()  # type: ignore[no-untyped-call]
-    return ", ".join(f"{k} {total[k]:g} ({free.get(k, 0):g} free)" for k in sorted(total))
+    return ", ".join(f"{k} {total.get(k, 0):g} ({free.get(k, 0):g} free)" for k in asked)

@@ -169,3 +169,34 @@ def test_eval_refuses_tasks_that_are_not_tasks(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Dicts.tasks('test') must be agentenv.Task objects, but item 0 is dict" in proc.stderr
+
+
+LONG_ENV = """
+from agentenv import Rubric, SingleTurnEnv, Task
+
+
+class LongEnv(SingleTurnEnv):
+    rubric = Rubric(lambda task, state: 1.0)
+    sampling = {"max_new_tokens": 40, "temperature": 0.5}
+
+    def tasks(self, split="train"):
+        return [Task(id=str(i), prompt=f"say {i}") for i in range(3)]
+"""
+
+
+def test_the_command_line_wins_over_the_environments_sampling_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "long_env.py").write_text(LONG_ENV)
+    (tmp_path / "long.py").write_text("def reply(ctx):\n    return 'word ' * 200\n")
+    base = ["eval", "--env", f"{tmp_path / 'long_env.py'}:LongEnv", "--model",
+            f"scripted:{tmp_path / 'long.py'}", "--json", "--no-progress"]  # fmt: skip
+    assert main([*base, "--max-new-tokens", "8"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["completion_tokens"] == 3 * 8  # the flag, not the environment's 40
+    assert "--max-new-tokens 8 wins over LongEnv.sampling's max_new_tokens=40" in caplog.text
+    caplog.clear()
+    assert main(base) == 0  # not given: the environment's default replaces the command's
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["completion_tokens"] == 3 * 40
+    assert "wins over" not in caplog.text

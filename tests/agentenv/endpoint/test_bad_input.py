@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 
@@ -65,6 +66,22 @@ def run(probe: Any, tok: ChatTokenizer, n: int = 1, **kwargs: Any) -> agentenv.R
         ({"messages": []}, "messages"),
         ({"messages": [USER], "temperature": 3}, "temperature"),
         ({"messages": [USER], "stop": [""]}, "stop"),
+        (
+            {
+                "messages": [USER],
+                "tools": [
+                    {"type": "function", "function": {"name": "add", "parameters": '{"a": 1}'}}
+                ],
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "messages": [USER],
+                "tools": [{"type": "function", "function": {"name": "f", "description": 5}}],
+            },
+            "tools[0].function.description",
+        ),
     ],
 )
 def test_refused_requests_name_the_field(request_body: dict[str, Any], param: str) -> None:
@@ -97,6 +114,35 @@ def test_the_sdk_sees_the_400_and_the_episode_goes_on(smollm2: ChatTokenizer) ->
     assert "unknown role 'critic'" in errors[1].message
     assert sample.status is Status.COMPLETED and sample.metadata["calls"] == 3
     assert sample.metadata["refused_calls"] == 2
+
+
+def test_deep_json_and_string_tool_parameters_are_refused_400_naming_the_problem(
+    smollm2: ChatTokenizer,
+) -> None:
+    answers: list[httpx.Response] = []
+    schema = json.dumps(ADD_TOOL["function"]["parameters"])  # type: ignore[index]
+
+    async def probe(client: openai.AsyncOpenAI) -> str:
+        url = f"{client.base_url}chat/completions"
+        deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        nested = json.loads("[" * 500 + "]" * 500)  # within json's own limit, not ours
+        stringly = [{"type": "function", "function": {"name": "add", "parameters": schema}}]
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+            answers.append(await http.post(url, content=deep))
+            answers.append(await http.post(url, json={"messages": [USER], "metadata": nested}))
+            answers.append(await http.post(url, json={"messages": [USER], "tools": stringly}))
+        r = await client.chat.completions.create(model="policy", messages=[USER])
+        return r.choices[0].message.content or ""
+
+    (sample,) = run(probe, smollm2).samples
+    assert [a.status_code for a in answers] == [400, 400, 400], [a.text for a in answers]
+    errors = [a.json()["error"] for a in answers]
+    assert "deeper than 128 levels" in errors[0]["message"]
+    assert "deeper than 128 levels" in errors[1]["message"]
+    assert errors[2]["param"] == "tools[0].function.parameters"
+    assert "expected a JSON Schema object" in errors[2]["message"]
+    assert "not its JSON text" in errors[2]["message"]
+    assert sample.status is Status.COMPLETED and sample.metadata["refused_calls"] == 3
 
 
 def test_malformed_tool_arguments_reach_the_agent_and_are_counted(
@@ -207,6 +253,10 @@ def test_an_agent_that_raises_or_overruns_fails_alone(smollm2: ChatTokenizer) ->
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"input": []}, "input"),
+        (
+            {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": "{}"}]},
+            "tools[0].parameters",
+        ),
     ],
 )
 def test_refused_responses_requests_name_the_field(

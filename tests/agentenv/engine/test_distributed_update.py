@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import functools
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -387,3 +388,81 @@ def test_a_receiving_rank_aborts_when_rank_0s_process_is_gone() -> None:
     finally:
         rank0.kill()
         rank0.wait()
+
+
+def join_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("join ")]
+
+
+async def test_a_silent_master_fails_the_join_within_its_timeout(served: Served) -> None:
+    """A master that accepts the connection and never speaks (torch's store would wait for
+    it for ever): the init fails once its timeout passes, the server answers meanwhile,
+    and the abandoned join's thread ends (its connection is shut down)."""
+    _, client, server = served
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+
+                async def join() -> None:
+                    with pytest.raises(SGLangError, match=r"did not join at 127\.0\.0\.1:\d+ "
+                                                          r"within 2 s"):  # fmt: skip
+                        await client.init_weights_update_group(
+                            "127.0.0.1", port, 1, 2, group_name="s", backend="gloo",
+                            rendezvous_timeout=2,
+                        )  # fmt: skip
+
+                tg.start_soon(join)
+                await until(lambda: "s" in server._forming)
+                assert await client.health()
+        assert "s" not in server._forming and "s" not in server._groups
+        with anyio.fail_after(60):
+            while join_threads():  # noqa: ASYNC110 - polls a thread of the server
+                await anyio.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_sigterm_stops_the_server_while_a_join_waits(tmp_path: Path) -> None:
+    """``agentenv serve`` joining a group whose master never answers still stops on SIGTERM."""
+    command = [sys.executable, "-m", "agentenv", "serve", "--model", "smollm2-135m",
+               "--port", "0", "--context-length", "256"]  # fmt: skip
+    err = tmp_path / "err"
+    with socket.socket() as silent, err.open("wb") as stderr:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.setblocking(False)
+        port = silent.getsockname()[1]
+        async with await anyio.open_process(command, stdout=None, stderr=stderr) as proc:
+            url = None
+            with anyio.fail_after(240):
+                while url is None:
+                    assert proc.returncode is None, err.read_text()
+                    for line in err.read_text().splitlines():
+                        if line.startswith("agentenv serve:") and " at http" in line:
+                            url = line.split(" at ")[1].split()[0]
+                    await anyio.sleep(0.1)
+            async with SGLangClient(url, retries=0) as client, anyio.create_task_group() as tg:
+
+                async def join() -> None:
+                    with contextlib.suppress(SGLangError):  # the server goes away meanwhile
+                        await client.init_weights_update_group(
+                            "127.0.0.1", port, 1, 2, group_name="s", backend="gloo",
+                            rendezvous_timeout=3600,
+                        )  # fmt: skip
+
+                tg.start_soon(join)
+                with anyio.fail_after(60):
+                    while True:  # the server's store connected: the join waits on it
+                        try:
+                            conn, _ = silent.accept()
+                            break
+                        except BlockingIOError:
+                            await anyio.sleep(0.05)
+                proc.send_signal(signal.SIGTERM)
+                with anyio.fail_after(60):
+                    await proc.wait()
+                conn.close()
+            assert proc.returncode == 0, err.read_text()

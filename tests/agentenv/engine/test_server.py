@@ -144,6 +144,49 @@ async def test_every_reported_body_is_refused_naming_the_field_and_the_server_go
 
 
 @pytest.mark.anyio
+async def test_no_sampling_parameter_is_ignored_silently(
+    server: tuple[Engine, httpx.AsyncClient],
+) -> None:
+    engine, http = server
+    refused = [
+        # Not SGLang's name (SGLang refuses it too): named, with the supported ones.
+        (_generate(seed=7), "sampling_params.seed is not a sampling parameter (the seed is "),
+        (_generate(sede=7), "supported: max_new_tokens, temperature, top_p, top_k, min_p"),
+        # SGLang's, not implemented here: refused unless neutral.
+        (_generate(frequency_penalty=0.5), "sampling_params.frequency_penalty=0.5 is not "),
+        (_generate(n=2), "sampling_params.n=2 is not supported by this engine"),
+        (_generate(regex="a+"), "sampling_params.regex='a+' is not supported"),
+        (_generate(no_stop_trim=False), "sampling_params.no_stop_trim=false is not supported"),
+        # A text that cannot fit the context: refused before it is tokenized.
+        ({"text": "hello world " * 100_000}, "is longer than the model's context length"),
+        # Nested deeper than the server walks (but within the JSON decoder's own limit).
+        (
+            {"input_ids": PROMPT, "rid": json.loads("[" * 500 + "]" * 500)},
+            "deeper than 128 levels",
+        ),
+    ]
+    for body, message in refused:
+        r = await _post(http, "/generate", body)
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        assert message in r.json()["error"]["message"], (body, r.json())
+    # Neutral values and the decoding flags are accepted; skip_special_tokens is honoured.
+    sampling = {"max_new_tokens": 4, "min_new_tokens": 4, "temperature": 0}
+    neutral = {"frequency_penalty": 0, "repetition_penalty": 1.0, "n": 1, "regex": None}
+    flags = {"spaces_between_special_tokens": False, "no_stop_trim": True}
+    for skip in (False, True):
+        body = {
+            "input_ids": PROMPT,
+            "sampling_params": {**sampling, **neutral, **flags, "skip_special_tokens": skip},
+        }
+        r = await _post(http, "/generate", body)
+        assert r.status_code == 200, r.text
+        ids = r.json()["output_ids"]
+        want = engine.tokenizer.decode(ids, skip_special_tokens=skip)
+        assert r.json()["text"] == want
+    await _still_serving(http)
+
+
+@pytest.mark.anyio
 async def test_the_control_endpoints_check_their_bodies_too(
     server: tuple[Engine, httpx.AsyncClient],
 ) -> None:

@@ -152,8 +152,13 @@ print(r.status_code, r.json()["message"])
 async def test_a_cuda_tensor_of_another_process_is_mapped_on_the_same_gpu(
     tmp_path: Path,
 ) -> None:
+    # A small random Llama: the handover, not the model, is under test.
+    from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
+
+    model = tiny_llama(tmp_path / "model", seed=0)
+    number_tokens = NumberTokenizer()
     async with (
-        Engine("smollm2-135m", device="cuda", context_length=256) as engine,
+        Engine(str(model), device="cuda", context_length=256, tokenizer=number_tokens) as engine,
         EngineServer(engine) as server,
         SGLangClient(server.url, retries=0) as client,
     ):

@@ -384,11 +384,14 @@ async def test_bad_returns_name_the_game(smollm2: ChatTokenizer) -> None:
             return {"x": 1.0}
 
     model = ScriptedModel(smollm2, first_legal)
-    (failed,) = await play(GameEnv(NoReturns), model, smollm2)
-    assert failed.error_type == "ConfigError"
-    assert failed.reason == (
-        "NoReturns.returns() must give a finite number for every role ['x', 'o'], got {'x': 1.0}"
-    )
+    failed = await play(GameEnv(NoReturns), model, smollm2)
+    assert {s.role for s in failed} == {"x", "o"}  # each seat's moves are kept to inspect
+    for s in failed:
+        assert s.error_type == "ConfigError" and s.completion_ids and not s.trainable
+        assert s.reason == (
+            "NoReturns.returns() must give a finite number for every role ['x', 'o'], "
+            "got {'x': 1.0}"
+        )
 
 
 async def test_buffer_groups_are_per_role(smollm2: ChatTokenizer) -> None:

@@ -4,6 +4,7 @@ batch) and the bad inputs (an unknown type, no ``--rm-url``, a non-number)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -99,6 +100,8 @@ def write_rewards(tmp_path: Path) -> Path:
         "    return [1.0 if n == min(lengths) else 0.0 for n in lengths]\n"
         "def words(task, state):\n"
         "    return 'one'\n"
+        "def quits(task, state):\n"
+        "    raise SystemExit(2)\n"
     )
     return path
 
@@ -124,6 +127,14 @@ def test_a_custom_reward_that_returns_a_non_number_fails_its_sample_by_name(
     samples = play(reward_rubric(custom_rm_path=f"{write_rewards(tmp_path)}:words"), "x", smollm2)
     assert {s.status for s in samples} == {Status.FAILED}
     assert "reward function 'words' returned str 'one'" in (samples[0].reason or "")
+
+
+def test_a_custom_reward_that_raises_system_exit_fails_its_samples_not_the_run(
+    tmp_path: Path, smollm2: ChatTokenizer
+) -> None:
+    samples = play(reward_rubric(custom_rm_path=f"{write_rewards(tmp_path)}:quits"), "x", smollm2)
+    assert len(samples) == 2 and {s.status for s in samples} == {Status.FAILED}
+    assert "reward function 'quits' raised SystemExit 2" in str(samples[0].reason)
 
 
 # remote_rm against a service on the loopback.
@@ -233,3 +244,112 @@ def test_the_verifier_is_shared_by_the_rubric(smollm2: ChatTokenizer) -> None:
         assert {s.group_id.split("@")[0]: s.reward for s in samples} == {"a": 1.0, "b": 0.0}
     finally:
         verifier.close()
+
+
+# remote_rm against hostile services: a huge answer, one that drips, one that never answers.
+
+
+@pytest.fixture
+async def hostile() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A raw HTTP service on the loopback whose answer ``mode["kind"]`` picks."""
+    mode: dict[str, Any] = {"kind": "huge", "requests": 0}
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(
+                (line.split(b":")[1] for line in head.split(b"\r\n")
+                 if line.lower().startswith(b"content-length")), b"0",
+            ))  # fmt: skip
+            await reader.readexactly(length)
+            mode["requests"] += 1
+            kind = mode["kind"]
+            if kind == "huge":  # says how long it is
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5000\r\n\r\n" + b"1" * 5000)
+            elif kind == "endless":  # says nothing of its length; 2 MiB before it ends
+                writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+                for _ in range(512):
+                    writer.write(b"1" * 4096)
+                    await writer.drain()
+                    await asyncio.sleep(0)
+            elif kind == "drip":  # a valid answer, a byte at a time, 20 s in all
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 200\r\n\r\n")
+                for _ in range(199):
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                writer.write(b"1")
+            elif kind == "hang":  # reads the request, never answers
+                await release.wait()
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client gave up, as it should
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/reward", mode
+    finally:
+        release.set()
+        server.close()
+        await server.wait_closed()
+
+
+PAYLOAD = {"prompt": "p", "response": "1", "label": "1"}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["huge", "endless"])
+async def test_remote_rm_refuses_an_answer_over_its_size_bound(
+    hostile: tuple[str, dict[str, Any]], kind: str
+) -> None:
+    url, mode = hostile
+    mode["kind"] = kind
+    remote = RemoteReward(url, max_response_bytes=1000, max_retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(
+            RewardError,
+            match="the answer is longer than 1000 bytes; raise the bound with "
+            "--rm-max-response-bytes",
+        ):
+            await remote.post(PAYLOAD)
+        assert mode["requests"] == 1  # refused at once, not retried
+    finally:
+        await remote.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["drip", "hang"])
+async def test_remote_rm_has_a_deadline_per_reward_retries_included(
+    hostile: tuple[str, dict[str, Any]], kind: str
+) -> None:
+    url, mode = hostile
+    mode["kind"] = kind
+    remote = RemoteReward(url, timeout_s=0.5, max_retries=3, backoff_s=0.01)
+    try:
+        with pytest.raises(
+            RewardError,
+            match=r"no answer within 0.5 s \(the deadline of one reward, retries included; "
+            "raise it with --rm-timeout",
+        ):
+            await remote.post(PAYLOAD)
+    finally:
+        await remote.aclose()
+
+
+@pytest.mark.anyio
+async def test_remote_rm_bounds_come_from_the_reward_flags(
+    hostile: tuple[str, dict[str, Any]], smollm2: ChatTokenizer
+) -> None:
+    url, _ = hostile  # its default: a huge answer
+    rubric = reward_rubric("remote_rm", rm_url=url, rm_timeout=30.0, rm_max_response_bytes=100)
+    samples = await play_async(rubric, "4", smollm2)
+    assert {s.status for s in samples} == {Status.FAILED}
+    assert "the answer is longer than 100 bytes" in str(samples[0].reason)
+    with pytest.raises(ConfigError, match="--rm-timeout must be a positive number"):
+        RemoteReward(url, timeout_s=0)
+    with pytest.raises(ConfigError, match="--rm-max-response-bytes must be at least 1"):
+        RemoteReward(url, max_response_bytes=0)

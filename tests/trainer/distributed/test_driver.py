@@ -67,6 +67,9 @@ def _base(model: Path) -> dict[str, Any]:
         rollout_engine="serve", rollout_batch_size=2, n_samples_per_prompt=4,
         rollout_max_response_len=6, n_eval=2, lr=1e-2, num_rollout=2, rollout_seed=3,
         use_tensorboard=False,
+        # The tiny model learns the task in a step; the entropy term keeps a gradient in
+        # every step (a step without one is not trained), so every step trains and syncs.
+        entropy_coef=1e-3,
     )  # fmt: skip
 
 
@@ -178,7 +181,8 @@ def test_engines_killed_between_steps_are_replaced_and_the_metrics_say_so(
     model = tiny_llama(tmp_path / "tiny")
     tokenizer = ChatTokenizer.load(model)
     env = GoodTokensEnv()
-    backend = TorchBackend(model, optim=OptimConfig(lr=1e-2), loss=LossConfig())
+    # (The entropy term keeps a gradient in every step: see _base.)
+    backend = TorchBackend(model, optim=OptimConfig(lr=1e-2), loss=LossConfig(entropy_coef=1e-3))
     config = GRPOConfig(
         num_rollout=4, rollout_batch_size=2, n_samples_per_prompt=4,
         sampling=SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True),

@@ -4,6 +4,7 @@ resumes the run (what ``--load`` does after a trainer rank died)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ def test_a_run_trains_on_two_ranks_and_resumes_from_its_checkpoint(
     assert again["steps"] == 3
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 3  # resumed at step 2, not from the start
+    # The peak resident set covers the rank actors' processes, not only this one's.
+    last = json.loads(metrics[-1])
+    ranks, driver = last["perf/peak_rss_gib/trainer_ranks"], last["perf/peak_rss_gib/driver"]
+    assert ranks > 0.1 and last["perf/peak_rss_gib"] == max(ranks, driver)
 
 
 @pytest.mark.slow

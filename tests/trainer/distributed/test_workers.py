@@ -203,6 +203,13 @@ def test_a_run_with_rollout_workers_gives_the_samples_of_a_run_in_one_process(
             assert b[name] == pytest.approx(a[name], rel=1e-12), (name, a[name], b[name])
         assert b["rollout/workers_alive"] == 2.0 and b["rollout/worker_restarts"] == 0.0
         assert b["rollout/worker_retries"] == 0.0
+    # The peak resident set covers every process of the run: the trainer rank, the engine
+    # actor with its server, the rollout workers and this one -- each role's largest, and
+    # the largest.
+    roles = {k: v for k, v in remote[-1].items() if k.startswith("perf/peak_rss_gib/")}
+    kinds = ("driver", "trainer_ranks", "engines", "rollout_workers")
+    assert set(roles) == {f"perf/peak_rss_gib/{r}" for r in kinds}
+    assert min(roles.values()) > 0.05 and remote[-1]["perf/peak_rss_gib"] == max(roles.values())
 
 
 @pytest.mark.anyio
@@ -220,3 +227,31 @@ async def test_a_worker_over_its_memory_limit_is_replaced_after_its_round(
         assert metrics["rollout/worker_recycled"] == 2 and metrics["rollout/worker_restarts"] == 2
         await workers.wait_ready(timeout=120)
         assert workers.metrics()["rollout/workers_alive"] == 2  # the replacements
+
+
+def test_workers_the_cluster_cannot_hold_are_refused_before_anything_is_placed(
+    ray_cluster: Any,
+) -> None:
+    from trainer._setup import place_run
+
+    base: dict[str, Any] = dict(env="arithmetic", rollout_url="http://127.0.0.1:9")
+    free = ray_cluster.available_resources().get("CPU")
+    cases = {
+        (3, 4.0): "--rollout-num-workers 3 x --rollout-num-cpus-per-worker 4 = 12 CPUs for the "
+        "rollout workers, beside the 1 of the trainer and engine bundles, but the cluster has "
+        "8 CPUs on 1 node(s): pass --rollout-num-cpus-per-worker 2.33 (a worker mostly waits "
+        "on the engines), or --rollout-num-workers 1, or add nodes",
+        (1, 16.0): "--rollout-num-cpus-per-worker 16: no node has that many CPUs (the cluster "
+        "has 8 CPUs on 1 node(s), at most 8 on one): pass --rollout-num-cpus-per-worker 8 or less",
+    }  # fmt: skip
+    for (n, cpus), message in cases.items():
+        config = trainer.TrainConfig(
+            **base, rollout_num_workers=n, rollout_num_cpus_per_worker=cpus
+        )
+        with pytest.raises(ConfigError) as e:
+            place_run(config)
+        assert message in str(e.value)
+    config = trainer.TrainConfig(**base, rollout_num_workers=2, rollout_worker_resource="sandbox")
+    with pytest.raises(ConfigError, match="--rollout-worker-resource sandbox: the 2 rollout"):
+        place_run(config)
+    assert ray_cluster.available_resources().get("CPU") == free  # nothing was placed
