@@ -140,14 +140,17 @@ class EpisodeRecorder:
         for scope in self._scopes:
             scope.cancel()
 
-    async def complete(self, call: ChatCall) -> ChatReply:
-        """Answer one call (:class:`ChatError` for a refused one)."""
+    def _check_open(self) -> None:
         if self.closed:
             raise ChatError(
                 410,
                 "this episode has ended; its endpoint takes no more calls",
                 code="episode_ended",
             )
+
+    async def complete(self, call: ChatCall) -> ChatReply:
+        """Answer one call (:class:`ChatError` for a refused one)."""
+        self._check_open()
         messages = self._template_messages(call)
         thread, mode = self._match(call)
         if thread is not None:
@@ -178,12 +181,7 @@ class EpisodeRecorder:
     async def count_tokens(self, call: ChatCall) -> int:
         """The tokens ``call``'s messages (and tools) take as a prompt, rendered as a call
         would be (returned replies as the model's own text); nothing is recorded."""
-        if self.closed:
-            raise ChatError(
-                410,
-                "this episode has ended; its endpoint takes no more calls",
-                code="episode_ended",
-            )
+        self._check_open()
         messages = self._template_messages(call)
         episode = self.episode
 
