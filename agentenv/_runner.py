@@ -170,6 +170,8 @@ class RolloutStats:
     turns: int = 0
     completion_tokens: int = 0
     failed: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: Episodes with a failed sample (a failed episode keeps a sample per segment it played).
+    failed_episodes: int = 0
     status: Counter[str] = dataclasses.field(default_factory=Counter)
     rewards: list[float] = dataclasses.field(default_factory=list)
     failure_reasons: Counter[str] = dataclasses.field(default_factory=Counter)
@@ -203,6 +205,7 @@ class RolloutStats:
             "reward_mean": self.reward_mean,
             "reward_std": self.reward_std,
             "failed": dict(sorted(self.failed.items())),
+            "failed_episodes": self.failed_episodes,
             "failure_reasons": [[reason, n] for reason, n in self.top_failures()],
             "status": dict(sorted(self.status.items())),
             "completion_tokens": self.completion_tokens,
@@ -459,6 +462,7 @@ async def run_rollouts(
                     for s in ok
                 ]
         out = sorted([*ok, *bad], key=lambda s: s.episode or 0)  # stable: episode order
+        stats.failed_episodes += len({s.episode for s in out if s.status is Status.FAILED})
         for s in out:
             stats.samples += 1
             stats.status[s.status.value] += 1

@@ -224,7 +224,7 @@ class Producer:
         s.prompts += len(tasks)
         s.episodes += result.episodes
         s.completion_tokens += result.completion_tokens
-        s.failed += sum(result.failed.values())
+        s.failed += result.failed_episodes
         s.rewards.extend(result.rewards)
         self._count_failed(result)
         return round_sink.put

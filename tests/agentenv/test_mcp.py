@@ -401,25 +401,14 @@ class TrainedMCPEnv(ToolEnv):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_agentenv_train_trains_two_steps_with_an_mcp_tool_env(tmp_path: Path) -> None:
-    import subprocess
-
+    from tests._train import train_two_steps
     from tests.trainer.test_loop import tiny_llama
 
     model = tiny_llama(tmp_path / "tiny")
     log = tmp_path / "starts.log"
-    out = subprocess.run(
-        [sys.executable, "-m", "agentenv", "train",
-         "--env", f"{__name__}:TrainedMCPEnv", "--hf-checkpoint", str(model),
-         "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-         "--rollout-max-response-len", "8", "--n-eval", "2", "--lr", "1e-3",
-         "--save", str(tmp_path / "run"), "--json"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-        env={**os.environ, "MCP_TEST_LOG": str(log)},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.splitlines()[-1])["steps"] == 2
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1]
+    lines = train_two_steps(
+        f"{__name__}:TrainedMCPEnv", model, tmp_path / "run", env_vars={"MCP_TEST_LOG": str(log)}
+    )
     assert all(m["failed_episodes"] == 0 and m["samples"] == 4 for m in lines)
     assert any(m["train/grad_norm"] > 0 for m in lines)
     # The episodes were played with the server's tools: it was started (by the first

@@ -534,6 +534,7 @@ class RolloutWorkers:
             result.groups_put += 1
             result.stats.samples += len(samples)
             result.stats.failed["WorkerDied"] += len(samples)
+            result.stats.failed_episodes += len(samples)
             result.stats.status[Status.FAILED.value] += len(samples)
             result.stats.failure_reasons[f"WorkerDied: {message}"[:200]] += len(samples)
 
@@ -572,6 +573,7 @@ def _merge(result: PlayResult, part: _Part) -> None:
     s.turns += p.turns
     s.completion_tokens += p.completion_tokens
     s.failed.update(p.failed)
+    s.failed_episodes += p.failed_episodes
     s.status.update(p.status)
     s.rewards.extend(p.rewards)
     s.failure_reasons.update(p.failure_reasons)

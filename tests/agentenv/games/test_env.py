@@ -392,6 +392,11 @@ async def test_bad_returns_name_the_game(smollm2: ChatTokenizer) -> None:
             "NoReturns.returns() must give a finite number for every role ['x', 'o'], "
             "got {'x': 1.0}"
         )
+    # One failed episode, however many samples it keeps.
+    stats = await run_rollouts(
+        GameEnv(NoReturns), GameEnv(NoReturns).tasks("test")[:1], model, tokenizer=smollm2
+    )
+    assert stats.failed_episodes == 1 and sum(stats.failed.values()) > 1  # (a sample a move)
 
 
 async def test_buffer_groups_are_per_role(smollm2: ChatTokenizer) -> None:
