@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentenv._http._api import (
     MAX_JSON_DEPTH,
+    ErrorShape,
     Guard,
     Handler,
     HTTPError,
@@ -76,6 +77,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_JSON_DEPTH",
     "ClientLimit",
+    "ErrorShape",
     "Guard",
     "HTTPError",
     "HTTPServer",

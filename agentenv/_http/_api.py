@@ -174,6 +174,11 @@ Guard = Callable[[str, str, Mapping[str, str]], None]
 """``guard(method, path, headers)``: raise :class:`HTTPError` to refuse a request unread."""
 
 
+ErrorShape = Callable[[HTTPError], Response]
+"""``shape(error)``: a refusal as a route's clients expect it (e.g. Anthropic's error body);
+the server's own refusals of a request (too large, too slow, too many) go through it too."""
+
+
 def sse(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
     """One server-sent event (``data: ...`` lines and a blank line) as bytes."""
     lines = []
@@ -190,6 +195,7 @@ class _Route:
     handler: Handler
     long_poll: bool
     probe: bool = False
+    errors: ErrorShape | None = None
 
 
 class Router:
@@ -214,20 +220,23 @@ class Router:
         *,
         long_poll: bool = False,
         probe: bool = False,
+        errors: ErrorShape | None = None,
     ) -> None:
         """Route ``method path`` to ``handler``.
 
         ``long_poll=True`` for handlers that may wait long (for data, for room): they are
         cancelled when the client disconnects, and answer 503 when the server shuts down.
         ``probe=True`` for a health check: still answered when every connection is busy
-        (on the server's reserved connections).
+        (on the server's reserved connections). ``errors`` shapes every refusal of a
+        request to this route, the server's own included (default:
+        :meth:`HTTPError.to_response`).
         """
         method = method.upper()
         if not path.startswith("/"):
             raise ConfigError(f"a route path must start with '/', got {path!r}")
         if (method, path) in self._routes:
             raise ConfigError(f"route {method} {path} is already registered")
-        self._routes[method, path] = _Route(handler, long_poll, probe)
+        self._routes[method, path] = _Route(handler, long_poll, probe, errors)
         if path not in self._methods and "{" in path:
             parts = tuple(
                 None if p.startswith("{") and p.endswith("}") else p for p in path.split("/")
@@ -245,6 +254,15 @@ class Router:
             return handler
 
         return register
+
+    def refusal(self, method: str, path: str, error: HTTPError) -> Response:
+        """``error`` as the route of ``method path`` shapes its refusals (the default shape
+        when no route matches)."""
+        try:
+            route = self.resolve(method, path)
+        except HTTPError:
+            return error.to_response()
+        return route.errors(error) if route.errors is not None else error.to_response()
 
     def resolve(self, method: str, path: str) -> _Route:
         if (method, path) not in self._routes and self._patterns:

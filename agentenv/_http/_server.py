@@ -355,12 +355,13 @@ class HTTPServer:
         self, raw: BaseRequest, conn: Connection
     ) -> tuple[Response | StreamingResponse | None, bool]:
         """The handler's answer (None: the client left) and whether to keep the connection."""
+        refusal = self.router.refusal
         if self._closing:  # a request that arrived on a kept-alive connection meanwhile
-            return _shutting_down().to_response(), False
+            return refusal(raw.method, raw.path, _shutting_down()), False
         try:
             request = await self._read(raw, conn)
         except HTTPError as e:  # refused before its body was read: answer, then close
-            return e.to_response(), False
+            return refusal(raw.method, raw.path, e), False
         if request is None:
             return None, False
         response: Response | StreamingResponse | None
@@ -379,12 +380,11 @@ class HTTPServer:
             else:
                 response = await route.handler(request)
         except HTTPError as e:
-            response = e.to_response()
+            response = refusal(request.method, request.path, e)
         except Exception as e:
             log.exception("handler for %s %s failed", request.method, request.path)
-            response = HTTPError(
-                500, f"internal error: {type(e).__name__}: {e}", type="InternalError"
-            ).to_response()
+            error = HTTPError(500, f"internal error: {type(e).__name__}: {e}", type="InternalError")
+            response = refusal(request.method, request.path, error)
         return response, True
 
     async def _read(self, raw: BaseRequest, conn: Connection) -> Request | None:

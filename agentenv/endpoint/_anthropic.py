@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agentenv._errors import short_repr
-from agentenv._http import Response, sse
+from agentenv._http import HTTPError, Response, sse
 from agentenv._messages import Message
 from agentenv.endpoint._protocol import (
     ChatCall,
@@ -37,6 +37,7 @@ from agentenv.endpoint._protocol import (
 
 __all__ = [
     "anthropic_error",
+    "anthropic_refusal",
     "message_body",
     "message_events",
     "parse_count_tokens",
@@ -63,11 +64,21 @@ _KNOWN_IDS = 5  # tool_use ids a refused tool_result's message lists (the latest
 
 def anthropic_error(e: ChatError) -> Response:
     """``e`` in Anthropic's error shape (same status)."""
-    kind = _ERROR_TYPES.get(e.status, "invalid_request_error")
-    body = {"type": "error", "error": {"type": kind, "message": e.message}}
     # The anthropic SDK retries 5xx (and 408/409/429) answers unless told not to.
     headers = [] if e.retry else [("x-should-retry", "false")]
-    return Response.json(body, status=e.status, headers=headers)
+    return _error(e.status, e.message, headers)
+
+
+def anthropic_refusal(e: HTTPError) -> Response:
+    """A refusal of the HTTP layer (413, 408, 429, 410, 503, ...) of a request to a
+    Messages route, in Anthropic's error shape: the route's clients parse no other."""
+    return _error(e.status, e.message, e.headers)
+
+
+def _error(status: int, message: str, headers: list[tuple[str, str]]) -> Response:
+    kind = _ERROR_TYPES.get(status, "invalid_request_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return Response.json(body, status=status, headers=headers)
 
 
 def _text(value: Any, param: str) -> str:

@@ -43,6 +43,7 @@ from agentenv._tokenizer import Tokenizer
 from agentenv._tools import ToolCallParser
 from agentenv.endpoint._anthropic import (
     anthropic_error,
+    anthropic_refusal,
     message_body,
     message_events,
     parse_count_tokens,
@@ -168,8 +169,8 @@ def chat_routes(
 
     router.add("POST", f"{prefix}/v1/chat/completions", chat, long_poll=True)
     router.add("POST", f"{prefix}/v1/responses", responses, long_poll=True)
-    router.add("POST", f"{prefix}/v1/messages", messages, long_poll=True)
-    router.add("POST", f"{prefix}/v1/messages/count_tokens", count_tokens)
+    router.add("POST", f"{prefix}/v1/messages", messages, long_poll=True, errors=anthropic_refusal)
+    router.add("POST", f"{prefix}/v1/messages/count_tokens", count_tokens, errors=anthropic_refusal)
     router.add("GET", f"{prefix}/v1/models", models)
 
 
@@ -366,8 +367,10 @@ class AgentServer:
         router = Router()
         router.add("POST", f"{_PREFIX}{{key}}/v1/chat/completions", self._chat, long_poll=True)
         router.add("POST", f"{_PREFIX}{{key}}/v1/responses", self._responses, long_poll=True)
-        router.add("POST", f"{_PREFIX}{{key}}/v1/messages", self._messages, long_poll=True)
-        router.add("POST", f"{_PREFIX}{{key}}/v1/messages/count_tokens", self._count_tokens)
+        messages = f"{_PREFIX}{{key}}/v1/messages"
+        count = f"{messages}/count_tokens"
+        router.add("POST", messages, self._messages, long_poll=True, errors=anthropic_refusal)
+        router.add("POST", count, self._count_tokens, errors=anthropic_refusal)
         router.add("GET", f"{_PREFIX}{{key}}/v1/models", self._models)
         self._router = router
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import anthropic
 import anyio
+import httpx
 import pytest
 
 import agentenv
@@ -501,6 +502,56 @@ async def test_the_client_is_closed_with_the_endpoint_and_then_answered_410(
             with pytest.raises(anthropic.APIStatusError) as info:
                 await late.messages.create(model="p", max_tokens=8, messages=[USER])
         assert info.value.status_code == 410
+        # Refused by the server before the route (no episode holds it): Anthropic's shape.
+        body: Any = info.value.body
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert "it has ended" in body["error"]["message"], body
+
+
+async def _huge_call(client: anthropic.AsyncAnthropic, huge: Any, *, count: bool) -> object:
+    if count:
+        return await client.messages.count_tokens(model="p", messages=[huge])
+    return await client.messages.create(model="p", max_tokens=8, messages=[huge])
+
+
+@pytest.mark.anyio
+async def test_the_servers_own_refusals_of_messages_calls_are_in_anthropics_shape(
+    smollm2: ChatTokenizer,
+) -> None:
+    """Too large a body (413) is refused by the HTTP layer before any route reads it; on a
+    Messages route it is still Anthropic's error body, which the SDK parses."""
+    from agentenv import Episode
+    from agentenv._http import HTTPServer, Router
+    from agentenv.endpoint import AgentServer, serve_chat
+
+    policy = ScriptedModel(smollm2, calculator_script)
+    huge = {"role": "user", "content": "x" * 5000}
+    body: Any
+    router = Router()
+    serve_chat(router, policy, smollm2, model="m", context_length=2048)
+    async with (
+        AgentServer(max_body_bytes=4096).open(
+            Episode(task=Task(id="t"), tokenizer=smollm2, policy=policy)
+        ) as endpoint,
+        HTTPServer(router, max_body_bytes=4096) as served,
+    ):
+        for base_url in (endpoint.anthropic_base_url, served.url):
+            client = anthropic.AsyncAnthropic(base_url=base_url, api_key="x", max_retries=0)
+            async with client:
+                for count in (False, True):
+                    with pytest.raises(anthropic.APIStatusError) as info:
+                        await _huge_call(client, huge, count=count)
+                    assert info.value.status_code == 413
+                    body = info.value.body
+                    assert body["type"] == "error", body
+                    assert body["error"]["type"] == "request_too_large"
+                    assert "takes at most 4096" in body["error"]["message"]
+            # The chat-completions route keeps OpenAI's shape.
+            async with httpx.AsyncClient(trust_env=False) as http:
+                r = await http.post(
+                    f"{base_url}/v1/chat/completions", json={"model": "p", "messages": [huge]}
+                )
+                assert r.status_code == 413 and "type" not in r.json(), r.text
 
 
 def test_a_messages_call_that_overflows_the_context_is_refused_and_truncates(
