@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import inspect
+import json
 import math
 import os
 import uuid
@@ -825,6 +826,38 @@ class Buffer:
         self._stats.consumed -= min(self._stats.consumed, len(records))
         self._notify()
         return len(back)
+
+    async def steps_after(self, step: int) -> dict[int, int]:
+        """How many groups each acknowledged step after ``step`` consumed (what
+        :meth:`rewind` to ``step`` gives back, step by step, oldest step first): a resumed
+        trainer takes as many again for each step it redoes. Empty in memory."""
+        self._check_open()
+        _check_step(step)
+        async with self._lock:
+            return await self._call(self._store.steps_after, step)
+
+    async def known_groups(self, group_ids: Sequence[str]) -> set[str]:
+        """Those of ``group_ids`` stored, whatever became of them (kept, dropped, consumed):
+        a producer resuming a round plays only the others."""
+        self._check_open()
+        async with self._lock:
+            return await self._call(self._store.known_groups, list(group_ids))
+
+    async def set_note(self, key: str, value: Any) -> None:
+        """Keep ``value`` (JSON-able) under ``key`` with the groups -- a producer's or
+        consumer's own small record, e.g. where its task stream stands -- as durable as a
+        put (a later put's commit implies it). Replaces what ``key`` held."""
+        self._check_open()
+        text = json.dumps(value)
+        async with self._lock:
+            await self._call(self._store.set_note, key, text)
+
+    async def note(self, key: str) -> Any:
+        """What :meth:`set_note` kept under ``key`` (``None``: nothing)."""
+        self._check_open()
+        async with self._lock:
+            text = await self._call(self._store.note, key)
+        return None if text is None else json.loads(text)
 
     async def statistics(self) -> BufferStats:
         """A snapshot of the counters."""

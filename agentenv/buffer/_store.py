@@ -14,6 +14,10 @@ the last indexed byte and are cut off at the next open. Keeping the ~10 KB sampl
 out of SQLite halves the bytes written per sample (SQLite writes each page twice: to its
 write-ahead log, then back into the database file).
 
+Beside the groups, the ``meta`` table keeps notes: a producer's or consumer's own small
+records (a training loop's task-stream position and the rounds it started), committed in
+order with the puts, so a put's commit implies every note set before it.
+
 One process per directory: opening takes an exclusive lock on the directory itself
 (``flock`` on its inode, held until the store is closed; the kernel drops it when the
 process dies, even by ``kill -9``); ``buffer.lock`` only names the holder's pid, and
@@ -61,6 +65,7 @@ FORMAT = "agentenv-buffer"
 VERSION = "2"
 FILENAME = "buffer.sqlite"
 LOCK_FILENAME = "buffer.lock"
+_NOTE = "note:"  # the prefix of the notes' keys in the meta table
 
 
 class BufferStoreError(AgentEnvError):
@@ -173,6 +178,22 @@ class Store(Protocol):
         """The highest step that consumed a group."""
         ...
 
+    def steps_after(self, step: int) -> dict[int, int]:
+        """Groups consumed per step after ``step``."""
+        ...
+
+    def known_groups(self, group_ids: Sequence[str]) -> set[str]:
+        """Those of ``group_ids`` stored (in any state)."""
+        ...
+
+    def set_note(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` (a consumer's or producer's own record), durably."""
+        ...
+
+    def note(self, key: str) -> str | None:
+        """What :meth:`set_note` kept under ``key``."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -181,6 +202,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._ids: set[str] = set()
+        self._groups: set[str] = set()
+        self._notes: dict[str, str] = {}
         self._seq = 0
         self._last_step: int | None = None
 
@@ -202,6 +225,7 @@ class MemoryStore:
             new = not ids or not all(i in self._ids for i in ids)
             if new:
                 self._ids.update(ids)
+                self._groups.add(r.group_id)
                 self._seq += 1
                 r.seq = self._seq
             out.append(new)
@@ -218,6 +242,18 @@ class MemoryStore:
 
     def last_step(self) -> int | None:
         return self._last_step
+
+    def steps_after(self, step: int) -> dict[int, int]:
+        return {}  # nothing to rewind in memory
+
+    def known_groups(self, group_ids: Sequence[str]) -> set[str]:
+        return self._groups.intersection(group_ids)
+
+    def set_note(self, key: str, value: str) -> None:
+        self._notes[key] = value
+
+    def note(self, key: str) -> str | None:
+        return self._notes.get(key)
 
     def close(self) -> None:
         return None
@@ -617,6 +653,35 @@ class SqliteStore:
     def last_step(self) -> int | None:
         (step,) = self._db.execute("SELECT MAX(step) FROM groups").fetchone()
         return None if step is None else int(step)
+
+    def steps_after(self, step: int) -> dict[int, int]:
+        rows = self._db.execute(
+            "SELECT step, COUNT(*) FROM groups WHERE state = 'consumed' AND step > ? "
+            "GROUP BY step ORDER BY step",
+            (step,),
+        )
+        return {int(k): int(n) for k, n in rows}
+
+    def known_groups(self, group_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        ids = list(group_ids)
+        for i in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+            chunk = ids[i : i + 900]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT DISTINCT group_id FROM groups WHERE group_id IN ({marks})"
+            found.update(row[0] for row in self._db.execute(query, chunk))
+        return found
+
+    def set_note(self, key: str, value: str) -> None:
+        # Notes live beside the format rows, under a prefix of their own.
+        with self._transaction("note"):
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (_NOTE + key, value)
+            )
+
+    def note(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_NOTE + key,)).fetchone()
+        return None if row is None else str(row[0])
 
     def close(self) -> None:
         try:
