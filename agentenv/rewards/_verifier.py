@@ -4,7 +4,8 @@
 in a process's main thread, and an answer such as ``9^{9^{9^{9}}}`` keeps sympy busy in C
 code that no signal interrupts. So each check runs in the main thread of a worker
 process (math-verify's own 5 s limits apply there), and a worker that does not answer in
-``timeout_s`` is killed and replaced: the check is a timeout, never a hung run. The
+``timeout_s`` is killed and replaced: the check is a timeout, never a hung run. A worker's
+start (loading sympy, seconds on a busy machine) is not counted in any check's time. The
 calling thread only waits on a pipe; :meth:`MathVerifier.equivalent` is for worker
 threads (``anyio.to_thread``), never the event loop.
 """
@@ -24,6 +25,8 @@ from agentenv._errors import ConfigError
 __all__ = ["Equivalence", "MathVerifier"]
 
 _MAX_CHARS = 1000  # longer answers are not worth sympy's time (nor a worker's)
+_READY = "ready"  # a worker's first message: its imports are done
+_START_S = 300.0  # a worker that has not loaded math-verify by then is taken for dead
 
 
 class Equivalence(enum.Enum):
@@ -53,10 +56,13 @@ def _check(gold: str, answer: str) -> str:
 
 
 def _serve(conn: Connection) -> None:
-    """A worker: (gold, answer) pairs in, :class:`Equivalence` values out, until EOF."""
+    """A worker: says it is ready once math-verify is loaded, then (gold, answer) pairs in,
+    :class:`Equivalence` values out, until EOF."""
     import logging
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # its timeouts: ours to report
+    _check("1", "1")  # math-verify, sympy and the LaTeX parser load: the worker's start
+    conn.send(_READY)
     while True:
         try:
             gold, answer = conn.recv()
@@ -75,9 +81,15 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child,), daemon=True)
         self.process.start()
         child.close()
+        self.ready = False
 
     def ask(self, gold: str, answer: str, timeout_s: float) -> str | None:
-        """The worker's answer, or ``None`` when it took longer than ``timeout_s``."""
+        """The worker's answer, or ``None`` when it took longer than ``timeout_s`` (its
+        start, up to ``_START_S``, is not the check's time)."""
+        if not self.ready:
+            if not self.conn.poll(_START_S) or self.conn.recv() != _READY:
+                return None
+            self.ready = True
         self.conn.send((gold, answer))
         if not self.conn.poll(timeout_s):
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,31 @@ import anyio
 import pytest
 import torch
 
-from agentenv import ChatTokenizer, ConfigError, Game, GameEnv, Message, Sample, SamplingParams
+from agentenv import (
+    ChatTokenizer,
+    ConfigError,
+    Game,
+    GameEnv,
+    Message,
+    Rubric,
+    Sample,
+    SamplingParams,
+    State,
+    Task,
+)
 from agentenv.engine import Engine, EngineServer
 from agentenv.sglang import SGLangClient
-from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
-from trainer import DiskSync, GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
+from tests.trainer.test_loop import GoodTokensEnv, good_tokens, tiny_llama
+from trainer import (
+    Backend,
+    DiskSync,
+    GRPOConfig,
+    InProcessSync,
+    LossConfig,
+    OptimConfig,
+    TorchBackend,
+    run_grpo,
+)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -45,13 +66,58 @@ class Recording(TorchBackend):
         return super().train_step(samples, advantages, *args, **kw)
 
 
-def run(model: Path, config: GRPOConfig, backend: TorchBackend) -> list[dict[str, float]]:
+class _Scored:
+    """Counts the episodes scored; ``reached`` is set once ``wanted`` of them were."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset(0)
+
+    def reset(self, wanted: int) -> None:
+        self.n, self.wanted, self.reached = 0, wanted, threading.Event()
+        if wanted <= 0:
+            self.reached.set()
+
+    def add(self) -> None:
+        with self.lock:
+            self.n += 1
+            if self.n >= self.wanted:
+                self.reached.set()
+
+
+SCORED = _Scored()
+
+
+def _counted(task: Task, state: State) -> float:
+    SCORED.add()  # (rewards are scored in worker threads)
+    return good_tokens(task, state)
+
+
+class CountingEnv(GoodTokensEnv):
+    """Scores as :class:`GoodTokensEnv` and counts the episodes it scored."""
+
+    rubric = Rubric(_counted)
+
+
+def run(
+    model: Path, config: GRPOConfig, backend: TorchBackend, *, hold_first_sync: int = 0
+) -> list[dict[str, float]]:
+    """The loop on an embedded engine; with ``hold_first_sync``, the weights of step 0 reach
+    the engine only once that many episodes have been scored."""
     tokenizer = ChatTokenizer.load(model)
+    SCORED.reset(hold_first_sync)
 
     async def go() -> list[dict[str, float]]:
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
-            return await run_grpo(GoodTokensEnv(), GoodTokensEnv().tasks(), backend, e,
-                                  tokenizer, config)  # fmt: skip
+            push = InProcessSync(e)
+
+            async def sync(backend: Backend, version: int) -> None:
+                if version == 1:  # (the test's timeout bounds the wait)
+                    await anyio.to_thread.run_sync(SCORED.reached.wait, abandon_on_cancel=True)
+                await push(backend, version)
+
+            env = CountingEnv()
+            return await run_grpo(env, env.tasks(), backend, e, tokenizer, config, sync=sync)
 
     return anyio.run(go)
 
@@ -84,13 +150,15 @@ def test_async_keeps_every_batch_within_the_staleness_bound(model: Path) -> None
         num_rollout=5, rollout_batch_size=2, n_samples_per_prompt=4, sampling=SAMPLING,
         schedule="async", max_staleness=1, concurrency=4,
     )  # fmt: skip
-    history = run(model, config, backend)
+    # Step 0's weights reach the engine only once a group more than its batch was scored:
+    # the producer ran ahead of the trainer, as it does whenever training takes longer.
+    history = run(model, config, backend, hold_first_sync=8 + 4)
     assert len(history) == 5 and all(h["samples"] == 8 for h in history)
     for step, batch in enumerate(backend.trained):
         oldest = min(int(v) for s in batch for v in s.weight_versions)
         assert step - oldest <= 1, (step, oldest)
-    # The producer ran ahead of the trainer (data was waiting for some step).
-    assert any(h["time_rollout_s"] < 0.05 for h in history[1:])
+    # What was sampled ahead with step 0's weights was trained one version behind.
+    assert [h["rollout/staleness_max"] for h in history][:2] == [0, 1]
     # Several rounds at once, but never more requests than the engines take together.
     assert max(h["rollout/peak_requests"] for h in history) == 4
 
