@@ -43,7 +43,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentenv import AgentEnv, ConfigError, Episode, Rubric, Sample, Status, Task
+from agentenv import ConfigError, Environment, Episode, Sample, Status, Task
+from agentenv.endpoint import AgentServer
 
 __all__ = ["DEFAULT_PYTHON", "VerifiersEnv", "VerifiersError"]
 
@@ -95,7 +96,7 @@ def _local_config(env: str | Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-class VerifiersEnv(AgentEnv):
+class VerifiersEnv(Environment):
     """A verifiers v1 environment, run by verifiers in worker processes of its own.
 
     Args:
@@ -112,8 +113,8 @@ class VerifiersEnv(AgentEnv):
     """
 
     name = "verifiers"
-    rubric = Rubric()  # verifiers' own rubric scores every episode
-    client_kind: ClassVar[Any] = "base_url"
+    #: The model name verifiers' harness asks for (and the endpoint reports).
+    model: ClassVar[str] = "policy"
 
     def __init__(
         self,
@@ -149,6 +150,8 @@ class VerifiersEnv(AgentEnv):
         self._slots: asyncio.Semaphore | None = None
         self._start_lock: asyncio.Lock | None = None
         self._next_id = 0
+        # verifiers' rubric scores every episode: the endpoint only records its calls.
+        self._endpoints = AgentServer(model=self.model)
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -342,22 +345,15 @@ class VerifiersEnv(AgentEnv):
 
     # --- episodes ---------------------------------------------------------------------------
 
-    async def run_agent(self, task: Task, client: Any) -> str:
-        raise NotImplementedError("VerifiersEnv runs verifiers' harness in rollout()")
-
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
         index = task.info.get("index")
         if not isinstance(index, int):
             raise ConfigError(f"task {task.id!r} is not one of VerifiersEnv.tasks() (no index)")
-        async with self.agent_server().open(episode) as endpoint:
+        async with self._endpoints.open(episode) as endpoint:
             result = await self._run_episode(index, endpoint.base_url)
             recorder = endpoint.recorder
-        status, reason = Status.COMPLETED, None
-        if recorder.aborted is not None:
-            status, reason = Status.ABORTED, recorder.aborted
-        elif recorder.truncated is not None:
-            status, reason = Status.TRUNCATED, recorder.truncated
-        elif result.error is not None:
+            status, reason = endpoint.outcome()
+        if status is Status.COMPLETED and result.error is not None:
             raise VerifiersError(f"verifiers failed the episode of {task.id}: {result.error}")
         if not episode.transcripts:
             raise VerifiersError(

@@ -112,7 +112,6 @@ class AgentEnv(Environment):
         return server
 
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
-        status, reason = Status.COMPLETED, None
         async with self.agent_server().open(episode) as endpoint:
             client: Any = endpoint
             if self.client_kind == "openai":
@@ -122,18 +121,13 @@ class AgentEnv(Environment):
             elif self.client_kind == "base_url":
                 client = endpoint.base_url
             answer = await self._run(task, client, endpoint)
-            recorders = [endpoint.recorder, *(e.recorder for e in endpoint.roles())]
+            recorders = endpoint.recorders()
+            status, reason = endpoint.outcome()
         if sum(r.calls for r in recorders) == 0:
             raise ConfigError(
                 f"the agent never called its endpoint ({endpoint.base_url}); point its OpenAI "
                 "client at the client or base URL run_agent was given"
             )
-        aborted = next((r.aborted for r in recorders if r.aborted is not None), None)
-        truncated = next((r.truncated for r in recorders if r.truncated is not None), None)
-        if aborted is not None:
-            status, reason = Status.ABORTED, aborted
-        elif truncated is not None:
-            status, reason = Status.TRUNCATED, truncated
         if not episode.transcripts:
             raise ConfigError(f"no call of the agent was answered: {reason or 'no reason'}")
         info: dict[str, JSONValue] = {
@@ -167,8 +161,7 @@ class AgentEnv(Environment):
             raise
         except Exception:
             # A refused call the agent did not survive: the limit, not the agent, ended it.
-            recorders = [endpoint.recorder, *(e.recorder for e in endpoint.roles())]
-            if any(r.truncated is not None or r.aborted is not None for r in recorders):
+            if endpoint.outcome()[0] is not Status.COMPLETED:
                 return None
             raise
         if answer is not None and not isinstance(answer, str):

@@ -39,6 +39,7 @@ from agentenv._http import (
     StreamingResponse,
     async_client,
 )
+from agentenv._sample import Status
 from agentenv._tokenizer import Tokenizer
 from agentenv._tools import ToolCallParser
 from agentenv.endpoint._anthropic import (
@@ -299,6 +300,24 @@ class Endpoint:
     def roles(self) -> list[Endpoint]:
         """The other roles' endpoints made so far."""
         return list(self._server.role_endpoints(self))
+
+    def recorders(self) -> list[EpisodeRecorder]:
+        """This endpoint's recorder and those of the other roles made so far."""
+        return [self.recorder, *(e.recorder for e in self.roles())]
+
+    def outcome(self) -> tuple[Status, str | None]:
+        """How the episode's calls ended it: ``ABORTED`` or ``TRUNCATED`` with the reason
+        when a refused call did (a policy that aborted; the context or the turn limit),
+        else ``COMPLETED``, across every role's calls."""
+        recorders = self.recorders()
+        for status, reasons in (
+            (Status.ABORTED, [r.aborted for r in recorders]),
+            (Status.TRUNCATED, [r.truncated for r in recorders]),
+        ):
+            reason = next((x for x in reasons if x is not None), None)
+            if reason is not None:
+                return status, reason
+        return Status.COMPLETED, None
 
 
 class AgentServer:
