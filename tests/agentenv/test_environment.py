@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -244,23 +243,22 @@ class Flaky(SingleTurnEnv):
 
     async def respond(self, task: Task, state: State) -> None:
         if task.id == "slow":
-            await anyio.sleep(30)
+            await anyio.sleep_forever()
         return None
 
 
 async def test_failures_become_failed_samples_and_siblings_survive(smollm2: ChatTokenizer) -> None:
     ts = [Task(id=i, prompt=i) for i in ("ok1", "boom", "nan", "str", "slow", "ok2")]
     sink = ListSink()
-    start = time.monotonic()
+    # (A scripted episode takes milliseconds: 2 s is the slow one's alone, even under load.)
     stats = await run_rollouts(
         Flaky(),
         ts,
         ScriptedModel(smollm2, lambda c: "fine"),
         tokenizer=smollm2,
         sink=sink,
-        config=RolloutConfig(concurrency=6, limits=Limits(timeout_s=0.5)),
+        config=RolloutConfig(concurrency=6, limits=Limits(timeout_s=2.0)),
     )
-    assert time.monotonic() - start < 10
     by_task = {s.group_id.split("@")[0]: s for s in sink.samples}  # type: ignore[union-attr]
     assert by_task["ok1"].status is Status.COMPLETED and by_task["ok2"].reward == 1.0
     assert (
@@ -268,7 +266,7 @@ async def test_failures_become_failed_samples_and_siblings_survive(smollm2: Chat
     )
     assert by_task["nan"].error_type == "RewardError" and "finite" in by_task["nan"].reason
     assert by_task["str"].error_type == "RewardError" and "str" in by_task["str"].reason
-    assert by_task["slow"].error_type == "EpisodeTimeout" and "0.5 s" in by_task["slow"].reason
+    assert by_task["slow"].error_type == "EpisodeTimeout" and "2.0 s" in by_task["slow"].reason
     assert by_task["boom"].prompt_ids  # the failed sample still says what the prompt was
     assert stats.failed == {"EpisodeTimeout": 1, "RewardError": 2, "ValueError": 1}
     assert stats.rewards == [1.0, 1.0]

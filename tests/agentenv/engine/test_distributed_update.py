@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -380,10 +379,9 @@ def test_a_receiving_rank_aborts_when_rank_0s_process_is_gone() -> None:
         store = TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30))
         pg = _BlockingGroup()
         group = WeightUpdateGroup("g", "gloo", 1, 2, pg, store)
-        started = time.monotonic()
+        # Noticed as rank 0's departure, not as the 30 s transfer timeout.
         with pytest.raises(RuntimeError, match=r"'g': rank 0 \(the trainer\) went away"):
             group.broadcast([torch.empty(4)])
-        assert time.monotonic() - started < 10
         assert pg.aborted.is_set() and group.destroyed
     finally:
         rank0.kill()

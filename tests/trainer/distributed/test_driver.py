@@ -147,8 +147,10 @@ class KillingHooks(EngineHooks):
         if step == 2:
             victim = self.group._members[1].actor
             ray_kill(victim)
-            with anyio.fail_after(30):
-                assert not await _alive(victim)  # a call after the kill: Ray says it is dead
+            # The kill is asynchronous: a call made just after it may still be served. Ask
+            # until Ray reports the actor dead (the test's timeout bounds the wait).
+            while await _alive(victim):  # noqa: ASYNC110 - Ray has no event for it
+                await anyio.sleep(0.1)
         await super().before_train(step)
 
 
