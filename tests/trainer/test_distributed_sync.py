@@ -167,7 +167,7 @@ def test_refusals_raise_the_servers_reason_and_block_nobody(model: Path) -> None
             # A server that refuses to join (the name is taken): raised at once.
             other = DistributedSync([client], backend="gloo", timeout=5)
             taken = "group 'weight_update_group' already exists"
-            with anyio.fail_after(5), pytest.raises(SGLangError, match=taken):
+            with anyio.fail_after(60), pytest.raises(SGLangError, match=taken):
                 await other(backend, 3)
             await sync(backend, 4)  # the first trainer's group was left alone
             assert await client.weight_version() == "4"

@@ -390,7 +390,7 @@ async def test_a_waiting_get_batch_is_not_lost_when_its_client_leaves() -> None:
         async with BufferClient(server.url, token=TOKEN) as leaver:
             with anyio.move_on_after(0.2):
                 await leaver.get_batch(1)  # waits: nothing ready; then the client leaves
-        with anyio.fail_after(10):  # until the server notices the closed connection
+        with anyio.fail_after(60):  # until the server notices the closed connection
             while server._http._polls:  # noqa: ASYNC110 - polls a private set
                 await anyio.sleep(0.005)
         async with BufferClient(server.url, token=TOKEN) as client:
@@ -414,7 +414,7 @@ async def test_shutdown_answers_waiting_requests() -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_batch)
-                with anyio.fail_after(10):  # until the request is waiting in the server
+                with anyio.fail_after(60):  # until the request is waiting in the server
                     while not server._http._polls:  # noqa: ASYNC110 - polls a private set
                         await anyio.sleep(0.005)
                 await server.aclose()

@@ -43,7 +43,7 @@ def _open_puts(port: int, gids: list[str]) -> list[socket.socket]:
 
 async def _until(condition: Callable[[], bool]) -> None:
     # The server's own counters, read from its event loop: a condition, not a fixed sleep.
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         while not condition():  # noqa: ASYNC110 - no event to wait on from outside
             await anyio.sleep(0.01)
 
