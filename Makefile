@@ -39,8 +39,8 @@ demo-eval: $(STAMP)
 		--n 50 --json
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentenv environments sandboxes trainer examples tests
-	$(BIN)/ruff format --check agentenv environments sandboxes trainer examples tests
+	$(BIN)/ruff check agentenv environments sandboxes trainer benchmarks examples tests
+	$(BIN)/ruff format --check agentenv environments sandboxes trainer benchmarks examples tests
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)

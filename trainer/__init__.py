@@ -4,9 +4,13 @@ checkpoints build on these).
 It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
 here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
 
-``train(TrainConfig(...))`` runs what ``agentenv train`` runs; the config tree's groups are
-the objects the components take (``TrainConfig.rollout`` is a :class:`GRPOConfig`,
-``.algorithm`` a :class:`LossConfig`, ``.optimizer`` an :class:`OptimConfig`).
+``train(TrainConfig(...))`` runs what ``agentenv train`` runs (``config_from_flags(FLAGS)``:
+the config that command's flags make); the config tree's groups are the objects the
+components take (``TrainConfig.rollout`` is a :class:`GRPOConfig`, ``.algorithm`` a
+:class:`LossConfig`, ``.optimizer`` an :class:`OptimConfig`). A run's pieces, for a loop of
+one's own: :func:`place_run` (its Ray placement, or none), :func:`build_backend`,
+:func:`rollout_engine` (the engines and their weight sync; :func:`engine_dtypes` gives
+them the backend's numerics) and :func:`run_grpo`.
 
 The names load on first use (most of them need torch), so importing ``trainer`` -- or
 ``trainer._cli``, which defines ``agentenv train``'s flags -- stays light.
@@ -21,6 +25,7 @@ if TYPE_CHECKING:
     from trainer._advantages import ESTIMATORS, compute_advantages
     from trainer._backend import Backend, OptimConfig
     from trainer._batching import pack_by_tokens
+    from trainer._cli import config_from_flags
     from trainer._config import (
         CheckpointConfig,
         DataConfig,
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     )
     from trainer._offload import OffloadHooks
     from trainer._precision import PRECISIONS, Precision
+    from trainer._servers import engine_dtypes, rollout_engine
+    from trainer._setup import build_backend, place_run
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
     from trainer._torch import TorchBackend
     from trainer._train import train
@@ -76,12 +83,17 @@ __all__ = [
     "TorchBackend",
     "TrainConfig",
     "WeightSync",
+    "build_backend",
     "compute_advantages",
+    "config_from_flags",
+    "engine_dtypes",
     "kl_estimate",
     "load_prompt_data",
     "logprob_temperature",
     "pack_by_tokens",
+    "place_run",
     "policy_loss",
+    "rollout_engine",
     "run_grpo",
     "tempered_logits",
     "token_weights",
@@ -116,12 +128,17 @@ _MODULES = {
     "TorchBackend": "trainer._torch",
     "TrainConfig": "trainer._config",
     "WeightSync": "trainer._sync",
+    "build_backend": "trainer._setup",
     "compute_advantages": "trainer._advantages",
+    "config_from_flags": "trainer._cli",
+    "engine_dtypes": "trainer._servers",
     "kl_estimate": "trainer._losses",
     "load_prompt_data": "trainer._data",
     "logprob_temperature": "trainer._losses",
     "pack_by_tokens": "trainer._batching",
+    "place_run": "trainer._setup",
     "policy_loss": "trainer._losses",
+    "rollout_engine": "trainer._servers",
     "run_grpo": "trainer._loop",
     "tempered_logits": "trainer._losses",
     "token_weights": "trainer._losses",

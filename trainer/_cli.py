@@ -37,11 +37,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError
 
-__all__ = ["add_parser"]
+if TYPE_CHECKING:
+    from trainer._config import TrainConfig
+
+__all__ = ["add_parser", "config_from_flags"]
 
 
 def add_parser(sub: Any) -> None:
@@ -62,6 +66,17 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(handler=_main, sglang_passthrough=True, passthrough_flags=_megatron_flags)
+
+
+def config_from_flags(flags: Sequence[str]) -> TrainConfig:
+    """The :class:`~trainer.TrainConfig` that ``agentenv train FLAGS`` runs (its own
+    parser: every flag, ``--config FILE`` included), validated; ``train(config)`` runs it.
+    SGLang's and megatron's pass-through flags are the command's, not taken here."""
+    from trainer._flags import config_from_args
+
+    parser = argparse.ArgumentParser(prog="agentenv")
+    add_parser(parser.add_subparsers())
+    return config_from_args(parser.parse_args(["train", *flags]))
 
 
 def _megatron_flags() -> tuple[str, ...]:

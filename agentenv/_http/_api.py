@@ -255,6 +255,10 @@ class Router:
 
         return register
 
+    def handlers(self) -> dict[tuple[str, str], Handler]:
+        """Every route's handler by ``(method, path)``, as added (to serve them elsewhere)."""
+        return {key: route.handler for key, route in self._routes.items()}
+
     def refusal(self, method: str, path: str, error: HTTPError) -> Response:
         """``error`` as the route of ``method path`` shapes its refusals (the default shape
         when no route matches)."""

@@ -26,8 +26,6 @@ from trainer.distributed._engine_group import (
     GroupSync,
 )
 from trainer.distributed._engine_hooks import EngineHooks
-from trainer.distributed._hosts import Hosts, popen
-from trainer.distributed._hosts import available as hosts_available
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
 from trainer.distributed._sender import RankSender
@@ -51,7 +49,6 @@ __all__ = [
     "EngineSpec",
     "EngineStatistics",
     "GroupSync",
-    "Hosts",
     "Placed",
     "Placement",
     "PlacementTimeoutError",
@@ -68,9 +65,7 @@ __all__ = [
     "WorkerSpec",
     "check_worker_room",
     "connect",
-    "hosts_available",
     "node_address",
-    "popen",
 ]
 
 

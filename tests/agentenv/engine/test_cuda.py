@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from agentenv import SamplingParams
-from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
 from agentenv.engine import Engine
+from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 
 pytestmark = [
     pytest.mark.gpu,

@@ -24,10 +24,10 @@ import torch.multiprocessing.reductions as reductions
 from safetensors.torch import load_file
 
 from agentenv import SamplingParams
-from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
 from agentenv.engine import Engine, EngineServer, serialize_named_tensors
 from agentenv.engine._ipc import SHM_HEADER
 from agentenv.sglang import SGLangClient, SGLangError
+from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from agentenv import ConfigError, ContextLengthError, SamplingParams
-from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
 from agentenv.engine import Engine, resolve_model
+from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
 

@@ -153,7 +153,7 @@ async def test_a_cuda_tensor_of_another_process_is_mapped_on_the_same_gpu(
     tmp_path: Path,
 ) -> None:
     # A small random Llama: the handover, not the model, is under test.
-    from agentenv.bench._cuda_check import NumberTokenizer, tiny_llama
+    from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 
     model = tiny_llama(tmp_path / "model", seed=0)
     number_tokens = NumberTokenizer()

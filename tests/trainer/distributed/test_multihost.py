@@ -1,4 +1,4 @@
-"""Three hosts on this machine (network namespaces, tests/trainer/distributed/hosts.py): a
+"""Three hosts on this machine (network namespaces, benchmarks/hosts.py): a
 Ray head with the trainer and the engine in one, a rollout worker on each of the other
 two. Mid-run one worker host's Ray node is killed; later it is started again. The run
 completes; every step trained a full batch, no group twice, no acknowledged group lost;
@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from agentenv import Rubric, State, Task
+from benchmarks.hosts import Hosts, available, popen
 from tests.trainer.test_loop import GoodTokensEnv, good_tokens, tiny_llama
-from trainer.distributed import Hosts, popen
-from trainer.distributed import hosts_available as available
 
 pytestmark = [
     pytest.mark.slow,
@@ -132,17 +131,3 @@ def test_a_run_survives_losing_a_worker_host_and_takes_it_back(tmp_path: Path) -
     # Every trained episode was scored; the dead host's part was played again (retries).
     assert sum(where.values()) >= STEPS * BATCH * N
     assert "is dead" in output and "again on rollout worker" in output
-
-
-def test_the_rollout_bench_runs_workers_on_namespace_hosts() -> None:
-    import argparse
-
-    from trainer._bench_rollout import run
-
-    args = argparse.Namespace(workers=2, episodes=32, cpu_ms=5.0, local=False)
-    result = run(args)
-    assert result["episodes"] == 32 and len(result["hosts"]) == 3
-    for way in ("in_process", "workers_1", "workers_2"):
-        assert result[f"{way}_episodes_per_s"] > 0
-    assert result["speedup"] > 0 and result["overhead_ratio"] > 0
-    assert isinstance(result["speedup_met"], bool)

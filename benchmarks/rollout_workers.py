@@ -1,4 +1,4 @@
-"""``agentenv bench rollout``: how rollout workers scale an environment-bound run.
+"""``agentenv bench rollout --workers N``: how rollout workers scale an environment-bound run.
 
 The environment (:class:`BusyEnv`) spends ``--cpu-ms`` of CPU in its verifier per
 episode (a single turn); the policy is a scripted model (no engine), so episodes/s is
@@ -7,7 +7,7 @@ bound by the environment. Three ways, the same ``--episodes`` episodes each:
 ``in_process``: :func:`agentenv.run_rollouts` in one process into a Buffer (what a run
 without workers does). ``workers_1`` / ``workers_N``: the same rounds through
 :class:`~trainer.distributed.RolloutWorkers` (``--workers`` of them), each worker on a host
-of its own -- network namespaces on this machine (:mod:`trainer.distributed._hosts`: a
+of its own -- network namespaces on this machine (:mod:`benchmarks.hosts`: a
 Ray head in one, a one-CPU Ray node per worker in the others), the Buffer served by the
 driver on the head's host. Reported: episodes/s of each, the speed-up of N workers over
 one (target at least 1.7 on a 2-core machine with 2 workers), and the time per episode
@@ -33,7 +33,7 @@ from agentenv import Rubric, SingleTurnEnv, State, Task
 
 __all__ = ["BusyEnv", "add_parser", "main"]
 
-MODULE = "trainer._bench_rollout"
+MODULE = "benchmarks.rollout_workers"
 SCRIPT = "def reply(ctx):\n    return 'The answer is 42.'\n"
 
 
@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.local:
         result.update(_measure(args, None, tokenizer))
     else:
-        from trainer.distributed import Hosts, hosts_available, popen
+        from benchmarks.hosts import Hosts, popen
+        from benchmarks.hosts import available as hosts_available
 
         why = hosts_available()
         if why is not None:

@@ -1,10 +1,10 @@
 """agentenv's HTTP handlers on a plain aiohttp application (``bench http``'s reference).
 
-:func:`aiohttp_app` turns a :class:`~agentenv._http.Router` (and its server's ``guard``)
+:func:`aiohttp_app` turns a :class:`~agentenv.http.Router` (and its server's ``guard``)
 into an ``aiohttp.web.Application`` with nothing of ``HTTPServer``'s own layer (no
 connection cap, head timeout or graceful shutdown): each aiohttp request becomes the
-:class:`~agentenv._http.Request` the handler expects, and what it returns (or the
-:class:`~agentenv._http.HTTPError` it raises) becomes the aiohttp response. The guard sees
+:class:`~agentenv.http.Request` the handler expects, and what it returns (or the
+:class:`~agentenv.http.HTTPError` it raises) becomes the aiohttp response. The guard sees
 the head before the body is read; a response that cannot be delivered runs its
 ``on_undelivered``. Only the benchmark imports this module.
 """
@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from agentenv._http import Guard, Handler, HTTPError, Request, Response, Router, StreamingResponse
+from agentenv.http import Guard, Handler, HTTPError, Request, Response, Router, StreamingResponse
 
 __all__ = ["aiohttp_app"]
 
-log = logging.getLogger("agentenv.bench")
+log = logging.getLogger("benchmarks")
 
 _AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -28,8 +28,8 @@ _AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def aiohttp_app(router: Router, guard: Guard | None, *, max_body_bytes: int) -> web.Application:
     """An aiohttp application serving ``router``'s routes through their own handlers."""
     app = web.Application(client_max_size=max_body_bytes)
-    for (method, path), route in router._routes.items():
-        app.router.add_route(method, path, _adapt(route.handler, guard))
+    for (method, path), handler in router.handlers().items():
+        app.router.add_route(method, path, _adapt(handler, guard))
     return app
 
 

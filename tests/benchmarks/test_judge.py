@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from environments._bench_judge import bench
+from benchmarks.judge import bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

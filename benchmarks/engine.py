@@ -8,7 +8,7 @@ prompts, left-padded into one batch -- how HF is used for batched sampling. Time
 submitting the prompts to the last token, prefill included. Every measurement runs in a
 fresh process (one per side and level), the sides alternating level by level. ::
 
-    python -m agentenv.bench._engine --device cpu --levels 1 8 --max-new-tokens 32
+    python -m benchmarks.engine --device cpu --levels 1 8 --max-new-tokens 32
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import anyio
 
-from agentenv._generator import SamplingParams
-from agentenv.bench._child import run_child
+from agentenv import SamplingParams
+from benchmarks import run_child
 
 LEVELS = (1, 8, 32, 128)
 _TOPICS = (
@@ -165,7 +165,7 @@ def _measure_in_child(
     argv += ["--levels", str(c), "--max-new-tokens", str(new)]
     if not cuda_graphs:
         argv.append("--no-cuda-graphs")
-    result = run_child("agentenv.bench._engine", argv, timeout=3600, one_thread=False)
+    result = run_child("benchmarks.engine", argv, timeout=3600, one_thread=False)
     rate: float = result["tokens_per_s"]
     return rate
 

@@ -1,6 +1,6 @@
 """``agentenv bench data-parallel``: how the torch backend's data-parallel ranks should sum
 their gradients -- its own one flat all-reduce after the step's micro-batches
-(what :class:`~trainer._data_parallel.DataParallel` did first), torch's ``DistributedDataParallel``
+(what the torch backend did first), torch's ``DistributedDataParallel``
 (bucketed all-reduces overlapped with the last micro-batch's backward, ``no_sync`` for the
 others) or FSDP2's ``fully_shard`` (parameters, gradients and optimizer state sharded over
 the ranks; each decoder layer and the root a unit, gradients reduce-scattered at the last
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentenv.bench import bench_parser
+from benchmarks import bench_parser
 
 __all__ = ["add_parser", "main"]
 
@@ -126,8 +126,6 @@ def _rank(strategy: str, rank: int, world: int, port: int, args: argparse.Namesp
     import torch
     import torch.distributed as dist
 
-    from trainer._data_parallel import DataParallel
-
     torch.set_num_threads(1)
     cuda = args.device == "cuda"
     device = f"cuda:{rank}" if cuda else "cpu"
@@ -140,9 +138,8 @@ def _rank(strategy: str, rank: int, world: int, port: int, args: argparse.Namesp
         )  # fmt: skip
     model = _model(args, device)
     n = args.micro_batches
-    dp = DataParallel(rank, world)
-    mine = dp.share([[i] for i in range(n)], [1] * n) if world > 1 else [[i] for i in range(n)]
-    indices = [g[0] for g in mine]
+    # The torch backend's deal for micro-batches of equal size: one each in turn.
+    indices = list(range(rank, n, world))
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -203,12 +200,12 @@ def _rank(strategy: str, rank: int, world: int, port: int, args: argparse.Namesp
 def _strategy(strategy: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     import subprocess
 
-    from trainer._files import free_port
+    from benchmarks import free_port
 
     world = 1 if strategy == "one_process" else args.ranks
     port = free_port()
     weights = os.path.join(tmp, f"{strategy}.pt")
-    argv = [sys.executable, "-m", "trainer._bench_data_parallel", "--_rank"]
+    argv = [sys.executable, "-m", "benchmarks.data_parallel", "--_rank"]
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in _PASSED]
     env = {**os.environ, "BENCH_DP_WEIGHTS": weights, "OMP_NUM_THREADS": "1"}
     procs = [

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from trainer import _bench_distributed as bench
+from benchmarks import distributed as bench
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -11,7 +11,7 @@ tool call, transcript bookkeeping, sample construction and the runner.
 Each concurrency level runs in a fresh process pinned to one CPU core, so peak RSS is per
 level and the numbers are single-core numbers::
 
-    python -m agentenv.bench._rollout --concurrency 1024 --episodes 4096
+    python -m benchmarks.rollout --concurrency 1024 --episodes 4096
 """
 
 from __future__ import annotations
@@ -30,14 +30,21 @@ from typing import Any
 
 import anyio
 
-from agentenv._environment import Episode, Task
-from agentenv._generator import Completion, FinishReason, SamplingParams
-from agentenv._multiturn import ToolEnv
-from agentenv._rewards import Rubric, State
-from agentenv._runner import RolloutConfig, run_rollouts
-from agentenv._sample import Sample
-from agentenv._tokenizer import ChatTokenizer
-from agentenv._tools import tool
+from agentenv import (
+    ChatTokenizer,
+    Completion,
+    Episode,
+    FinishReason,
+    RolloutConfig,
+    Rubric,
+    Sample,
+    SamplingParams,
+    State,
+    Task,
+    ToolEnv,
+    run_rollouts,
+    tool,
+)
 
 SYSTEM_PROMPT = "You are a careful calculator. Always use the add tool for arithmetic."
 

@@ -33,15 +33,20 @@ from typing import Any
 
 import anyio
 
-from agentenv._environment import Environment, Episode, Task
-from agentenv._http import HTTPTransport, Request, Response, Router
-from agentenv._rewards import Rubric
-from agentenv._runner import RolloutConfig, run_rollouts
-from agentenv._sample import Sample
-from agentenv._scripted import ScriptedModel
-from agentenv._tokenizer import ChatTokenizer
-from agentenv.bench._parser import bench_parser
+from agentenv import (
+    ChatTokenizer,
+    Environment,
+    Episode,
+    RolloutConfig,
+    Rubric,
+    Sample,
+    ScriptedModel,
+    Task,
+    run_rollouts,
+)
 from agentenv.endpoint import AgentEnv
+from agentenv.http import HTTPTransport, Request, Response, Router
+from benchmarks import bench_parser
 
 __all__ = ["add_parser", "bench"]
 
@@ -175,7 +180,7 @@ async def _play(
 async def _http_floor(calls: int, concurrency: int) -> tuple[float, float]:
     """Wall and CPU time of ``calls`` no-op requests (a fixed answer, no episode) on the
     same server and client: the HTTP round trip every call pays."""
-    from agentenv._http import HTTPServer
+    from agentenv.http import HTTPServer
 
     router = Router()
     answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Noted."}}]})
@@ -223,7 +228,7 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
     sides = ("endpoint", "split", "messages", "direct", "floor")
     best = {side: [inf, inf] for side in sides}
     floor_calls = max(1, total // concurrency) * concurrency
-    driver = [sys.executable, "-m", "agentenv.bench._agent", "--driver", "--calls", str(calls)]
+    driver = [sys.executable, "-m", "benchmarks.agent", "--driver", "--calls", str(calls)]
 
     def keep(side: str, wall: float, cpu: float) -> None:
         best[side] = [min(best[side][0], wall), min(best[side][1], cpu)]
@@ -365,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m agentenv.bench._agent [--quick] [--json]
+if __name__ == "__main__":  # python -m benchmarks.agent [--quick] [--json]
     _parser = argparse.ArgumentParser(prog="agentenv bench")
     add_parser(_parser.add_subparsers())
     sys.exit(run(_parser.parse_args(["agent", *sys.argv[1:]])))

@@ -7,7 +7,7 @@ so the numbers include the hand-off between them. The service is measured twice:
 and server in one process on one core (``service``), and as deployed, the server in a
 process of its own on another core (``service_split``: one core each). ::
 
-    python -m agentenv.bench._buffer --mode memory --groups 20000
+    python -m benchmarks.buffer --mode memory --groups 20000
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import anyio
 
-from agentenv._sample import Sample
-from agentenv.bench._rollout import peak_rss_mb, pin_to_one_core
+from agentenv import Sample
 from agentenv.buffer import Buffer, BufferConfig
+from benchmarks.rollout import peak_rss_mb, pin_to_one_core
 
 GROUP = 8
 BATCH_GROUPS = 16
@@ -168,7 +168,7 @@ async def run(
 async def _server_process() -> AsyncIterator[str]:
     """A Buffer service in a child process pinned to another core; yields its URL."""
     proc = await anyio.open_process(
-        [sys.executable, "-m", "agentenv.bench._buffer", "--serve"], stderr=None
+        [sys.executable, "-m", "benchmarks.buffer", "--serve"], stderr=None
     )
     try:
         assert proc.stdout is not None

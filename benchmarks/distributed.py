@@ -50,13 +50,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentenv.bench import bench_parser
+from benchmarks import bench_parser
 
 __all__ = ["RUNS", "add_parser", "run"]
 
 QUICK = "smoke test: 2 steps of 2 x 2 samples, 4 tokens"
 
-MODULE = "trainer._bench_distributed"
+MODULE = "benchmarks.distributed"
 ENV = "environments.arithmetic:ArithmeticEnv"
 #: Each run's ``agentenv train`` flags beyond the workload's.
 RUNS: dict[str, tuple[str, ...]] = {
@@ -201,9 +201,8 @@ def _start_and_sync(model: str, device: str, repeats: int, weights: Path) -> dic
     each stage; then sync the rank's weights into both engines, from disk and over gloo."""
     import anyio
 
-    from trainer._config import TrainConfig
-    from trainer._servers import _engine_actors, engine_dtypes
-    from trainer._setup import build_backend, place_run
+    from agentenv import ChatTokenizer
+    from trainer import TrainConfig, build_backend, engine_dtypes, place_run, rollout_engine
     from trainer.distributed import connect
 
     flat: dict[str, Any] = dict(
@@ -224,7 +223,11 @@ def _start_and_sync(model: str, device: str, repeats: int, weights: Path) -> dic
         dtypes = engine_dtypes(backend, device)
 
         async def engines() -> None:
-            async with _engine_actors(config, placed, weights / "run", dtypes) as (group, _):
+            tokenizer = ChatTokenizer.load(model)
+            async with rollout_engine(config, tokenizer, weights / "run", dtypes, placed) as (
+                group,
+                _,
+            ):
                 t4 = time.perf_counter()
                 out["start"] = {
                     "ray_init_s": round(t1 - t0, 3),
@@ -291,9 +294,8 @@ def _colocated_sync(flat: dict[str, Any], repeats: int, weights: Path) -> dict[s
     both engines from disk and by handle from the rank beside each (``tensor``)."""
     import anyio
 
-    from trainer._config import TrainConfig
-    from trainer._servers import _engine_actors, engine_dtypes
-    from trainer._setup import build_backend, place_run
+    from agentenv import ChatTokenizer
+    from trainer import TrainConfig, build_backend, engine_dtypes, place_run, rollout_engine
 
     colocated = {**flat, "colocate": True, "actor_num_gpus_per_node": 2}
     colocated.pop("rollout_num_gpus")
@@ -306,7 +308,9 @@ def _colocated_sync(flat: dict[str, Any], repeats: int, weights: Path) -> dict[s
         dtypes = engine_dtypes(backend, config.model.device)
 
         async def engines() -> None:
-            async with _engine_actors(config, placed, weights / "colocated", dtypes) as (g, _):
+            tokenizer = ChatTokenizer.load(config.model.hf_checkpoint)
+            colocated_dir = weights / "colocated"
+            async with rollout_engine(config, tokenizer, colocated_dir, dtypes, placed) as (g, _):
                 out["engines"] = len(g.engines)
                 disk = g.weight_sync("disk", directory=weights / "colocated-disk")
                 out["disk"] = await _timed(disk, backend, repeats, 1)
@@ -341,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="agentenv-bench-distributed-") as tmp_name:
         tmp = Path(tmp_name)
         if args.model is None:
-            from trainer._bench_grpo import _tiny_model
+            from benchmarks.grpo import _tiny_model
 
             (tmp / "model").mkdir()
             model = str(_tiny_model(tmp / "model", args.tokenizer_dir))
@@ -439,7 +443,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trainer._bench_distributed [FLAGS]``: the bench without the CLI."""
+    """``python -m benchmarks.distributed [FLAGS]``: the bench without the CLI."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
         model, device, repeats, weights, result = argv[1:6]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentenv.bench._http import (
+from benchmarks.http_server import (
     SERVERS,
     TOKEN,
     WORKLOADS,

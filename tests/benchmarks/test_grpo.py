@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import _bench_grpo as bench
+from benchmarks import grpo as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_a_micro_batch_that_does_not_divide_the_step_is_refused(tmp_path: Path) 
 def test_the_agentenv_side_is_agentenv_train_without_shuffling(tmp_path: Path) -> None:
     w = _workload(agentenv_args=("--rollout-max-running", "256"))
     config = bench.agentenv_config(w, str(tmp_path / "run")).flat()  # by slime's names
-    assert config["env"] == "trainer._bench_grpo:RecordedArithmeticEnv"
+    assert config["env"] == "benchmarks.grpo:RecordedArithmeticEnv"
     assert config["env_args"] == {"max_operand": 9}
     assert config["rollout_shuffle"] is False
     assert (config["rollout_batch_size"], config["n_samples_per_prompt"]) == (64, 8)
@@ -110,7 +110,7 @@ def test_extra_agentenv_train_flags_reach_the_agentenv_side() -> None:
 def test_quick_runs_both_sides_on_the_same_prompts() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "trainer._bench_grpo", "--quick", "--json"],
+        [sys.executable, "-m", "benchmarks.grpo", "--quick", "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=220, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]

@@ -1,6 +1,6 @@
 """A check of the key/value pool, the prefix cache and CUDA graphs on a GPU (minutes).
 
-    python -m agentenv.bench._cuda_check [--device cuda:0]
+    python -m benchmarks.cuda_check [--device cuda:0]
 
 On a small random Llama (fp32, so that graphed and eager steps agree to 1e-4): decode
 graphs against eager steps, with the prefix cache on and off; a GRPO group and a 3-turn
@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from agentenv._generator import SamplingParams
+from agentenv import SamplingParams
 
 
 class NumberTokenizer:

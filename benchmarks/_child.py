@@ -1,19 +1,21 @@
-"""Running one benchmark measurement in a process of its own."""
+"""Running one benchmark measurement in a process of its own, and printing its result."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from agentenv._errors import ConfigError
+from agentenv import ConfigError
 
-__all__ = ["run_child"]
+__all__ = ["ROOT", "emit", "free_port", "run_child"]
 
-_ROOT = str(Path(__file__).resolve().parents[2])
+# The checkout: children put it on their path (the verifiers venv does not have agentenv).
+ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def run_child(
@@ -36,7 +38,7 @@ def run_child(
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
         # The verifiers venv does not have agentenv installed: import it from the checkout.
-        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
     )
     if one_thread:
         env.update(RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1")
@@ -54,3 +56,19 @@ def run_child(
         raise ConfigError(f"benchmark child {module} {' '.join(args)} failed: {' | '.join(tail)}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def emit(result: dict[str, Any], as_json: bool) -> None:
+    """Print a bench's result: one JSON line (``--json``), or indented."""
+    if as_json:
+        print(json.dumps(result, separators=(",", ":")))
+    else:
+        print(json.dumps(result, indent=2))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

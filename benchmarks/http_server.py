@@ -19,8 +19,8 @@ the same for both. Workloads:
 - ``engine``: SGLangClient ``/generate`` calls (100-token prompts) with ``--in-flight``
   requests going: requests/s. ::
 
-    python -m agentenv.bench._http --serve engine --server aiohttp     # prints its URL
-    python -m agentenv.bench._http --url URL --workload engine --requests 4000
+    python -m benchmarks.http_server --serve engine --server aiohttp     # prints its URL
+    python -m benchmarks.http_server --url URL --workload engine --requests 4000
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from typing import Any
 
 import anyio
 
-from agentenv._errors import ConfigError
-from agentenv._generator import FinishReason, SamplingParams
-from agentenv._http import Guard, Router
-from agentenv.bench._client import _drive
+from agentenv import ConfigError, FinishReason, SamplingParams
+from agentenv.http import Guard, Router
+from benchmarks.client import _drive
 
 SERVERS = ("agentenv", "aiohttp")
 SERVICES = ("buffer", "engine")
@@ -82,7 +81,7 @@ class InstantEngine:
         rid: str | None = None,
         return_logprob: bool = False,
     ) -> _Completion:
-        from agentenv.bench._client import OUTPUT
+        from benchmarks.client import OUTPUT
 
         logprobs = [-0.5] * len(OUTPUT) if return_logprob else None
         return _Completion(list(OUTPUT), logprobs, FinishReason("length", length=len(OUTPUT)))
@@ -111,6 +110,8 @@ async def serving(service: str, server: str) -> AsyncIterator[str]:
             from agentenv.engine import EngineServer
 
             served = EngineServer(InstantEngine())  # type: ignore[arg-type]
+        # The bench measures the servers' HTTP layer itself: it serves the same router,
+        # guard and body limit that the server's own HTTPServer has on plain aiohttp.
         http = served._http
         if server == "agentenv":
             await stack.enter_async_context(served)
@@ -130,7 +131,7 @@ async def _start_aiohttp(
 ) -> str:
     from aiohttp import web
 
-    from agentenv.bench._aiohttp import aiohttp_app
+    from benchmarks.aiohttp_app import aiohttp_app
 
     app = aiohttp_app(router, guard, max_body_bytes=max_body_bytes)
     # Long-poll handlers end when their client leaves, as on agentenv's HTTPServer.
@@ -169,8 +170,8 @@ async def run_workload(
         raise ConfigError(f"workload must be one of {sorted(WORKLOADS)}, got {workload!r}")
     out: dict[str, Any] = {"workload": workload, "in_flight": in_flight}
     if workload == "engine":
-        from agentenv.bench._client import OUTPUT
         from agentenv.sglang import SGLangClient
+        from benchmarks.client import OUTPUT
 
         prompt = list(range(2000, 2100))
         params = SamplingParams(max_new_tokens=8)
@@ -185,8 +186,8 @@ async def run_workload(
             wall = await _drive(generate, requests, in_flight)
             sent = requests
     else:
-        from agentenv.bench._buffer import BATCH_GROUPS, GROUP, _through_buffer, make_groups
         from agentenv.buffer import BufferClient
+        from benchmarks.buffer import BATCH_GROUPS, GROUP, _through_buffer, make_groups
 
         async with BufferClient(url, token=TOKEN, max_connections=max(in_flight, 1)) as client:
             sent = 0
@@ -195,7 +196,7 @@ async def run_workload(
                 nonlocal sent
                 sent += 1
 
-            client._http.event_hooks = {"request": [count]}
+            client._http.event_hooks = {"request": [count]}  # its requests, counted
             if workload == "buffer_put":
                 if requests % BATCH_GROUPS:
                     raise ConfigError(f"buffer_put needs a multiple of 16 groups, got {requests}")
@@ -233,7 +234,7 @@ def compare(
 ) -> dict[str, Any]:
     """Each workload on each server, ``repeat`` rounds (servers alternating within a round,
     each run on a fresh server process); medians, spreads and agentenv/aiohttp ratios."""
-    from agentenv.bench._child import run_child
+    from benchmarks import run_child
 
     if repeat < 1:
         raise ConfigError(f"--repeat must be at least 1, got {repeat}")
@@ -248,7 +249,7 @@ def compare(
                     args += ["--in-flight", str(in_flight), "--server-pid", str(pid)]
                     if client_cpu is not None:
                         args += ["--cpu", str(client_cpu)]
-                    r = run_child("agentenv.bench._http", args, timeout=600)
+                    r = run_child("benchmarks.http_server", args, timeout=600)
                 rows.setdefault(workload, {}).setdefault(server, []).append(r)
                 print(
                     f"{workload:>12} {server:>8}: {r['requests_per_s']:>8,.0f} requests/s"
@@ -332,13 +333,13 @@ def _server_process(service: str, server: str, cpu: int | None) -> Iterator[tupl
     """A server process for ``service`` on ``server``; yields its URL and pid."""
     import subprocess
 
-    from agentenv.bench._child import _ROOT
+    from benchmarks import ROOT
 
-    command = [sys.executable, "-m", "agentenv.bench._http", "--serve", service]
+    command = [sys.executable, "-m", "benchmarks.http_server", "--serve", service]
     command += ["--server", server, *([] if cpu is None else ["--cpu", str(cpu)])]
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
         OMP_NUM_THREADS="1",
     )
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
@@ -369,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cpu is not None:
         with contextlib.suppress(AttributeError, OSError):
             os.sched_setaffinity(0, {args.cpu})
-    from agentenv.bench._client import _raise_fd_limit
+    from benchmarks.client import _raise_fd_limit
 
     _raise_fd_limit()
     if args.serve:

@@ -1,4 +1,4 @@
-"""``agentenv bench train`` (trainer/_bench.py) runs end to end on CPU on a tiny model (the
+"""``agentenv bench train`` (benchmarks/train.py) runs end to end on CPU on a tiny model (the
 numbers themselves are recorded in docs/benchmarks.md, not asserted)."""
 
 from __future__ import annotations

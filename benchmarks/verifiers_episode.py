@@ -34,7 +34,7 @@ from the Hugging Face hub and calls a vLLM ``/inference/v1/generate`` engine.
 
 Runnable on its own, so the benchmark can drive it from a separate virtualenv::
 
-    python -m agentenv.bench._verifiers_episode --concurrency 64 --episodes 2000
+    python -m benchmarks.verifiers_episode --concurrency 64 --episodes 2000
 
 prints one JSON line. The module imports without verifiers installed; verifiers is imported
 lazily inside the functions.
@@ -63,7 +63,7 @@ from typing import Any
 
 __all__ = ["run_verifiers_bench", "verifiers_available"]
 
-_MODULE = "agentenv.bench._verifiers_episode"
+_MODULE = "benchmarks.verifiers_episode"
 # verifiers resolves tasksets and harnesses by id, importing `verifiers.v1.tasksets.<id>` or
 # `<id>`; a dotted id such as this module's name breaks the first probe, so the plugin classes
 # are published under these flat, synthetic module names instead.
@@ -78,7 +78,7 @@ _NUM_TASKS = 64
 _SYSTEM_PROMPT = "You are a careful calculator. Always use the add tool for arithmetic."
 _INT = re.compile(r"-?\d+")
 # The repository root, so tool-server subprocesses (`python -m <this module>`) can import it.
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def verifiers_available() -> str | None:

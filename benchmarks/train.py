@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentenv.bench import bench_parser
+from benchmarks import bench_parser
 
 __all__ = ["add_parser"]
 
@@ -169,9 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
     import torch
 
-    from trainer._advantages import compute_advantages
-    from trainer._backend import OptimConfig
-    from trainer._torch import TorchBackend
+    from trainer import OptimConfig, TorchBackend, compute_advantages
 
     device = args.device
     out: dict[str, Any] = {"bench": "train", "device": device}

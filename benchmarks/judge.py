@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from agentenv.bench import bench_parser
+from benchmarks import bench_parser
 
 __all__ = ["add_parser", "bench"]
 
@@ -62,7 +62,7 @@ def _main(args: argparse.Namespace) -> int:
     import anyio
 
     result = anyio.run(bench, args.model, args.n, args.tasks, args.group_size)
-    print(json.dumps(result, indent=None if args.json else 1), flush=True)  # noqa: T201
+    print(json.dumps(result, indent=None if args.json else 1), flush=True)
     return 0
 
 

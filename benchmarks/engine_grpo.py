@@ -15,7 +15,7 @@ per episode.
 Time runs from submitting the prompts to the last token, prefill included, after one
 untimed run of the same workload (the steady state of a run's rollouts). ::
 
-    python -m agentenv.bench._grpo_engine --groups 4 16
+    python -m benchmarks.engine_grpo --groups 4 16
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 import anyio
 
-from agentenv._generator import SamplingParams
-from agentenv.bench._child import run_child
+from agentenv import SamplingParams
+from benchmarks import run_child
 
 SAMPLES = 8
 PROMPT_TOKENS = 200
@@ -194,7 +194,7 @@ def bench(
 
     def child(*argv: str) -> dict[str, Any]:
         args = ["--measure", *argv, "--model", str(model_dir), "--device", device]
-        return run_child("agentenv.bench._grpo_engine", args, timeout=3600, one_thread=False)
+        return run_child("benchmarks.engine_grpo", args, timeout=3600, one_thread=False)
 
     result: dict[str, Any] = {
         "prompt_tokens": PROMPT_TOKENS,

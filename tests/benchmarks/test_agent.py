@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agentenv.bench._agent import bench
+from benchmarks.agent import bench
 
 pytestmark = pytest.mark.timeout(120)
 

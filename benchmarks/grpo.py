@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv import Episode, Sample, Task
-from agentenv.bench import bench_parser
+from benchmarks import bench_parser
 from environments.arithmetic import ArithmeticEnv
 
 __all__ = ["RecordedArithmeticEnv", "add_parser", "prompt_hash"]
@@ -49,7 +49,7 @@ __all__ = ["RecordedArithmeticEnv", "add_parser", "prompt_hash"]
 QUICK = "smoke test: tiny random model, CPU, 2 steps of 4 prompts x 4 samples, 8 tokens"
 
 PEERS = ("trl",)
-MODULE = "trainer._bench_grpo"  # also when run as __main__: the recorded prompts live here
+MODULE = "benchmarks.grpo"  # also when run as __main__: the recorded prompts live here
 MAX_OPERAND = 9
 GIB = 2**30
 
@@ -197,20 +197,17 @@ def _agentenv_argv(w: Workload, save: str) -> list[str]:
 
 
 def agentenv_config(w: Workload, save: str) -> Any:
-    """The :class:`~trainer._config.TrainConfig` that ``agentenv train`` builds from
+    """The :class:`~trainer.TrainConfig` that ``agentenv train`` builds from
     :func:`_agentenv_argv` (its own parser, so every flag it has is accepted)."""
-    from trainer._cli import add_parser as add_train_parser
-    from trainer._flags import config_from_args
+    from trainer import config_from_flags
 
-    parser = argparse.ArgumentParser(prog="agentenv")
-    add_train_parser(parser.add_subparsers())
-    return config_from_args(parser.parse_args(["train", *_agentenv_argv(w, save)]))
+    return config_from_flags(_agentenv_argv(w, save))
 
 
 def _run_agentenv(w: Workload) -> dict[str, Any]:
     import torch
 
-    from trainer._train import train
+    from trainer import train
 
     cuda = w.device.startswith("cuda")
     with tempfile.TemporaryDirectory(prefix="agentenv-bench-run-") as tmp:
@@ -778,7 +775,7 @@ def _child(side: str, spec: str, result: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trainer._bench_grpo [FLAGS]``: the bench without the ``agentenv`` CLI."""
+    """``python -m benchmarks.grpo [FLAGS]``: the bench without the ``agentenv`` CLI."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--side"]:
         return _child(*argv[1:4])
@@ -788,6 +785,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer._bench_grpo import main as _main_of_module  # one module: one _PLAYED
+    from benchmarks.grpo import main as _main_of_module  # one module: one _PLAYED
 
     raise SystemExit(_main_of_module())
