@@ -4,10 +4,10 @@ Every command that reports numbers prints them as one JSON object on its last li
 with ``--json``. Run ``agentenv COMMAND --help`` for the flags.
 
 Other packages add commands (``agentenv sandbox`` comes from ``sandboxes``) and
-benchmarks (``agentenv bench sandbox``) through the entry-point groups
-``agentenv.commands`` and ``agentenv.benches``: each entry is a function that takes the
-argparse sub-parsers object and adds its parser, whose ``handler`` returns the exit
-status. agentenv itself never imports them by name.
+benchmarks (every ``agentenv bench BENCH`` comes from ``benchmarks``) through the
+entry-point groups ``agentenv.commands`` and ``agentenv.benches``: each entry is a function
+that takes the argparse sub-parsers object and adds its parser, whose ``handler`` returns
+the exit status. agentenv itself never imports them by name.
 """
 
 from __future__ import annotations
