@@ -1,4 +1,5 @@
-"""Shared fixtures: the SmolLM2 tokenizer and the same tokenizer with other template families."""
+"""Shared fixtures: the SmolLM2 tokenizer and the same tokenizer with other template families;
+the skip of tests that need more CUDA GPUs than this machine has (``tests._gpu``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,20 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agentenv import ChatTokenizer
+from tests import _gpu
 
 TEMPLATES = Path(__file__).parent / "templates"
+
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``gpu_test(n)`` is skipped where fewer than ``n`` CUDA GPUs are."""
+    for item in items:
+        need = _gpu.needs(item)
+        if need and _gpu.cuda_devices() < need:
+            have = _gpu.cuda_devices()
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s), found {have}"))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import torch
 from agentenv import ChatTokenizer, ClosedResourceError, ConfigError, Sample, SamplingParams
 from agentenv.engine import Engine, EngineServer
 from agentenv.sglang import SGLangClient, SGLangError
+from tests._gpu import gpu_test
 from tests.trainer.test_loop import tiny_llama
 from trainer import DistributedSync, OptimConfig, TorchBackend, TrainConfig
 from trainer._sender import buckets as _buckets
@@ -179,8 +180,7 @@ def test_refusals_raise_the_servers_reason_and_block_nobody(model: Path) -> None
     anyio.run(go)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@gpu_test(2)
 def test_nccl_carries_the_weights_from_one_gpu_to_a_server_on_another(model: Path) -> None:
     tokenizer = ChatTokenizer.load(model)
     backend = TorchBackend(model, device="cuda:0", precision="fp32")
@@ -255,10 +255,7 @@ def test_agentenv_train_syncs_a_served_engine_over_a_process_group(model: Path) 
     assert refused.returncode == 2 and "--weight-sync distributed needs servers" in refused.stderr
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
-)
+@gpu_test(2)
 def test_megatron_on_gpu0_trains_and_syncs_agentenv_serve_on_gpu1_over_nccl(
     model: Path, tmp_path: Path
 ) -> None:

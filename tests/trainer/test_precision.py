@@ -16,6 +16,7 @@ import torch
 
 from agentenv import ConfigError, Sample, SamplingParams
 from agentenv.engine import Engine
+from tests._gpu import gpu_test
 from tests.trainer.test_loop import tiny_llama
 from trainer import (
     PRECISIONS,
@@ -95,13 +96,7 @@ def _gaps(backend: TorchBackend, samples: list[Sample]) -> torch.Tensor:
     return torch.cat(out)
 
 
-CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
-)
+CUDA = pytest.param("cuda", marks=gpu_test())
 
 
 @pytest.mark.anyio

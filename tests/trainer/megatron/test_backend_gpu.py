@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from agentenv import Sample
+from tests._gpu import gpu_test
 from trainer import OptimConfig, TorchBackend, compute_advantages
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    gpu_test(),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::UserWarning"),
     pytest.mark.filterwarnings("ignore::FutureWarning"),

@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests._gpu import gpu_test
+
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
-    ),
+    gpu_test(2),
     pytest.mark.timeout(900),
 ]
 

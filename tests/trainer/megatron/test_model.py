@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests._gpu import gpu_test
 from tests.trainer.megatron.tiny import tiny_model
 from trainer.megatron import (
     MegatronModelConfig,
@@ -83,8 +84,7 @@ def test_a_mismatched_shape_is_named(world_of_one: None) -> None:
         load_weights(model, state)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@gpu_test()
 # megatron's own RowParallelLinear calls a function without its process group (0.19.2).
 @pytest.mark.filterwarnings("ignore:.*tp_group is None:DeprecationWarning")
 def test_logits_and_logprobs_match_hf_on_cuda(hf_model: Any, world_of_one: None) -> None:
@@ -117,8 +117,7 @@ def test_logits_and_logprobs_match_hf_on_cuda(hf_model: Any, world_of_one: None)
     assert logp.dtype == torch.float32 and float(logp.max()) <= 0
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@gpu_test(2)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("tied", ["tied", "untied"])
 def test_tensor_parallel_shards_match_hf_on_two_gpus(arch: str, tied: str) -> None:
