@@ -12,7 +12,9 @@ exits after that line. Otherwise each further line is an episode, ``{"id": k, "t
 "base_url": url, "model": name}``, run concurrently (at most ``max_concurrency`` at once)
 with verifiers' own harness and rubric, its model calls sent to ``base_url``; each is
 answered by ``{"id": k, "ok": bool, "reward": float, "turns": n, "error": "<why>" | null}``.
-End of stdin ends the worker.
+A line ``{"cancel": k}`` cancels episode ``k`` (its caller gave up on it: a timeout, a
+cancelled run), which is then never answered, so its harness and its slot are freed at once
+rather than at verifiers' own timeout. End of stdin ends the worker.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ async def _serve(vf: Any, env: Any, tasks: list[Any], max_concurrency: int) -> N
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2**24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    running: set[asyncio.Task[None]] = set()
+    running: dict[int, asyncio.Task[None]] = {}
 
     async def episode(request: dict[str, Any]) -> None:
         answer: dict[str, Any] = {"id": request["id"], "ok": False, "reward": 0.0, "turns": 0}
@@ -86,10 +88,17 @@ async def _serve(vf: Any, env: Any, tasks: list[Any], max_concurrency: int) -> N
 
     async with env.serving():
         while line := await reader.readline():
-            task = asyncio.create_task(episode(json.loads(line)))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        await asyncio.gather(*running)
+            request = json.loads(line)
+            if "cancel" in request:
+                cancelled = running.get(int(request["cancel"]))
+                if cancelled is not None:
+                    cancelled.cancel()
+                continue
+            key = int(request["id"])
+            task = asyncio.create_task(episode(request))
+            running[key] = task
+            task.add_done_callback(lambda _, key=key: running.pop(key, None))
+        await asyncio.gather(*running.values(), return_exceptions=True)
 
 
 def main() -> int:

@@ -341,7 +341,15 @@ class VerifiersEnv(Environment):
                 await worker.proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the reader fails the future with the exit code and stderr
-            return await future
+            try:
+                return await future
+            except asyncio.CancelledError:
+                # Given up on (a timeout, a cancelled run): the worker stops its harness
+                # now and frees its slot, rather than at verifiers' own timeout.
+                worker.pending.pop(request_id, None)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+                    worker.proc.stdin.write((json.dumps({"cancel": request_id}) + "\n").encode())
+                raise
 
     # --- episodes ---------------------------------------------------------------------------
 
