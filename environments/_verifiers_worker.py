@@ -20,6 +20,7 @@ rather than at verifiers' own timeout. End of stdin ends the worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import resource
 import sys
@@ -59,6 +60,10 @@ def _reason(episode: Any) -> str | None:
     return "; ".join(f"{e.type}: {e.message}" for e in errors)
 
 
+def _forget(running: dict[int, Any], key: int, _: object) -> None:
+    running.pop(key, None)
+
+
 async def _serve(vf: Any, env: Any, tasks: list[Any], max_concurrency: int) -> None:
     from verifiers.v1.env import RunSlot
 
@@ -95,9 +100,8 @@ async def _serve(vf: Any, env: Any, tasks: list[Any], max_concurrency: int) -> N
                     cancelled.cancel()
                 continue
             key = int(request["id"])
-            task = asyncio.create_task(episode(request))
-            running[key] = task
-            task.add_done_callback(lambda _, key=key: running.pop(key, None))
+            running[key] = task = asyncio.create_task(episode(request))
+            task.add_done_callback(functools.partial(_forget, running, key))
         await asyncio.gather(*running.values(), return_exceptions=True)
 
 
