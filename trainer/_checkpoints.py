@@ -30,7 +30,14 @@ import anyio
 import anyio.abc
 import torch
 
-__all__ = ["CheckpointWriter", "WriteCheckpoint", "cpu_copy", "kept_checkpoints", "link_model"]
+__all__ = [
+    "CheckpointWriter",
+    "WriteCheckpoint",
+    "checkpoint_step",
+    "cpu_copy",
+    "kept_checkpoints",
+    "link_model",
+]
 
 T = TypeVar("T")
 
@@ -120,6 +127,15 @@ class CheckpointWriter:
         self.check()
 
 
+def checkpoint_step(directory: str | os.PathLike[str]) -> int | None:
+    """The step of the complete checkpoint in ``directory`` (``None``: there is none)."""
+    try:
+        meta = json.loads((Path(directory) / "checkpoint.json").read_text())
+        return int(meta["extra"]["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def kept_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     """The older checkpoints kept beside ``directory`` (``NAME.step-K``), oldest first."""
     final = Path(directory)
@@ -135,9 +151,8 @@ def _set_aside(directory: str | os.PathLike[str]) -> None:
     """Keep the complete checkpoint in ``directory`` as ``NAME.step-K`` (its step), by
     hard links: the write about to replace ``directory`` then leaves its files there."""
     final = Path(directory)
-    try:
-        step = int(json.loads((final / "checkpoint.json").read_text())["extra"]["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+    step = checkpoint_step(final)
+    if step is None:
         return  # no complete checkpoint there yet
     kept = final.with_name(f"{final.name}.step-{step}")
     if kept.exists():
@@ -176,11 +191,7 @@ def link_model(
     from trainer._files import replace_dir
 
     root = Path(checkpoint)
-    try:
-        saved = int(json.loads((root / "checkpoint.json").read_text())["extra"]["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if saved != step or not (root / "model" / "config.json").is_file():
+    if checkpoint_step(root) != step or not (root / "model" / "config.json").is_file():
         return False
     with replace_dir(directory) as tmp:
         shutil.copytree(root / "model", tmp, dirs_exist_ok=True, copy_function=_link)

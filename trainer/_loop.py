@@ -77,6 +77,7 @@ async def run_grpo(
     sync: WeightSync | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
+    buffer_path: str | os.PathLike[str] | None = None,
     save_interval: int = 10,
     keep_checkpoints: int = 1,
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
@@ -99,20 +100,32 @@ async def run_grpo(
     when this returns), others write it in the step. ``keep_checkpoints`` (at least 1:
     the newest, which a resume needs) keeps that many of the newest, the older ones as
     ``CHECKPOINT.step-K``. A run that finds a checkpoint there resumes after its step.
-    On the ``sync`` schedule (without over-sampling or filters, whose leftover groups live
-    in memory) it continues exactly as if it had never stopped; on ``one_step_off`` the
-    rollout that was in flight is played again with the checkpoint's weights; on
-    ``async`` the tasks in flight are skipped until the next pass over the data.
-    Resuming with another batch schedule is refused. ``evaluate`` (e.g. the reward on
-    held-out tasks) runs every ``eval_interval`` steps, into that step's
-    ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread after each step, so
-    that a report's file writes do not hold up the episodes in flight. ``hooks`` run around
-    each step's training (:class:`StepHooks`), and their metrics join the step's; without
-    them an embedded engine that ``config.offloads`` (on CPU, on the ``sync`` schedule, by
-    default) gives its memory back for the training (:class:`~trainer.OffloadHooks`).
-    ``workers`` (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray
-    instead of this process: the Buffer is served to them, they put the groups.
-    ``on_batch(step, batch)`` runs once each step's batch is acknowledged.
+    Resuming with another batch schedule is refused.
+
+    Every run goes through one :class:`~agentenv.buffer.Buffer`, its capacity from the
+    staleness bound and the batch (:meth:`GRPOConfig.buffer_config`). With
+    ``buffer_path`` (``agentenv train --save DIR``: ``DIR/buffer``) it is durable there,
+    and a run killed at any moment resumes with every group committed to it: what the
+    steps after the checkpoint consumed goes back to the Buffer (:meth:`Buffer.rewind
+    <agentenv.buffer.Buffer.rewind>`), each step redone takes the groups it took before
+    (as many, oldest first: the same ones), the task stream continues where the rounds
+    stood, and a round that was in flight plays only the groups it had not put -- none
+    played again, none trained twice, none lost. Without it, on the ``sync`` schedule
+    (without over-sampling or filters, whose leftover groups live in memory) a resumed
+    run continues exactly as if it had never stopped; on ``one_step_off`` the rollout
+    that was in flight is played again with the checkpoint's weights; on ``async`` the
+    tasks in flight are skipped until the next pass over the data.
+
+    ``evaluate`` (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps,
+    into that step's ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread
+    after each step, so that a report's file writes do not hold up the episodes in
+    flight. ``hooks`` run around each step's training (:class:`StepHooks`), and their
+    metrics join the step's; without them an embedded engine that ``config.offloads``
+    (on CPU, on the ``sync`` schedule, by default) gives its memory back for the training
+    (:class:`~trainer.OffloadHooks`). ``workers``
+    (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray instead of this
+    process: the Buffer is served to them, they put the groups. ``on_batch(step, batch)``
+    runs once each step's batch is acknowledged.
     """
     # The environment's sampling in place of the settings not given (once: train() did).
     config = (config or GRPOConfig()).for_env(env)
@@ -130,6 +143,7 @@ async def run_grpo(
     history: list[dict[str, float]] = []
     first = 0
     schedule = _schedule(config)
+    roles = _roles(env)
     if checkpoint is not None and await anyio.Path(checkpoint, "checkpoint.json").exists():
         saved = backend.load_checkpoint(checkpoint)
         if saved.get("schedule") != schedule:
@@ -148,7 +162,9 @@ async def run_grpo(
     # itself (a ConfigError found at run time reads like one found before the start).
     with _lone_error():
         async with contextlib.AsyncExitStack() as stack:
-            buffer = await stack.enter_async_context(Buffer(config.buffer_config()))
+            buffer = await stack.enter_async_context(
+                Buffer(config.buffer_config(roles), path=buffer_path)
+            )
             if workers is not None:
                 await stack.enter_async_context(workers.serving(buffer))
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -161,17 +177,28 @@ async def run_grpo(
                 max_rounds=config.max_rounds, max_failed_rounds=config.max_failed_rounds,
                 episode_timeout=config.episode_timeout,
                 chat_template_kwargs=config.chat_template_kwargs,
-                players=workers,
+                players=workers, max_groups_per_prompt=roles,
             )  # fmt: skip
+            # A durable Buffer left by a run that stopped: it and the producer's note in it
+            # take over from the checkpoint (which is older), the steps after it rewound.
+            replay: dict[int, int] = {}
+            if buffer_path is not None:
+                await producer.resume(schedule)
+                replay = await _rewind(buffer, first)
+                if (await buffer.statistics()).ready:
+                    producer.first_put.set()
             if config.schedule == "async":
                 tg.start_soon(producer.run_forever, first)
+            else:
+                await producer.replay_open()
             ahead: anyio.Event | None = None  # one_step_off: the next step's rollout is done
             peaks: dict[str, float] = {}  # each role's peak resident set so far
+            stored = (await buffer.statistics()).store_s  # the store's seconds so far
             for step in range(first, config.num_rollout):
                 writer.check()  # a checkpoint written in the background failed: stop
                 _reset_peak_memory(backend.device)
                 t0 = time.perf_counter()
-                batch = await _take_batch(config, producer, buffer, step, ahead)
+                batch = await _take_batch(config, producer, buffer, step, ahead, replay.get(step))
                 rounds = producer.take_stats()
                 positions[step + 1] = stream.state()
                 if config.schedule == "one_step_off" and step + 1 < config.num_rollout:
@@ -204,6 +231,10 @@ async def run_grpo(
                     if on_batch is not None:
                         on_batch(step, batch)
                 t4 = time.perf_counter()
+                # What the Buffer's store took since the last step (durable: the fsyncs of
+                # puts, acknowledgement and notes; mostly in a thread, beside the step).
+                stored, was = (await buffer.statistics()).store_s, stored
+                metrics["buffer/store_s"] = stored - was
                 trained = [s for j in plan.live for s in plan.parts[j]] if plan else []
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in trained)
                 metrics.update(
@@ -238,16 +269,22 @@ async def run_grpo(
 
 
 async def _take_batch(
-    config: GRPOConfig, producer: Producer, buffer: Buffer, step: int, ahead: anyio.Event | None
+    config: GRPOConfig,
+    producer: Producer,
+    buffer: Buffer,
+    step: int,
+    ahead: anyio.Event | None,
+    redo: int | None = None,
 ) -> Batch | None:
     """Step ``step``'s batch. async: the next full batch within the staleness bound (the
     producer plays continuously). sync / one_step_off: this step's rounds (played now, or,
     one_step_off, already under way), then whatever the filters kept, at most a batch --
-    never waiting for groups that will not come."""
+    never waiting for groups that will not come. ``redo``: the step was trained before the
+    run resumed, on that many groups -- the oldest ready now, which it takes again."""
     # (groups_per_prompt is known once rounds have been played: a game's roles.)
     if config.schedule == "async":
         await producer.first_put.wait()
-        groups = config.rollout_batch_size * producer.groups_per_prompt
+        groups = redo or config.rollout_batch_size * producer.groups_per_prompt
         return await buffer.get_batch(groups, policy_version=step)
     if ahead is None:
         await producer.fill(step, config.rollout_batch_size)
@@ -255,8 +292,34 @@ async def _take_batch(
         await ahead.wait()
     await buffer.drop_stale()
     ready = (await buffer.statistics()).ready
-    n = min(ready, config.rollout_batch_size * producer.groups_per_prompt)
+    n = min(ready, redo or config.rollout_batch_size * producer.groups_per_prompt)
     return await buffer.get_batch(n) if n else None
+
+
+#: The key of the loop's note in a durable Buffer: the groups each step took that a
+#: resume rewound, until the step is trained again.
+REDO = "redo"
+
+
+async def _rewind(buffer: Buffer, first: int) -> dict[int, int]:
+    """Give back to ``buffer`` what the steps from ``first`` on (after the checkpoint the
+    run resumes from) consumed; returns how many groups each of them took. Noted in the
+    Buffer before the rewind forgets it, with what an earlier resume rewound and no step
+    took again since (a run killed again before it redid them)."""
+    noted = await buffer.note(REDO) or {}
+    redo = {int(k): int(n) for k, n in noted.items() if int(k) >= first}
+    redo.update(await buffer.steps_after(first - 1))
+    await buffer.set_note(REDO, {str(k): n for k, n in sorted(redo.items())})
+    await buffer.rewind(first - 1)
+    return redo
+
+
+def _roles(env: Environment) -> int:
+    """The groups one prompt gives: one per role of a game (its ``roles``), else one."""
+    roles = getattr(env, "roles", None)
+    if isinstance(roles, (tuple, list)) and roles and all(isinstance(r, str) for r in roles):
+        return len(roles)
+    return 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

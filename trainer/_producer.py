@@ -6,6 +6,13 @@ save and restore its position, so a resumed run plays the tasks the original wou
 groups is ready (over-sampling and dynamic-sampling filters drop groups, so it may take
 several rounds), or ``run_forever`` for the asynchronous schedule, where the Buffer's
 admission control keeps every group within the staleness bound.
+
+A round's groups are named by its seed (``{task id}@s{seed}``). With a durable Buffer the
+producer keeps a note there (:data:`NOTE`) before each round starts and once it is
+played: where the task stream stands, the rounds started and not finished, and the
+asynchronous schedule's next round. A run that resumes (:meth:`Producer.resume`) takes the
+stream up where it stood and plays only the groups of those rounds that the Buffer does
+not hold (:meth:`Producer.replay_open`): no committed group is played again.
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ from agentenv import (
 )
 from agentenv.buffer import Buffer
 
-__all__ = ["FailedRoundsError", "Producer", "RoundStats", "TaskStream", "policy_capacity"]
+__all__ = ["NOTE", "FailedRoundsError", "Producer", "RoundStats", "TaskStream", "policy_capacity"]
+
+#: The key of the producer's note in a durable Buffer.
+NOTE = "producer"
 
 
 class FailedRoundsError(AgentEnvError):
@@ -127,6 +137,7 @@ class Producer:
         episode_timeout: float | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         players: Any = None,
+        max_groups_per_prompt: int | None = None,
     ) -> None:
         if isinstance(policy, TextGenerator):
             raise ConfigError(
@@ -154,6 +165,15 @@ class Producer:
         self.players = players
         self.stats = RoundStats()
         self.groups_per_prompt = 1  # the Buffer keeps one group per role of an episode
+        # The roles a prompt may have: the Buffer's capacity was sized for them.
+        self.max_groups_per_prompt = max_groups_per_prompt
+        # With a durable Buffer: the rounds started and not yet played (seed -> task ids),
+        # kept in its note with the stream's position; and the async schedule's next round.
+        self.notes = buffer.path is not None
+        self.open: dict[int, list[str]] = {}
+        self.next_round: tuple[int, int] | None = None
+        self.schedule: dict[str, Any] = {}  # what a resumed run must share (the note's)
+        self._note_lock = anyio.Lock()  # notes written in the order their states were
         self.first_put = anyio.Event()
         self._barren = 0  # async: rounds in a row that kept no group
         self._running = 0
@@ -168,10 +188,80 @@ class Producer:
 
     async def put_group(self, samples: Sequence[Sample]) -> None:
         """The runner's sink: counts the roles of a prompt's group, then into the Buffer."""
-        roles = len({s.role for s in samples if s.role is not None})
-        self.groups_per_prompt = max(self.groups_per_prompt, roles)
+        self._count_roles(len({s.role for s in samples if s.role is not None}))
         await self.buffer.put_group(samples)
         self.first_put.set()
+
+    def _count_roles(self, roles: int) -> None:
+        bound = self.max_groups_per_prompt
+        if bound is not None and roles > bound:
+            raise ConfigError(
+                f"an episode gave samples of {roles} roles, but the Buffer was sized for "
+                f"{bound} group(s) per prompt: list every role in the environment's "
+                "`roles` attribute (a tuple of their names)"
+            )
+        self.groups_per_prompt = max(self.groups_per_prompt, roles)
+
+    # -- the note in a durable Buffer -------------------------------------------------------
+    async def resume(self, schedule: Mapping[str, Any]) -> bool:
+        """Take up where the producer's note in the Buffer says it stood (the stream, the
+        rounds not finished, the async schedule's next round); ``False`` when there is none.
+        A note of another ``schedule`` (batch settings, seed) is refused."""
+        self.schedule = dict(schedule)
+        if not self.notes:
+            return False
+        note = await self.buffer.note(NOTE)
+        if note is None:
+            return False
+        if note.get("schedule") != self.schedule:
+            raise ConfigError(
+                f"cannot resume the Buffer at {str(self.buffer.path)!r} with another "
+                f"schedule: its rounds were played for {note.get('schedule')}, this run has "
+                f"{dict(schedule)}; use another --save directory"
+            )
+        self.stream.restore(note["stream"])
+        self.open = {int(seed): list(ids) for seed, ids in note["open"]}
+        self.next_round = tuple(note["next_round"]) if note.get("next_round") else None
+        self.groups_per_prompt = max(self.groups_per_prompt, int(note["groups_per_prompt"]))
+        return True
+
+    async def _note(self) -> None:
+        if not self.notes:
+            return
+        async with self._note_lock:  # the state as it is once the previous note is written
+            await self.buffer.set_note(
+                NOTE,
+                {
+                    "schedule": self.schedule,
+                    "stream": self.stream.state(),
+                    "open": [[seed, ids] for seed, ids in self.open.items()],
+                    "next_round": list(self.next_round) if self.next_round else None,
+                    "groups_per_prompt": self.groups_per_prompt,
+                },
+            )
+
+    async def _begin(self, tasks: Sequence[Task], seed: int) -> None:
+        """Note a round about to start (after its tasks were taken from the stream)."""
+        if self.notes:
+            self.open[seed] = [t.id for t in tasks]
+            await self._note()
+
+    async def _missing(self, seed: int, ids: Sequence[str]) -> list[Task]:
+        """The tasks of an unfinished round whose groups the Buffer does not hold."""
+        names = {t: f"{t}@s{seed}" for t in ids if t in self.stream.tasks}
+        stored = await self.buffer.known_groups(list(names.values()))
+        return [self.stream.tasks[t] for t, name in names.items() if name not in stored]
+
+    async def replay_open(self) -> None:
+        """Play what the rounds that were unfinished when the run stopped did not put (their
+        own seeds: the groups a straight run would have put), one after the other."""
+        for seed, ids in list(self.open.items()):
+            missing = await self._missing(seed, ids)
+            if missing:
+                await self.play(missing, seed)
+            else:
+                self.open.pop(seed, None)
+                await self._note()
 
     def take_stats(self) -> RoundStats:
         out = self.stats
@@ -200,6 +290,7 @@ class Producer:
             chat_template_kwargs=self.chat_template_kwargs,
             limits=self.limits,
             progress=False,
+            run_id=f"s{seed}",  # a round played again names the same groups
         )
         try:
             if self.players is None:
@@ -212,7 +303,7 @@ class Producer:
                 played = await self.players.play(tasks, config)
                 result = played.stats
                 round_sink.put += played.groups_put
-                self.groups_per_prompt = max(self.groups_per_prompt, played.roles)
+                self._count_roles(played.roles)
                 if played.groups_put:
                     self.first_put.set()
         finally:
@@ -226,6 +317,8 @@ class Producer:
         s.completion_tokens += result.completion_tokens
         s.failed += result.failed_episodes
         s.rewards.extend(result.rewards)
+        if self.open.pop(seed, None) is not None:
+            await self._note()  # every group of the round is in the Buffer
         self._count_failed(result)
         return round_sink.put
 
@@ -257,11 +350,17 @@ class Producer:
         for k in range(self.max_rounds):
             wanted = groups * self.groups_per_prompt
             await self.buffer.drop_stale()  # leftovers too old to train on do not count
-            if (await self.buffer.statistics()).ready >= wanted:
+            stats = await self.buffer.statistics()
+            if stats.ready >= wanted:
                 return
             missing = await self.buffer.prompts_to_start(wanted) // self.groups_per_prompt
-            n = max(self.round_size, missing) if k else self.round_size
-            await self.play(self.stream.take(n), self.seed + step + k * 1_000_003)
+            # Never more than the Buffer has room for: it holds a round beside less than a
+            # batch (BufferConfig.capacity, from GRPOConfig.buffer_config).
+            room = (self.buffer.config.capacity - stats.ready) // self.groups_per_prompt
+            n = max(self.round_size, min(missing, room)) if k else self.round_size
+            tasks, seed = self.stream.take(n), self.seed + step + k * 1_000_003
+            await self._begin(tasks, seed)
+            await self.play(tasks, seed)
 
     async def run_forever(self, start: int = 0) -> None:
         """Start rounds as fast as the Buffer admits them (the asynchronous schedule),
@@ -269,14 +368,24 @@ class Producer:
 
         Raises :class:`ConfigError` when ``max_rounds`` rounds in a row keep no group (a
         filter that drops everything, or episodes that all fail)."""
-        k = 0
+        # A resumed run continues the rounds of the one it resumes (its note says where).
+        start, k = self.next_round or (start, 0)
         async with anyio.create_task_group() as tg:
+            for seed, ids in list(self.open.items()):  # what the stopped run did not put
+                missing = await self._missing(seed, ids)
+                if missing:
+                    await self.buffer.reserve(len(missing))
+                    tg.start_soon(self._admitted_round, missing, seed)
+                else:
+                    self.open.pop(seed, None)
             while True:
                 await self.buffer.reserve(self.round_size)
                 tasks = self.stream.take(self.round_size)
                 seed = self.seed + 1_000_003 * start + 7_919 * k
-                tg.start_soon(self._admitted_round, tasks, seed)
                 k += 1
+                self.next_round = (start, k)
+                await self._begin(tasks, seed)
+                tg.start_soon(self._admitted_round, tasks, seed)
 
     async def _admitted_round(self, tasks: Sequence[Task], seed: int) -> None:
         kept = (await self.buffer.statistics()).kept

@@ -21,17 +21,20 @@ SUMMARY = "summary.json"
 
 class Reporter:
     """Per step: a progress bar (a line per step when stderr is no terminal), a JSONL line
-    and TensorBoard scalars."""
+    and TensorBoard scalars. ``start``: the step the run starts at (a resumed run's, after
+    its checkpoint); the lines of the steps from it on, trained after the checkpoint by a
+    run that stopped, are dropped -- ``batches.jsonl`` and ``metrics.jsonl`` describe the
+    model's lineage."""
 
-    def __init__(self, config: TrainConfig, save: Path | None, resuming: bool) -> None:
+    def __init__(self, config: TrainConfig, save: Path | None, start: int) -> None:
         self.total = config.rollout.num_rollout
         self.metrics_file = None
         self.batches_file = None
         self.writer: Any = None
         self.bar: Any = None
         if save is not None:
-            self.metrics_file = (save / "metrics.jsonl").open("a" if resuming else "w")
-            self.batches_file = (save / "batches.jsonl").open("a" if resuming else "w")
+            self.metrics_file = _lines_before(save / "metrics.jsonl", start)
+            self.batches_file = _lines_before(save / "batches.jsonl", start)
             if config.logging.use_tensorboard:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
@@ -108,6 +111,24 @@ class Reporter:
         for thing in (self.bar, self.metrics_file, self.batches_file, self.writer):
             if thing is not None:
                 thing.close()
+
+
+def _lines_before(path: Path, start: int) -> Any:
+    """``path`` open for appending, holding only its whole lines of steps before
+    ``start`` (rewritten atomically; a line cut short by a kill is dropped too)."""
+    kept: list[str] = []
+    if start > 0 and path.exists():
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if line.endswith("\n") and step < start:
+                kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+    return path.open("a")
 
 
 def _no_signal(m: dict[str, float]) -> bool:

@@ -251,7 +251,18 @@ class GRPOConfig(Group):
                 f"--over-sampling-batch-size) but there are only {distinct} distinct tasks"
             )
 
-    def buffer_config(self) -> BufferConfig:
+    def buffer_prompts(self) -> int:
+        """The prompts whose groups the run's Buffer holds at most: the batches of the
+        staleness bound, and a round beside them. The schedules never need more: async,
+        admission control keeps the prompts alive (in flight or ready) within
+        ``(max_staleness + 1) * rollout_batch_size`` (a round more while less than a batch
+        is alive); sync and one_step_off play a round only while less than a batch is
+        ready, and at most as many prompts as there is room for."""
+        return (self.max_staleness + 1) * self.rollout_batch_size + self.round_size
+
+    def buffer_config(self, groups_per_prompt: int = 1) -> BufferConfig:
+        """The run's Buffer: its capacity :meth:`buffer_prompts` times the groups a prompt
+        gives (``groups_per_prompt``: one per role of a game)."""
         from agentenv.buffer import BufferConfig  # numpy: only when it is checked
 
         return BufferConfig(
@@ -261,7 +272,5 @@ class GRPOConfig(Group):
             num_steps_per_rollout=self.num_steps_per_rollout,
             filters=self.filters,
             max_staleness=self.max_staleness,
-            # Memory is bounded by the rounds (and, async, by admission control), not by
-            # backpressure: a full Buffer would stall the round that must fill a batch.
-            capacity=1 << 30,
+            capacity=groups_per_prompt * self.buffer_prompts(),
         )

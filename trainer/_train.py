@@ -23,6 +23,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     import anyio
 
+    from trainer._checkpoints import checkpoint_step
     from trainer._evaluation import Evaluator
     from trainer._loop import run_grpo
     from trainer._reporting import Reporter, completed, plot, record, summary
@@ -55,7 +56,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     backend = build_backend(config, placed)
     dtypes = engine_dtypes(backend, config.engine.rollout_device or config.model.device)
     evaluate = Evaluator(tasks.env, tasks.held_out, tokenizer, config)
-    report = Reporter(config, config.checkpoint.save, resuming)
+    saved = checkpoint_step(checkpoint) if checkpoint is not None and resuming else None
+    start = 0 if saved is None else saved + 1  # the lines of later steps are dropped
+    report = Reporter(config, config.checkpoint.save, start)
     report.backend(backend)
     n_eval = config.eval.n_eval
 
@@ -67,7 +70,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             history = await run_grpo(
                 tasks.env, tasks.train, backend, policy, tokenizer,
                 config.rollout.model_copy(update={"concurrency": n}), sync=sync,
-                on_step=report, checkpoint=checkpoint,
+                on_step=report, checkpoint=checkpoint, buffer_path=buffer_dir(config),
                 save_interval=config.checkpoint.save_interval,
                 keep_checkpoints=config.checkpoint.keep_checkpoints,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
@@ -95,9 +98,17 @@ def train(config: TrainConfig) -> dict[str, Any]:
     )  # fmt: skip
     record(config, result)
     if checkpoint is not None and config.checkpoint.keep_checkpoints == 0:
-        # Complete, its model saved and its result recorded: no resume will need it.
+        # Complete, its model saved and its result recorded: no resume will need them.
         shutil.rmtree(checkpoint)
+        shutil.rmtree(checkpoint.parent / "buffer", ignore_errors=True)
     return result
+
+
+def buffer_dir(config: TrainConfig) -> Path | None:
+    """``SAVE/buffer`` (beside ``SAVE/checkpoint``): the run's durable Buffer (``None``
+    without ``--save``)."""
+    save = config.checkpoint.save
+    return None if save is None else save / "buffer"
 
 
 def save_model(backend: Any, config: TrainConfig, checkpoint: Path | None) -> None:

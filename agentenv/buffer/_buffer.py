@@ -28,6 +28,7 @@ import inspect
 import json
 import math
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -116,6 +117,10 @@ class BufferStats:
     in_flight: int = 0
     leases_expired: int = 0
     policy_version: int | None = None
+    # Seconds spent in the store: encoding and writing samples, committing and (durable)
+    # syncing them, acknowledgements, notes -- what durability costs, beside the in-memory
+    # store's dict operations. Commits run in a worker thread while the loop goes on.
+    store_s: float = 0.0
 
     @property
     def pass_rate(self) -> float:
@@ -401,7 +406,9 @@ class Buffer:
         # loop's thread, at once -- also while an earlier commit waits for the disk. The
         # store's thread then only indexes and syncs (SQLite and fsync release the GIL).
         self._check_open()
+        start = time.perf_counter()
         self._store.stage(records)
+        self._stats.store_s += time.perf_counter() - start
         # Group commit: whoever finds no commit running becomes the committer and writes
         # every pending put and acknowledgement in one transaction (one fsync); the others
         # wait for its result.
@@ -446,10 +453,14 @@ class Buffer:
         try:
             async with self._lock:
                 self._check_open()
-                if self._store.blocks:
-                    flags = await anyio.to_thread.run_sync(self._store.commit, flat, consumed)
-                else:
-                    flags = self._store.commit(flat, consumed)
+                start = time.perf_counter()
+                try:
+                    if self._store.blocks:
+                        flags = await anyio.to_thread.run_sync(self._store.commit, flat, consumed)
+                    else:
+                        flags = self._store.commit(flat, consumed)
+                finally:
+                    self._stats.store_s += time.perf_counter() - start
         except Exception as e:
             if isinstance(e, ConfigError) and len(batch) > 1:
                 raise
@@ -463,9 +474,13 @@ class Buffer:
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         # The in-memory store is a few dict operations: a thread hop would cost more.
-        if self._durable:
-            return await anyio.to_thread.run_sync(fn, *args)
-        return fn(*args)
+        start = time.perf_counter()
+        try:
+            if self._durable:
+                return await anyio.to_thread.run_sync(fn, *args)
+            return fn(*args)
+        finally:
+            self._stats.store_s += time.perf_counter() - start
 
     def _group(self, record: GroupRecord) -> Group:
         alive = [k for k, s in enumerate(record.samples) if s.status is not Status.FAILED]
