@@ -4,6 +4,7 @@ real loopback HTTP (conformance)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,46 @@ PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 2817, 5122, 30]
 
 
 async def _until_step(engine: Engine, n: int) -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(120):  # (a bound against a hang, not a timing)
         while engine.steps < n:  # noqa: ASYNC110 - polling the engine's step counter
             await anyio.sleep(0.01)
+
+
+class Gate:
+    """Holds the engine's model thread before each scheduler step until the test lets it
+    take one (:meth:`allow`), so that an abort, a pause or a new request lands at a known
+    step however fast or slow the machine is. Open for good on exit."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self._step = engine, engine._step
+        self._cond = threading.Condition()
+        self._allowed, self._open = 0, False
+
+    def __enter__(self) -> Gate:
+        self.engine._step = self._gated  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open()
+
+    def _gated(self, candidates: Any) -> Any:
+        with self._cond:
+            self._cond.wait_for(lambda: self._open or self._allowed > 0)
+            self._allowed -= not self._open
+        return self._step(candidates)
+
+    async def allow(self, n: int = 1) -> None:
+        """Let the engine take ``n`` more steps, and wait until it has."""
+        target = self.engine.steps + n
+        with self._cond:
+            self._allowed += n
+            self._cond.notify_all()
+        await _until_step(self.engine, target)
+
+    def open(self) -> None:
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
 
 
 @pytest.fixture(scope="module")
@@ -57,27 +95,45 @@ async def test_logprobs_match_a_plain_forward_and_greedy_matches_hf(
     assert greedy[0, len(PROMPT) :].tolist() == c.output_ids
 
 
-async def test_concurrent_requests_batch_and_equal_their_solo_runs(engine: Engine) -> None:
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama of 512 ids, every weight random: batching, not the model, is tested."""
+    from benchmarks.cuda_check import tiny_llama
+
+    return tiny_llama(tmp_path_factory.mktemp("random") / "model", 0, hidden=64, layers=2)
+
+
+async def test_concurrent_requests_batch_and_equal_their_solo_runs(random_llama: Path) -> None:
+    from benchmarks.cuda_check import NumberTokenizer
+
+    async with Engine(random_llama, tokenizer=NumberTokenizer(), context_length=256) as engine:
+        await _batched_equals_solo(engine)
+
+
+async def _batched_equals_solo(engine: Engine) -> None:
     params = [
         SamplingParams(max_new_tokens=6 + 3 * i, temperature=0.8, seed=100 + i) for i in range(6)
     ]
-    prompts = [PROMPT[: 4 + i] for i in range(6)]
+    prompts = [[7 * j % 500 + 1 for j in range(4 + i)] for i in range(6)]
     solo = [await engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
     steps = engine.steps
     together: list[Any] = [None] * 6
 
     async def one(i: int) -> None:
-        await _until_step(engine, steps + i)  # staggered: later ones join a running batch
         together[i] = await engine.generate(prompts[i], params[i])
 
-    async with anyio.create_task_group() as tg:
-        for i in range(6):
-            tg.start_soon(one, i)
+    with Gate(engine) as gate:
+        async with anyio.create_task_group() as tg:
+            for i in range(6):  # staggered: each joins the batch a step after the one before
+                tg.start_soon(one, i)
+                await gate.allow(1)
+            gate.open()
     assert engine.steps - steps < sum(len(c.output_ids) for c in solo)  # shared steps
     for a, b in zip(solo, together, strict=True):
         assert a.output_ids == b.output_ids  # seeded: the batch does not change results
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         assert a.finish_reason == b.finish_reason
+    assert any(len(set(c.output_ids)) > 2 for c in solo)  # sampled, not one token over again
 
 
 async def test_a_group_sharing_a_prompt_prefills_it_once(engine: Engine) -> None:
@@ -145,47 +201,65 @@ async def test_bad_input(engine: Engine) -> None:
         await engine.generate([1] * 200, SamplingParams(max_new_tokens=100))
 
 
-async def test_abort_pause_and_weight_updates(engine: Engine, model_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer: scheduling, not the model, is tested."""
+    from tests.trainer.test_loop import tiny_llama
+
+    return tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+
+
+async def test_abort_pause_and_weight_updates(tiny_dir: Path) -> None:
     long = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True)
     result: dict[str, Any] = {}
+    model_dir = tiny_dir
+    async with Engine(model_dir, context_length=256) as engine:
 
-    async def run() -> None:
-        result["c"] = await engine.generate(PROMPT, long, rid="ep/1")
+        async def run() -> None:
+            result["c"] = await engine.generate(PROMPT, long, rid="ep/1")
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await _until_step(engine, 3)
-        engine.abort("nobody")  # unknown: a no-op
-        engine.abort("ep/1")
-    c = result["c"]
-    assert c.finish_reason.type == "abort" and 0 < len(c.output_ids) < 200
+        with Gate(engine) as gate:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await gate.allow(3)  # three tokens, and the fourth step is held
+                engine.abort("nobody")  # unknown: a no-op
+                engine.abort("ep/1")
+                gate.open()
+        c = result["c"]
+        assert c.finish_reason.type == "abort" and 0 < len(c.output_ids) < 200
 
-    # In-place pause, new weights and version, resume: the spans say which made what.
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await _until_step(engine, 3 + 8)
-        await engine.pause("in_place")
-        await engine.update_weights_from_disk(model_dir, weight_version="v2")
-        await engine.resume()
-    c = result["c"]
-    assert c.finish_reason.type == "length" and len(c.output_ids) == 200
-    assert [v for v, _ in c.version_spans] == ["default", "v2"] and c.versions == ["default", "v2"]
-    assert c.weight_version == "v2"
-    with pytest.raises(ConfigError, match="not a directory"):
-        await engine.update_weights_from_disk(model_dir / "nope")
-    # A refused update (wrong shape) leaves every weight as it was.
-    before = engine.model.embed.clone()
-    bad = {"model.embed_tokens.weight": torch.zeros(3, 3)}
-    with pytest.raises(ConfigError, match="have no tensor"):
-        await engine.update_weights(bad)
-    from safetensors.torch import load_file
+        # In-place pause, new weights and version, resume: the spans say which made what.
+        with Gate(engine) as gate:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await gate.allow(8)
+                async with anyio.create_task_group() as pausing:
+                    pausing.start_soon(engine.pause, "in_place")  # after the step in progress
+                    await anyio.wait_all_tasks_blocked()  # ... which is held: pause waits
+                    await gate.allow(1)
+                await engine.update_weights_from_disk(model_dir, weight_version="v2")
+                gate.open()
+                await engine.resume()
+        c = result["c"]
+        assert c.finish_reason.type == "length" and len(c.output_ids) == 200
+        assert [v for v, _ in c.version_spans] == ["default", "v2"]
+        assert c.versions == ["default", "v2"] and c.weight_version == "v2"
+        with pytest.raises(ConfigError, match="not a directory"):
+            await engine.update_weights_from_disk(model_dir / "nope")
+        # A refused update (wrong shape) leaves every weight as it was.
+        before = engine.model.embed.clone()
+        bad = {"model.embed_tokens.weight": torch.zeros(3, 3)}
+        with pytest.raises(ConfigError, match="have no tensor"):
+            await engine.update_weights(bad)
+        from safetensors.torch import load_file
 
-    weights = load_file(str(model_dir / "model.safetensors"))
-    weights["model.norm.weight"] = torch.zeros(7)
-    weights["model.embed_tokens.weight"] = torch.zeros_like(weights["model.embed_tokens.weight"])
-    with pytest.raises(ConfigError, match="keep the architecture"):
-        await engine.update_weights(weights)
-    assert torch.equal(engine.model.embed, before)
+        weights = load_file(str(model_dir / "model.safetensors"))
+        weights["model.norm.weight"] = torch.zeros(7)
+        embed = weights["model.embed_tokens.weight"]
+        weights["model.embed_tokens.weight"] = torch.zeros_like(embed)
+        with pytest.raises(ConfigError, match="keep the architecture"):
+            await engine.update_weights(weights)
+        assert torch.equal(engine.model.embed, before)
 
 
 async def test_calls_after_close_raise_instead_of_hanging(model_dir: Path) -> None:

@@ -15,12 +15,12 @@ import anyio
 import pytest
 
 from agentenv import ConfigError, ContextLengthError, SamplingParams
-from agentenv.engine import Engine, resolve_model
+from agentenv.engine import Engine
 from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
 
-SYSTEM = [1, 504, 3458, 314, 253, 1345, 28, 2817, 5122, 30, 2]
+SYSTEM = [1, 504, 345, 314, 253, 134, 28, 281, 122, 30, 2]  # ids of the tiny models (512)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ async def _episode(engine: Engine, seed: int, turns: int = 3) -> list[Any]:
         params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed * 10 + turn)
         c = await engine.generate(prompt, params)
         out.append(c)
-        prompt = prompt + c.output_ids + [30, 2, 600 + turn, 601, 2]
+        prompt = prompt + c.output_ids + [30, 2, 450 + turn, 461, 2]
     return out
 
 
@@ -74,13 +74,13 @@ async def _workload(engine: Engine) -> list[Any]:
     return results + together + [c for e in episodes for c in e]
 
 
-async def test_outputs_are_bitwise_those_without_the_prefix_cache() -> None:
-    model = resolve_model("smollm2-135m")
-    async with Engine(model, context_length=256, prefix_cache=False) as plain:
+async def test_outputs_are_bitwise_those_without_the_prefix_cache(tiny: tuple[Path, Path]) -> None:
+    model, numbers = tiny[0], NumberTokenizer()
+    async with Engine(model, tokenizer=numbers, context_length=256, prefix_cache=False) as plain:
         expected = await _workload(plain)
         assert plain.cached_tokens == 0
         computed_plain = plain.prefill_computed
-    async with Engine(model, context_length=256) as cached:
+    async with Engine(model, tokenizer=numbers, context_length=256) as cached:
         got = await _workload(cached)
         assert cached.prefill_computed < computed_plain
     for a, b in zip(expected, got, strict=True):
