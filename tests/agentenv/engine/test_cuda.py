@@ -17,16 +17,16 @@ import torch
 from agentenv import SamplingParams
 from agentenv.engine import Engine
 from benchmarks.cuda_check import NumberTokenizer, tiny_llama
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.anyio,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+from tests._gpu import gpu_test
 
 # AGENTENV_TEST_CUDA_DEVICE=cuda:1 runs these on another GPU (graphs must follow it).
 DEVICE = os.environ.get("AGENTENV_TEST_CUDA_DEVICE", "cuda")
+
+pytestmark = [
+    gpu_test(1 + int(DEVICE.partition(":")[2] or 0)),
+    pytest.mark.anyio,
+    pytest.mark.timeout(600),
+]
 PROMPTS = [[1 + (i * 7 + j) % 500 for j in range(5 + 9 * i)] for i in range(11)]
 
 

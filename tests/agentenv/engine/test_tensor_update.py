@@ -18,6 +18,7 @@ import torch
 
 from agentenv.engine import Engine, EngineServer, load_named_tensors, serialize_named_tensors
 from agentenv.sglang import SGLangClient, SGLangError
+from tests._gpu import gpu_test
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -147,8 +148,7 @@ print(r.status_code, r.json()["message"])
 """
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@gpu_test()
 async def test_a_cuda_tensor_of_another_process_is_mapped_on_the_same_gpu(
     tmp_path: Path,
 ) -> None:
