@@ -7,9 +7,7 @@ A :class:`Router` maps ``(method, path)`` to ``async def handler(request) -> res
 :class:`HTTPError` for an error status, a :class:`Guard` sees each head before its body);
 :class:`HTTPServer` serves it on aiohttp's web server with agentenv's connection rules
 (its connection cap, timeouts, per-client limit and graceful shutdown: see
-``agentenv/_http/__init__.py``);
-:class:`HTTPTransport` is the lean keep-alive client transport (``httpx.AsyncClient(
-transport=HTTPTransport())``, or its own ``fetch``). ::
+``agentenv/_http/__init__.py``). Clients are aiohttp's or httpx's own. ::
 
     from agentenv.http import HTTPServer, Request, Response, Router
 
@@ -22,7 +20,7 @@ transport=HTTPTransport())``, or its own ``fetch``). ::
     async with HTTPServer(router) as server:
         print(server.url)
 
-``HTTPServer`` loads aiohttp on first use, so a process that only runs clients never does.
+``HTTPServer`` loads aiohttp on first use.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -31,7 +29,6 @@ from agentenv._http import (
     Guard,
     Handler,
     HTTPError,
-    HTTPTransport,
     Request,
     Response,
     Router,
@@ -45,7 +42,6 @@ __all__ = [
     "Guard",
     "HTTPError",
     "HTTPServer",
-    "HTTPTransport",
     "Handler",
     "Request",
     "Response",

@@ -5,7 +5,7 @@ Anthropic's Messages API (``/v1/messages``) on the same endpoint.
 Both sides play the same episodes with the scripted model on one CPU core (client,
 server and runner share one event loop): a conversation of ``--calls`` model turns, each
 turn the agent adding one user message. Through the endpoint, the agent posts each call
-over loopback HTTP with a lean keep-alive client (agentenv's ``HTTPTransport``; the
+over loopback HTTP with a lean keep-alive client (an ``aiohttp.ClientSession``; the
 ``openai`` SDK's own cost is its agent's, not the endpoint's) and ``--episodes`` run with
 ``--concurrency`` in flight. Directly, an :class:`Environment` calls
 ``transcript.add_messages`` and ``episode.generate``. The overhead per call is the
@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.parse
 from typing import Any
 
 import anyio
@@ -45,7 +44,7 @@ from agentenv import (
     run_rollouts,
 )
 from agentenv.endpoint import AgentEnv
-from agentenv.http import HTTPTransport, Request, Response, Router
+from agentenv.http import Request, Response, Router
 from benchmarks import bench_parser
 
 __all__ = ["add_parser", "bench"]
@@ -59,14 +58,26 @@ def _reply(ctx: Any) -> str:
     return "Noted."
 
 
-async def _agent(
-    transport: HTTPTransport, base_url: str, task_id: str, calls: int, api: str = "chat"
-) -> str:
+def _session(connections: int) -> Any:
+    """The agents' keep-alive connection pool (an ``aiohttp.ClientSession``)."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=60, connect=10),
+        trust_env=False,
+    )
+
+
+async def _post(session: Any, url: str, body: bytes) -> tuple[int, bytes]:
+    async with session.post(url, data=body, headers=_HEADERS) as r:
+        return r.status, await r.read()
+
+
+async def _agent(session: Any, base_url: str, task_id: str, calls: int, api: str = "chat") -> str:
     """The benchmark's agent: ``calls`` chat completions (``api="messages"``: Anthropic
     Messages calls), one user message more each."""
-    url = urllib.parse.urlsplit(base_url)
-    route = "/messages" if api == "messages" else "/chat/completions"
-    host, port, target = url.hostname or "", url.port or 80, f"{url.path}{route}"
+    url = base_url.rstrip("/") + ("/messages" if api == "messages" else "/chat/completions")
     messages: list[Any] = [] if api == "messages" else [{"role": "system", "content": SYSTEM}]
     content = ""
     for i in range(calls):
@@ -75,17 +86,15 @@ async def _agent(
         if api == "messages":
             request.update(system=SYSTEM, max_tokens=_MAX_TOKENS)
         body = json.dumps(request).encode()
-        r = await transport.fetch(
-            "POST", host, port, target, _HEADERS, body, connect_timeout=10, timeout=60
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"the endpoint answered {r.status_code}: {r.text[:200]}")
+        status, answer = await _post(session, url, body)
+        if status != 200:
+            raise RuntimeError(f"the endpoint answered {status}: {answer[:200]!r}")
         if api == "messages":
-            blocks = r.json()["content"]
+            blocks = json.loads(answer)["content"]
             messages.append({"role": "assistant", "content": blocks})
             content = "".join(b["text"] for b in blocks if b["type"] == "text")
         else:
-            message = r.json()["choices"][0]["message"]
+            message = json.loads(answer)["choices"][0]["message"]
             messages.append(message)
             content = message["content"]
     return str(content)
@@ -98,11 +107,11 @@ class _EndpointEnv(AgentEnv):
     client_kind = "base_url"
     calls: int = 4
     api: str = "chat"
-    transport: HTTPTransport | None = None
+    session: Any = None
 
     async def run_agent(self, task: Task, client: Any) -> str:
-        assert self.transport is not None
-        return await _agent(self.transport, client, task.id, self.calls, self.api)
+        assert self.session is not None
+        return await _agent(self.session, client, task.id, self.calls, self.api)
 
 
 class _SplitEnv(AgentEnv):
@@ -134,11 +143,11 @@ class _SplitEnv(AgentEnv):
 
 async def _driver(calls: int) -> None:
     """The agents' process: one agent per base URL read from stdin; its URL back when done."""
-    transport = HTTPTransport(max_connections=4096)
+    session = _session(4096)
     stdin = anyio.wrap_file(sys.stdin)
 
     async def one(url: str, task_id: str) -> None:
-        await _agent(transport, url, task_id, calls)
+        await _agent(session, url, task_id, calls)
         sys.stdout.write(f"{url}\n")
         sys.stdout.flush()
 
@@ -146,7 +155,7 @@ async def _driver(calls: int) -> None:
         async for line in stdin:
             url, task_id = line.split()
             tg.start_soon(one, url, task_id)
-    await transport.aclose()
+    await session.close()
 
 
 class _DirectEnv(Environment):
@@ -191,22 +200,19 @@ async def _http_floor(calls: int, concurrency: int) -> tuple[float, float]:
     router.add("POST", "/e/{key}/v1/chat/completions", noop, long_poll=True)
     body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
     async with HTTPServer(router) as server:
-        transport = HTTPTransport(max_connections=concurrency)
+        session = _session(concurrency)
+        url = f"{server.url}/e/k/v1/chat/completions"
 
         async def worker(n: int) -> None:
             for _ in range(n):
-                r = await transport.fetch(
-                    "POST", "127.0.0.1", server.port, "/e/k/v1/chat/completions", _HEADERS,
-                    body.encode(), connect_timeout=10, timeout=60,
-                )  # fmt: skip
-                r.json()
+                json.loads((await _post(session, url, body.encode()))[1])
 
         start, cpu = time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker, max(1, calls // concurrency))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        await transport.aclose()
+        await session.close()
     return wall, cpu
 
 
@@ -234,8 +240,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
         best[side] = [min(best[side][0], wall), min(best[side][1], cpu)]
 
     async def main() -> None:
-        endpoint_env.transport = HTTPTransport(max_connections=concurrency)
-        messages_env.transport = HTTPTransport(max_connections=concurrency)
+        endpoint_env.session = _session(concurrency)
+        messages_env.session = _session(concurrency)
         async with (
             await anyio.open_process(driver, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc,
             anyio.create_task_group() as tg,
@@ -256,8 +262,8 @@ def bench(*, episodes: int, concurrency: int, calls: int, rounds: int) -> dict[s
                     keep(side, *await _play(env, model, episodes, concurrency))
                 keep("floor", *await _http_floor(floor_calls, concurrency))
             await proc.stdin.aclose()
-        await endpoint_env.transport.aclose()
-        await messages_env.transport.aclose()
+        await endpoint_env.session.close()
+        await messages_env.session.close()
 
     load = os.getloadavg()[0]
     anyio.run(main)

@@ -4,8 +4,10 @@ A stand-in server answers every ``POST /generate`` at once with a fixed SGLang r
 (8 output tokens with logprobs); it runs in a process of its own, on the other core, and
 is a bare asyncio protocol so that it is never the limit. The client process, pinned to one
 core, keeps ``--in-flight`` requests going (each a 100-token prompt) until ``--requests``
-are answered. The same run measures, as the comparison, plain ``httpx.AsyncClient`` with
-its default transport posting the same body and decoding the same JSON. ::
+are answered, and reports requests/s and its own CPU time per request. The comparisons
+post the same body and decode the same JSON: a bare ``aiohttp.ClientSession``
+(``--client aiohttp``), and plain ``httpx.AsyncClient`` with its default transport
+(``--client httpx``). ::
 
     python -m benchmarks.client --serve            # prints the port, serves
     python -m benchmarks.client --url http://127.0.0.1:PORT --client agentenv
@@ -115,9 +117,18 @@ async def _drive(send: Any, requests: int, in_flight: int) -> float:
     return time.perf_counter() - start
 
 
+async def _measure(send: Any, requests: int, in_flight: int) -> tuple[float, float]:
+    """After a warm-up that opens the connections: the wall-clock and this process's CPU
+    seconds that ``requests`` calls of ``send`` take, ``in_flight`` at a time."""
+    await _drive(send, in_flight, in_flight)
+    cpu = time.process_time()
+    elapsed = await _drive(send, requests, in_flight)
+    return elapsed, time.process_time() - cpu
+
+
 async def run_client(url: str, client: str, requests: int, in_flight: int) -> dict[str, Any]:
-    """Requests per second with ``client`` (``agentenv``: SGLangClient; ``httpx``: plain
-    httpx.AsyncClient, default transport)."""
+    """Requests per second with ``client`` (``agentenv``: SGLangClient; ``aiohttp``: a bare
+    aiohttp.ClientSession; ``httpx``: plain httpx.AsyncClient, default transport)."""
     import httpx
 
     from agentenv import SamplingParams
@@ -132,8 +143,32 @@ async def run_client(url: str, client: str, requests: int, in_flight: int) -> di
                 completion = await sglang.generate(prompt, params)
                 assert completion.output_ids == OUTPUT
 
-            await _drive(send, in_flight, in_flight)  # warm-up: open the connections
-            elapsed = await _drive(send, requests, in_flight)
+            elapsed, cpu = await _measure(send, requests, in_flight)
+    elif client == "aiohttp":
+        import aiohttp
+
+        headers = {"content-type": "application/json"}
+        connector = aiohttp.TCPConnector(limit=in_flight, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=3600, connect=10)
+        async with aiohttp.ClientSession(
+            url, connector=connector, timeout=timeout, trust_env=False
+        ) as session:
+
+            async def send() -> None:
+                body = {
+                    "input_ids": prompt,
+                    "sampling_params": params.to_sglang(),
+                    "return_logprob": True,
+                    "stream": False,
+                }
+                data = json.dumps(body, separators=(",", ":")).encode()
+                async with session.post("/generate", data=data, headers=headers) as response:
+                    content = await response.read()
+                    response.raise_for_status()
+                completion = parse_completion(json.loads(content), True, url=url)
+                assert completion.output_ids == OUTPUT
+
+            elapsed, cpu = await _measure(send, requests, in_flight)
     elif client == "httpx":
         body = {
             "input_ids": prompt,
@@ -150,8 +185,7 @@ async def run_client(url: str, client: str, requests: int, in_flight: int) -> di
                 completion = parse_completion(response.json(), True, url=url)
                 assert completion.output_ids == OUTPUT
 
-            await _drive(send, in_flight, in_flight)
-            elapsed = await _drive(send, requests, in_flight)
+            elapsed, cpu = await _measure(send, requests, in_flight)
     else:
         raise ValueError(f"unknown client {client!r}")
     return {
@@ -160,6 +194,7 @@ async def run_client(url: str, client: str, requests: int, in_flight: int) -> di
         "in_flight": in_flight,
         "seconds": round(elapsed, 3),
         "requests_per_s": round(requests / elapsed, 1),
+        "client_cpu_us_per_request": round(cpu / requests * 1e6, 1),
     }
 
 
@@ -167,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", action="store_true", help="run the stand-in server")
     parser.add_argument("--url")
-    parser.add_argument("--client", default="agentenv", choices=["agentenv", "httpx"])
+    parser.add_argument("--client", default="agentenv", choices=["agentenv", "aiohttp", "httpx"])
     parser.add_argument("--requests", type=int, default=40000)
     parser.add_argument("--in-flight", type=int, default=4096)
     parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU")

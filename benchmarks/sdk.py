@@ -18,10 +18,11 @@ concurrent requests; with ``--grpo`` it runs a GRPO-shaped workload instead (gro
 samples of 200-token prompts, with and without the prefix cache, against HF ``generate``
 with ``num_return_sequences=8``, and a 5-turn tool episode). ``client`` measures the
 requests/s the SGLang client sustains with 4,096 requests in flight against an instant
-stand-in server (client on one core, server on the other), and the same with plain httpx
-for comparison. ``http`` serves the Buffer service's and ``agentenv serve``'s handlers
-(over an instant engine) on agentenv's HTTPServer (aiohttp underneath, with agentenv's
-connection rules) and on a plain aiohttp application, server and client each on one core,
+stand-in server (client on one core, server on the other), and the same with a bare
+``aiohttp.ClientSession`` (and, at 256 in flight, plain httpx) for comparison. ``http``
+serves the Buffer service's and ``agentenv serve``'s handlers (over an instant engine) on
+agentenv's HTTPServer (aiohttp underneath, with agentenv's connection rules) and on a
+plain aiohttp application, server and client each on one core,
 and reports requests/s of each and their ratio: what agentenv's layer costs.
 
 Each ``add_*`` function is the entry point (group ``agentenv.benches``) of one bench.
@@ -288,7 +289,8 @@ def run_client(args: argparse.Namespace) -> int:
         # (name, client, requests, in flight). httpx's default pool scans its connections
         # on every request, so at 4,096 in flight it manages ~15 requests/s: it is compared
         # at 256 in flight, against agentenv at 256 too.
-        runs = [("agentenv", "agentenv", 10000 if args.quick else 40000, 4096)]
+        n = 10000 if args.quick else 40000
+        runs = [("agentenv", "agentenv", n, 4096), ("aiohttp", "aiohttp", n, 4096)]
         if not args.no_httpx:
             runs.append(("agentenv_256", "agentenv", 4000, 256))
             runs.append(("httpx_256", "httpx", 1000 if args.quick else 3000, 256))
@@ -298,10 +300,14 @@ def run_client(args: argparse.Namespace) -> int:
             r = run_child("benchmarks.client", extra, timeout=1200)
             results["runs"][name] = r
             print(
-                f"{client:>9} {in_flight:>5} in flight: {r['requests_per_s']:>9,.0f} requests/s",
+                f"{client:>9} {in_flight:>5} in flight: {r['requests_per_s']:>9,.0f} requests/s"
+                f"  client {r['client_cpu_us_per_request']:.0f} µs/request",
                 file=sys.stderr,
             )
         results["requests_per_s"] = results["runs"]["agentenv"]["requests_per_s"]
+        results["ratio_vs_aiohttp"] = round(
+            results["requests_per_s"] / results["runs"]["aiohttp"]["requests_per_s"], 2
+        )
         if "httpx_256" in results["runs"]:
             results["ratio_vs_httpx_at_256"] = round(
                 results["runs"]["agentenv_256"]["requests_per_s"]

@@ -1,5 +1,4 @@
-"""HTTP/1.1 for agentenv's own services: a server (agentenv's routes on aiohttp's web
-server), and a fast httpx transport for their clients.
+"""HTTP/1.1 for agentenv's own services: agentenv's routes on aiohttp's web server.
 
 The Buffer service (``agentenv buffer serve``) and the embedded engine's SGLang-compatible
 server speak HTTP through this module. Handlers see agentenv's own small API, whatever
@@ -35,10 +34,9 @@ server (:class:`HTTPServer`) has:
 - graceful shutdown: leaving ``async with HTTPServer(...)`` stops accepting, closes idle
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 
-It binds to 127.0.0.1 unless told otherwise; it imports aiohttp on first use, so a
-process that only runs clients never loads it. Clients use
-``httpx.AsyncClient(transport=HTTPTransport())``: httpx's API over a lean keep-alive
-connection pool (a fraction of httpx's default per-request cost). ::
+It binds to 127.0.0.1 unless told otherwise; it imports aiohttp on first use. The
+services' clients are aiohttp's (``SGLangClient``) and httpx's (``BufferClient``, the
+endpoint's OpenAI and Anthropic clients). ::
 
     router = Router()
 
@@ -67,7 +65,6 @@ from agentenv._http._api import (
     sse,
 )
 from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
-from agentenv._http._client import HTTPTransport, RawResponse, async_client
 from agentenv._http._limits import MAX_BODY_BYTES, ClientLimit, raise_open_file_limit
 
 if TYPE_CHECKING:
@@ -81,15 +78,12 @@ __all__ = [
     "Guard",
     "HTTPError",
     "HTTPServer",
-    "HTTPTransport",
     "Handler",
-    "RawResponse",
     "Request",
     "Response",
     "Router",
     "StreamingResponse",
     "api_key_guard",
-    "async_client",
     "check_api_key",
     "decode_json",
     "raise_open_file_limit",

@@ -96,7 +96,6 @@ from agentenv._http import (
     Request,
     Response,
     Router,
-    async_client,
 )
 from agentenv._sample import Sample
 from agentenv.buffer._buffer import (
@@ -712,11 +711,14 @@ class BufferClient:
         self.url = url.rstrip("/")
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self._wait = httpx.Timeout(timeout, connect=min(timeout, 10.0), read=None)
-        self._http = async_client(
-            self.url + PREFIX,
+        self._http = httpx.AsyncClient(
+            base_url=self.url + PREFIX,
             headers={"authorization": f"Bearer {token}"},
             timeout=self._timeout,
-            max_connections=max_connections,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            trust_env=False,
         )
         self._closed = False
         self._puts: collections.deque[_QueuedPut] = collections.deque()

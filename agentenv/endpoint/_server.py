@@ -37,7 +37,6 @@ from agentenv._http import (
     Response,
     Router,
     StreamingResponse,
-    async_client,
 )
 from agentenv._sample import Status
 from agentenv._tokenizer import Tokenizer
@@ -570,7 +569,12 @@ class AgentServer:
         self._stop = stop
         self._task = asyncio.create_task(serve(), name="agentenv agent server")
         self._url = await started
-        self._client = async_client(self._url, timeout=httpx.Timeout(None), max_connections=4096)
+        self._client = httpx.AsyncClient(
+            base_url=self._url,
+            timeout=httpx.Timeout(None),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=4096),
+            trust_env=False,
+        )
 
     async def _shutdown(self) -> None:
         client, task, stop = self._client, self._task, self._stop

@@ -16,18 +16,21 @@ URL; a 4xx answer is never retried and raises at once with the server's message.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlencode
 
 import anyio
-import httpx
 
 from agentenv._errors import ClosedResourceError, ConfigError, GenerationError
 from agentenv._generator import Completion, CompletionBuilder, FinishReason, SamplingParams
-from agentenv._http import HTTPTransport, RawResponse, async_client, check_api_key
+from agentenv._http import check_api_key
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 
@@ -78,7 +81,23 @@ def _check_input(input_ids: Sequence[int], field: str = "input_ids") -> list[int
     return ids
 
 
-def _message(response: httpx.Response | RawResponse) -> str:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Answer:
+    """A whole answer: its status and body."""
+
+    status_code: int
+    reason_phrase: str
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _message(response: _Answer) -> str:
     """The error text of an SGLang answer, whichever of its shapes it has."""
     try:
         data = response.json()
@@ -145,21 +164,11 @@ class SGLangClient:
         headers = dict(headers or {})
         if api_key is not None:
             headers["Authorization"] = f"Bearer {check_api_key(api_key)}"
-        self._http = async_client(
-            self.url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
-            max_connections=max_connections,
-        )
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
         self._headers = headers
-        parsed = httpx.URL(self.url)
-        self._host, self._port = parsed.host, parsed.port or 80
-        self._base_path = parsed.raw_path.decode("ascii").rstrip("/")
-        # Plain http: JSON calls skip httpx's request/response objects (see _request).
-        transport = self._http._transport
-        self._fast = transport if isinstance(transport, HTTPTransport) else None
+        self._session: aiohttp.ClientSession | None = None  # made in the event loop
         self._closed = False
 
     async def __aenter__(self) -> SGLangClient:
@@ -172,9 +181,26 @@ class SGLangClient:
         """Close the connections; later calls raise :class:`ClosedResourceError`."""
         if not self._closed:
             self._closed = True
-            await self._http.aclose()
+            if self._session is not None:
+                await self._session.close()
 
     # -- transport -------------------------------------------------------------------------
+    def _http(self) -> aiohttp.ClientSession:
+        """The connection pool (aiohttp's: ``agentenv bench client`` measured it against
+        a client of agentenv's own, see docs/benchmarks.md), made on first use."""
+        if self._closed:
+            raise ClosedResourceError("the SGLangClient is closed")
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.timeout, connect=self.connect_timeout),
+                trust_env=False,  # proxies from the environment: the server is reached directly
+            )
+        return self._session
+
     async def _request(
         self,
         method: str,
@@ -184,44 +210,27 @@ class SGLangClient:
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         retry: bool = True,
-    ) -> httpx.Response | RawResponse:
-        if self._closed:
-            raise ClosedResourceError("the SGLangClient is closed")
+    ) -> _Answer:
+        import aiohttp
+
+        session = self._http()
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         hdrs = dict(headers or {})
         if content is not None:
             hdrs["content-type"] = "application/json"
-        if self._fast is not None:
-            target = self._base_path + path
-            if params:
-                target += "?" + urlencode(params)
-            hdrs = {**self._headers, **hdrs}
-        response: httpx.Response | RawResponse
+        url = self.url + path + ("?" + urlencode(params) if params else "")
         delay = self.backoff
         retries = self.retries if retry else 0
         for attempt in range(retries + 1):
             last = attempt == retries
             try:
-                if self._fast is not None:
-                    response = await self._fast.fetch(
-                        method,
-                        self._host,
-                        self._port,
-                        target,
-                        hdrs,
-                        content or b"",
-                        connect_timeout=self.connect_timeout,
-                        timeout=self.timeout,
-                    )
-                else:
-                    response = await self._http.request(
-                        method, path, content=content, params=params, headers=hdrs
-                    )
-            except httpx.TimeoutException as e:
+                async with session.request(method, url, data=content, headers=hdrs) as answer:
+                    response = _Answer(answer.status, answer.reason or "", await answer.read())
+            except TimeoutError as e:
                 raise SGLangError(
                     f"{method} {self.url}{path} timed out ({type(e).__name__})", url=self.url
                 ) from None
-            except httpx.TransportError as e:
+            except aiohttp.ClientError as e:
                 if last:
                     raise SGLangError(
                         f"cannot reach the SGLang server at {self.url} ({method} {path}: "
@@ -341,29 +350,29 @@ class SGLangClient:
         Not retried once the stream has started: a broken stream raises
         :class:`SGLangError`.
         """
+        import aiohttp
+
         ids = _check_input(input_ids)
         params.verify()
-        if self._closed:
-            raise ClosedResourceError("the SGLangClient is closed")
+        session = self._http()
         body = self._generate_body(ids, params, rid, return_logprob, True)
         headers = {"content-type": "application/json", **(self._routing(rid, routing_key) or {})}
         seen_ids = 0
         try:
-            async with self._http.stream(
-                "POST",
-                "/generate",
-                content=json.dumps(body, separators=(",", ":")).encode(),
+            async with session.post(
+                self.url + "/generate",
+                data=json.dumps(body, separators=(",", ":")).encode(),
                 headers=headers,
             ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
+                if response.status >= 400:
+                    answer = _Answer(response.status, response.reason or "", await response.read())
                     raise SGLangError(
-                        f"POST {self.url}/generate answered {response.status_code}: "
-                        f"{_message(response)}",
-                        status=response.status_code,
+                        f"POST {self.url}/generate answered {answer.status_code}: "
+                        f"{_message(answer)}",
+                        status=answer.status_code,
                         url=self.url,
                     )
-                async for line in response.aiter_lines():
+                async for line in _lines(response.content):
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
@@ -373,7 +382,7 @@ class SGLangClient:
                         json.loads(payload), seen_ids, return_logprob, self.url
                     )
                     yield chunk
-        except httpx.TransportError as e:
+        except (aiohttp.ClientError, TimeoutError) as e:
             raise SGLangError(
                 f"the stream from {self.url}/generate broke ({type(e).__name__}: {e})",
                 url=self.url,
@@ -438,11 +447,15 @@ class SGLangClient:
 
     async def health(self, *, generate: bool = False) -> bool:
         """Whether the server answers ``/health`` (``/health_generate``: it can generate)."""
+        import aiohttp
+
+        path = "/health_generate" if generate else "/health"
         try:
-            response = await self._http.get("/health_generate" if generate else "/health")
-        except httpx.HTTPError:
+            async with self._http().get(self.url + path) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
-        return response.status_code == 200
 
     async def wait_healthy(
         self,
@@ -658,6 +671,20 @@ class SGLangClient:
         if not isinstance(items, list):
             raise SGLangError(f"{self.url} answered an unknown worker list: {data!r}")
         return [str(w.get("url", w)) if isinstance(w, dict) else str(w) for w in items]
+
+
+async def _lines(body: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The lines of a streamed body (of any length: aiohttp's ``readline`` bounds them)."""
+    buf = bytearray()
+    async for data in body.iter_any():
+        start = len(buf)
+        buf += data
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield buf[:end].rstrip(b"\r").decode()
+            del buf[: end + 1]
+            start = 0
+    if buf:
+        yield buf.decode()
 
 
 def _tags(tags: Sequence[str] | None) -> dict[str, Any]:

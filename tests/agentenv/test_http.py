@@ -1,4 +1,4 @@
-"""agentenv's HTTP/1.1 server and client transport, under the Buffer service and the engine."""
+"""agentenv's HTTP/1.1 server, under the Buffer service, the engine and the endpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from agentenv import ConfigError
 from agentenv._http import (
     HTTPError,
     HTTPServer,
-    HTTPTransport,
     Request,
     Response,
     Router,
@@ -69,37 +68,35 @@ async def _raw(port: int, data: bytes, wait: float = 5) -> bytes:
         return out
 
 
-@pytest.mark.parametrize("transport", ["agentenv", "httpx"])
-async def test_http_server_basics(transport: str) -> None:
-    async with HTTPServer(_router(), max_body_bytes=1 << 20) as server:
-        kwargs: dict[str, object] = {"base_url": server.url, "trust_env": False}
-        if transport == "agentenv":
-            kwargs["transport"] = HTTPTransport(max_connections=4)
-        async with httpx.AsyncClient(**kwargs) as client:  # type: ignore[arg-type]
-            r = await client.get("/hello", params={"name": "a b"})
-            assert r.json() == {"hello": "a b"} and r.headers["content-type"] == "application/json"
-            payload = bytes(range(256)) * 1000
-            for _ in range(3):  # keep-alive: one connection serves them all
-                r = await client.post("/echo", content=payload)
-                assert r.content == payload
-            r = await client.get("/fail")
-            assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
-            r = await client.get("/teapot")
-            assert r.status_code == 418 and r.json()["error"] == {
-                "type": "Teapot",
-                "message": "short and stout",
-            }
-            r = await client.head("/hello")
-            assert r.status_code == 200 and r.content == b""
-            r = await client.post("/echo", content=b"x" * ((1 << 20) + 1))
-            assert r.status_code == 413
-            async with client.stream("GET", "/events") as stream:
-                assert stream.headers["transfer-encoding"] == "chunked"
-                text = "".join([piece async for piece in stream.aiter_text()])
-            assert text.count("event: tick") == 3
-            assert "data: tick 2\ndata: line two\n\n" in text and text.endswith("[DONE]\n\n")
-            r = await client.get("/hello")  # the connection is still good after a stream
-            assert r.status_code == 200
+async def test_http_server_basics() -> None:
+    async with (
+        HTTPServer(_router(), max_body_bytes=1 << 20) as server,
+        httpx.AsyncClient(base_url=server.url, trust_env=False) as client,
+    ):
+        r = await client.get("/hello", params={"name": "a b"})
+        assert r.json() == {"hello": "a b"} and r.headers["content-type"] == "application/json"
+        payload = bytes(range(256)) * 1000
+        for _ in range(3):  # keep-alive: one connection serves them all
+            r = await client.post("/echo", content=payload)
+            assert r.content == payload
+        r = await client.get("/fail")
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
+        r = await client.get("/teapot")
+        assert r.status_code == 418 and r.json()["error"] == {
+            "type": "Teapot",
+            "message": "short and stout",
+        }
+        r = await client.head("/hello")
+        assert r.status_code == 200 and r.content == b""
+        r = await client.post("/echo", content=b"x" * ((1 << 20) + 1))
+        assert r.status_code == 413
+        async with client.stream("GET", "/events") as stream:
+            assert stream.headers["transfer-encoding"] == "chunked"
+            text = "".join([piece async for piece in stream.aiter_text()])
+        assert text.count("event: tick") == 3
+        assert "data: tick 2\ndata: line two\n\n" in text and text.endswith("[DONE]\n\n")
+        r = await client.get("/hello")  # the connection is still good after a stream
+        assert r.status_code == 200
 
 
 def _status(answer: bytes) -> bytes:
@@ -170,19 +167,8 @@ async def test_http_server_protocol_edges() -> None:
         # A client that disconnects mid-request does not disturb the server.
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
             await stream.send(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nabc")
-        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             assert (await client.get(f"{server.url}/hello")).status_code == 200
-
-
-async def test_http_transport_survives_a_server_restart() -> None:
-    router = _router()
-    async with HTTPServer(router) as first:
-        port = first.port
-        async with httpx.AsyncClient(transport=HTTPTransport()) as client:
-            assert (await client.get(f"{first.url}/hello")).status_code == 200
-            await first.aclose()  # the pooled connection is now closed by the server
-            async with HTTPServer(router, port=port) as second:
-                assert (await client.get(f"{second.url}/hello")).status_code == 200
 
 
 def test_http_config_errors() -> None:

@@ -36,3 +36,4 @@ def test_bench_client_against_the_instant_server(capsys: pytest.CaptureFixture[s
     run = result["runs"]["agentenv"]
     assert run["in_flight"] == 4096 and run["requests"] == 10000
     assert result["requests_per_s"] == run["requests_per_s"] > 0
+    assert result["runs"]["aiohttp"]["in_flight"] == 4096 and result["ratio_vs_aiohttp"] > 0
