@@ -8,9 +8,9 @@ several rounds), or ``run_forever`` for the asynchronous schedule, where the Buf
 admission control keeps every group within the staleness bound.
 
 A round's groups are named by its seed (``{task id}@s{seed}``). With a durable Buffer the
-producer keeps a note there (:data:`NOTE`) before each round starts and once it is
-played: where the task stream stands, the rounds started and not finished, and the
-asynchronous schedule's next round. A run that resumes (:meth:`Producer.resume`) takes the
+producer keeps a note there (:data:`NOTE`) before each round starts: where the task
+stream stands, the rounds started and not known to be finished, and the asynchronous
+schedule's next round. A run that resumes (:meth:`Producer.resume`) takes the
 stream up where it stood and plays only the groups of those rounds that the Buffer does
 not hold (:meth:`Producer.replay_open`): no committed group is played again.
 """
@@ -261,7 +261,6 @@ class Producer:
                 await self.play(missing, seed)
             else:
                 self.open.pop(seed, None)
-                await self._note()
 
     def take_stats(self) -> RoundStats:
         out = self.stats
@@ -317,8 +316,9 @@ class Producer:
         s.completion_tokens += result.completion_tokens
         s.failed += result.failed_episodes
         s.rewards.extend(result.rewards)
-        if self.open.pop(seed, None) is not None:
-            await self._note()  # every group of the round is in the Buffer
+        # Every group of the round is in the Buffer. The next round's note says so; until
+        # then a resume finds them all stored and plays nothing of it (one sync fewer).
+        self.open.pop(seed, None)
         self._count_failed(result)
         return round_sink.put
 
