@@ -112,7 +112,7 @@ async def serving(service: str, server: str) -> AsyncIterator[str]:
             served = EngineServer(InstantEngine())  # type: ignore[arg-type]
         # The bench measures the servers' HTTP layer itself: it serves the same router,
         # guard and body limit that the server's own HTTPServer has on plain aiohttp.
-        http = served._http
+        http = served.http_server
         if server == "agentenv":
             await stack.enter_async_context(served)
             yield served.url
@@ -196,7 +196,7 @@ async def run_workload(
                 nonlocal sent
                 sent += 1
 
-            client._http.event_hooks = {"request": [count]}  # its requests, counted
+            client.http_client.event_hooks = {"request": [count]}  # its requests, counted
             if workload == "buffer_put":
                 if requests % BATCH_GROUPS:
                     raise ConfigError(f"buffer_put needs a multiple of 16 groups, got {requests}")

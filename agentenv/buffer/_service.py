@@ -82,7 +82,7 @@ import logging
 import math
 import struct
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -98,6 +98,9 @@ from agentenv._http import (
     Router,
 )
 from agentenv._sample import Sample
+
+if TYPE_CHECKING:
+    from agentenv._http import HTTPServer
 from agentenv.buffer._buffer import (
     Batch,
     Buffer,
@@ -440,6 +443,12 @@ class BufferServer:
         """``http://host:port``: give it to :class:`BufferClient`."""
         return self._http.url
 
+    @property
+    def http_server(self) -> HTTPServer:
+        """The :class:`~agentenv.http.HTTPServer` serving the Buffer (its routes, guard and
+        limits: to serve them elsewhere, or to watch its connections)."""
+        return self._http
+
     async def __aenter__(self) -> BufferServer:
         await self._http.__aenter__()
         return self
@@ -727,6 +736,11 @@ class BufferClient:
         self._held: dict[str, float] = {}  # leased batches held: id -> lease_s
         self._held_changed = anyio.Event()
         self._renewals: anyio.abc.TaskGroup | None = None
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The httpx client its requests go through (e.g. to add ``event_hooks``)."""
+        return self._http
 
     async def __aenter__(self) -> BufferClient:
         renewals = anyio.create_task_group()

@@ -279,6 +279,12 @@ class EngineServer:
     def port(self) -> int:
         return self._http.port
 
+    @property
+    def http_server(self) -> HTTPServer:
+        """The :class:`~agentenv.http.HTTPServer` serving the routes (its router, guard and
+        limits: to serve them elsewhere)."""
+        return self._http
+
     async def __aenter__(self) -> EngineServer:
         await self._http.__aenter__()
         if self.api_key is None:
