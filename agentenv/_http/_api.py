@@ -300,9 +300,3 @@ _PHRASES: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}
 
 def _phrase(status: int) -> str:
     return _PHRASES.get(status, "")
-
-
-def check_header(name: str, value: str) -> None:
-    """Raise ValueError if a response header would break the response's head."""
-    if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-        raise ValueError(f"invalid response header {name!r}: {value!r}")

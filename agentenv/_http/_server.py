@@ -33,7 +33,6 @@ from agentenv._http._api import (
     Response,
     Router,
     StreamingResponse,
-    check_header,
 )
 from agentenv._http._connection import Connection, Connections
 from agentenv._http._limits import (
@@ -224,11 +223,6 @@ class HTTPServer:
             self._accepting.cancel()  # in case aclose was interrupted
             if self._tg is not None:
                 await self._tg.__aexit__(*exc_info)
-
-    async def serve_forever(self) -> None:
-        """Start, and serve until cancelled (Ctrl-C)."""
-        async with self:
-            await anyio.sleep_forever()
 
     async def aclose(self, *, graceful: bool = True) -> None:
         """Stop: no new connections; in-flight requests get ``shutdown_grace`` seconds
@@ -489,22 +483,9 @@ def _same(conn: Connection) -> Connection:
     return conn
 
 
-def _headers(content_type: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
-    try:
-        for name, value in headers:
-            check_header(name, value)
-    except ValueError as e:
-        log.error("bad response from a handler: %s", e)
-        return None
-    return [("content-type", content_type), *headers]
-
-
+# (aiohttp refuses a header that would break the head, a CR or LF in it: a 500.)
 async def _respond(raw: BaseRequest, response: Response, keep: bool) -> web.StreamResponse:
-    headers = _headers(response.content_type, response.headers)
-    if headers is None:
-        out = web.Response(status=500)
-        out.force_close()
-        return out
+    headers = [("content-type", response.content_type), *response.headers]
     out = web.Response(body=response.body, status=response.status, headers=headers)
     if not keep:
         out.force_close()
@@ -517,13 +498,13 @@ async def _respond(raw: BaseRequest, response: Response, keep: bool) -> web.Stre
 
 
 async def _stream(raw: BaseRequest, response: StreamingResponse, keep: bool) -> web.StreamResponse:
-    headers = _headers(response.content_type, [("cache-control", "no-cache"), *response.headers])
+    headers = [
+        ("content-type", response.content_type),
+        ("cache-control", "no-cache"),
+        *response.headers,
+    ]
     iterator = aiter(response.chunks)
     try:
-        if headers is None:
-            failed = web.Response(status=500)
-            failed.force_close()
-            return failed
         out = web.StreamResponse(status=response.status, headers=headers)
         if raw.version == (1, 1):
             out.enable_chunked_encoding()

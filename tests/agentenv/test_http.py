@@ -39,6 +39,10 @@ def _router() -> Router:
     async def fail(request: Request) -> Response:
         raise RuntimeError("handler bug")
 
+    @router.route("GET", "/bad-header")
+    async def bad_header(request: Request) -> Response:
+        return Response(headers=[("x-a", "b\r\nx-injected: 1")])
+
     @router.route("GET", "/teapot")
     async def teapot(request: Request) -> Response:
         raise HTTPError(418, "short and stout", type="Teapot")
@@ -81,6 +85,8 @@ async def test_http_server_basics() -> None:
             assert r.content == payload
         r = await client.get("/fail")
         assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
+        r = await client.get("/bad-header")  # a header that would break the head
+        assert r.status_code == 500 and "x-injected" not in r.headers
         r = await client.get("/teapot")
         assert r.status_code == 418 and r.json()["error"] == {
             "type": "Teapot",
