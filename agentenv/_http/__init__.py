@@ -35,8 +35,9 @@ server (:class:`HTTPServer`) has:
   connections, lets in-flight requests finish for ``shutdown_grace`` seconds, then cancels.
 
 It binds to 127.0.0.1 unless told otherwise; it imports aiohttp on first use. The
-services' clients are aiohttp's (``SGLangClient``) and httpx's (``BufferClient``, the
-endpoint's OpenAI and Anthropic clients). ::
+services' clients are aiohttp's: ``SGLangClient`` directly, and those written against
+httpx (``BufferClient``, the endpoint's OpenAI and Anthropic clients) through
+:class:`AiohttpTransport`, httpx's API over aiohttp's connection pool. ::
 
     router = Router()
 
@@ -66,6 +67,7 @@ from agentenv._http._api import (
 )
 from agentenv._http._auth import api_key_guard, check_api_key, warn_if_open
 from agentenv._http._limits import MAX_BODY_BYTES, ClientLimit, raise_open_file_limit
+from agentenv._http._transport import AiohttpTransport
 
 if TYPE_CHECKING:
     from agentenv._http._server import HTTPServer
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_JSON_DEPTH",
+    "AiohttpTransport",
     "ClientLimit",
     "ErrorShape",
     "Guard",

@@ -91,6 +91,7 @@ import pydantic
 
 from agentenv._errors import AgentEnvError, ClosedResourceError, ConfigError, SampleError
 from agentenv._http import (
+    AiohttpTransport,
     Handler,
     HTTPError,
     Request,
@@ -724,9 +725,7 @@ class BufferClient:
             base_url=self.url + PREFIX,
             headers={"authorization": f"Bearer {token}"},
             timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            transport=AiohttpTransport(max_connections=max_connections),
             trust_env=False,
         )
         self._closed = False

@@ -31,6 +31,7 @@ from agentenv._environment import Episode, Limits, Task
 from agentenv._errors import ConfigError
 from agentenv._generator import Generator, SamplingParams
 from agentenv._http import (
+    AiohttpTransport,
     ClientLimit,
     HTTPError,
     Request,
@@ -572,7 +573,7 @@ class AgentServer:
         self._client = httpx.AsyncClient(
             base_url=self._url,
             timeout=httpx.Timeout(None),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=4096),
+            transport=AiohttpTransport(max_connections=4096),
             trust_env=False,
         )
 

@@ -17,6 +17,7 @@ URL; a 4xx answer is never retried and raises at once with the server's message.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -182,7 +183,8 @@ class SGLangClient:
         if not self._closed:
             self._closed = True
             if self._session is not None:
-                await self._session.close()
+                with anyio.CancelScope(shield=True):  # closing completes, even when cancelled
+                    await self._session.close()
 
     # -- transport -------------------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
@@ -224,7 +226,9 @@ class SGLangClient:
         for attempt in range(retries + 1):
             last = attempt == retries
             try:
-                async with session.request(method, url, data=content, headers=hdrs) as answer:
+                # (aiohttp sends a body of over 1 MiB from a file object, a piece at a time.)
+                data = io.BytesIO(content) if content and len(content) > 1 << 20 else content
+                async with session.request(method, url, data=data, headers=hdrs) as answer:
                     response = _Answer(answer.status, answer.reason or "", await answer.read())
             except TimeoutError as e:
                 raise SGLangError(
