@@ -40,6 +40,7 @@ from agentenv import (
 )
 from agentenv._scripted import ScriptContext
 from agentenv.endpoint import AgentEnv
+from tests._train import even_share, train_two_steps
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -370,20 +371,13 @@ def test_the_ecosystem_doc_shows_the_example_verbatim_and_its_command_runs(
     assert summary["reward_mean"] == 1.0 and summary["episodes"] == 2
 
 
-# -- two training steps through an MCP tool environment (CPU) ---------------------------------
-def good_share(task: Task, state: State) -> float:
-    """The share of completion tokens among ids 1000-1007, which the tiny random model of
-    tests/trainer/test_loop.py can learn to say: a reward with signal."""
-    ids = state.transcript.current.completion_ids
-    return sum(1 for t in ids if 1000 <= t < 1008) / max(len(ids), 1)
-
-
+# -- two training steps through an MCP tool environment (SmolLM2, CPU) ------------------------
 PYTHON_SERVER = (sys.executable, str(ROOT / "examples" / "mcp_calculator_server.py"))
 
 
 class TrainedMCPEnv(ToolEnv):
-    """The example server's tool offered for training (one tool: the prompt fits the tiny
-    model's 256 positions); each start of the server is logged to $MCP_TEST_LOG."""
+    """The example server's tool offered for training; each start of the server is logged
+    to $MCP_TEST_LOG."""
 
     mcp_servers = (
         MCPServer(
@@ -392,25 +386,24 @@ class TrainedMCPEnv(ToolEnv):
         ),
     )
     max_turns = 2
-    rubric = Rubric(good_share)
+    rubric = Rubric(even_share)
 
     def tasks(self, split: str = "train") -> list[Task]:
         return [Task(id=f"t{i}", prompt=f"What is {i}+3?") for i in range(4)]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_agentenv_train_trains_two_steps_with_an_mcp_tool_env(tmp_path: Path) -> None:
-    from tests._train import train_two_steps
-    from tests.trainer.test_loop import tiny_llama
-
-    model = tiny_llama(tmp_path / "tiny")
     log = tmp_path / "starts.log"
     lines = train_two_steps(
-        f"{__name__}:TrainedMCPEnv", model, tmp_path / "run", env_vars={"MCP_TEST_LOG": str(log)}
+        f"{__name__}:TrainedMCPEnv", tmp_path / "run", env_vars={"MCP_TEST_LOG": str(log)}
     )
-    assert all(m["failed_episodes"] == 0 and m["samples"] == 4 for m in lines)
-    assert any(m["train/grad_norm"] > 0 for m in lines)
+    assert all(m["failed_episodes"] == 0 and m["samples"] == 2 for m in lines)
+    trained = [m for m in lines if "train/grad_norm" in m]  # a step whose groups tie skips
+    assert trained and all(m["train/grad_norm"] > 0 for m in trained)
+    # The trainer's log-probs of the recorded ids are the engine's: the samples are exact.
+    assert all(m["train/rollout_train_logprob_abs_diff"] < 1e-4 for m in trained)
     # The episodes were played with the server's tools: it was started (by the first
-    # episode of each batch of episodes running together, evaluations included).
+    # episode of each batch of episodes running together).
     assert log.read_text().splitlines().count("start") >= 2
