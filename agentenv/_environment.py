@@ -239,14 +239,16 @@ class Episode:
         status: Status = Status.COMPLETED,
         reason: str | None = None,
         metadata: Mapping[str, JSONValue] | None = None,
+        advantage_scale: float = 1.0,
     ) -> list[Sample]:
         """The samples of ``transcript`` in this episode's group (``reward`` a number;
-        ``True``/``False`` count as 1.0/0.0)."""
+        ``True``/``False`` count as 1.0/0.0; ``advantage_scale``: :class:`Sample`'s)."""
         if isinstance(reward, bool):  # ``answer == label``: the common idiom
             reward = float(reward)
         return transcript.to_samples(
-            reward, status=status, reason=reason, group_id=self.group_id, metadata=metadata
-        )
+            reward, status=status, reason=reason, group_id=self.group_id, metadata=metadata,
+            advantage_scale=advantage_scale,
+        )  # fmt: skip
 
 
 class Environment(abc.ABC):

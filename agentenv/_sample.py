@@ -213,6 +213,9 @@ class Sample:
         status: how the episode ended; ``reason`` is required unless ``COMPLETED``.
         reason: a short human-readable explanation of ``status``.
         error_type: for ``FAILED`` samples, the error class name (``"TimeoutError"``).
+        advantage_scale: a finite factor ``>= 0`` on the sample's advantage, applied by
+            the trainer after the group normalisation (a game's discount of an early turn):
+            it weighs the sample without moving its sign. Default 1.
         metadata: small JSON-serialisable data (turn counts, reward components, ...);
             every number in it must be finite.
     """
@@ -231,6 +234,7 @@ class Sample:
     status: Status = Status.COMPLETED
     reason: str | None = None
     error_type: str | None = None
+    advantage_scale: float = 1.0
     metadata: dict[str, JSONValue] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -254,6 +258,12 @@ class Sample:
         if not math.isfinite(reward):
             raise SampleError(f"reward must be finite, got {self.reward}")
         self.reward = reward
+        scale = self.advantage_scale
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise SampleError(f"advantage_scale must be a float, got {type(scale).__name__}")
+        if not (math.isfinite(scale) and scale >= 0):
+            raise SampleError(f"advantage_scale must be finite and >= 0, got {scale}")
+        self.advantage_scale = float(scale)
         try:
             self.status = Status(self.status)
         except ValueError:
@@ -316,6 +326,7 @@ class Sample:
             "status": self.status.value,
             "reason": self.reason,
             "error_type": self.error_type,
+            "advantage_scale": self.advantage_scale,
             "metadata": self.metadata,
         }
 

@@ -328,9 +328,10 @@ class Transcript:
         error_type: str | None = None,
         group_id: str | None = None,
         metadata: Mapping[str, JSONValue] | None = None,
+        advantage_scale: float = 1.0,
     ) -> list[Sample]:
-        """One sample per segment with at least one model turn, all with ``reward``
-        (``error_type``: for ``FAILED`` samples)."""
+        """One sample per segment with at least one model turn, all with ``reward`` and
+        ``advantage_scale`` (``error_type``: for ``FAILED`` samples)."""
         out: list[Sample] = []
         segments = [s for s in self.segments if s.turns > 0]
         for i, seg in enumerate(segments):
@@ -352,6 +353,7 @@ class Transcript:
                     status=status,
                     reason=reason,
                     error_type=error_type,
+                    advantage_scale=advantage_scale,
                     metadata=meta,
                 )
             )

@@ -359,7 +359,7 @@ def _plan_train(backend: Backend, samples: list[Sample], config: GRPOConfig) -> 
         [s.reward for s in samples],
         [(s.group_id, s.role) for s in samples],
         config.advantage_estimator,
-    ).double() * torch.tensor([_advantage_scale(s) for s in samples], dtype=torch.float64)
+    ).double() * torch.tensor([s.advantage_scale for s in samples], dtype=torch.float64)
     steps = config.num_steps_per_rollout
     per = -(-len(samples) // steps)
     bounds = range(0, len(samples), per)
@@ -377,13 +377,6 @@ def _plan_train(backend: Backend, samples: list[Sample], config: GRPOConfig) -> 
 def _in_loss(sample: Sample) -> bool:
     """Whether a token of ``sample`` is in the loss (its loss mask is not all 0)."""
     return bool(sample.completion_ids) and (sample.loss_mask is None or any(sample.loss_mask))
-
-
-def _advantage_scale(sample: Sample) -> float:
-    """``metadata["advantage_scale"]`` (e.g. a game's discount for an early turn), else 1:
-    applied after the group normalisation, so it weighs a sample without moving its sign."""
-    scale = sample.metadata.get("advantage_scale", 1.0)
-    return float(scale) if isinstance(scale, (int, float)) else 1.0
 
 
 @contextlib.contextmanager

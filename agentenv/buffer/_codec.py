@@ -72,6 +72,7 @@ def encode_sample(s: Sample) -> bytes:
             n,
             lp is not None,
             all_ones,
+            s.advantage_scale,
         ]
     ).encode()
     parts = [
@@ -112,8 +113,11 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     try:
         (n,) = _HEADER.unpack_from(view, 0)
         header = json.loads(bytes(view[4 : 4 + n]))
-        if type(header) is not list or len(header) != 15:
-            raise ValueError("the header is not a list of 15 fields")
+        # 15 fields: written before advantage_scale was one (a durable Buffer's older
+        # records), which is then 1.
+        if type(header) is not list or len(header) not in (15, 16):
+            raise ValueError("the header is not a list of 16 fields")
+        advantage_scale = header.pop() if len(header) == 16 else 1.0
         (
             reward,
             group_id,
@@ -192,6 +196,7 @@ def decode_sample(data: bytes | memoryview) -> Sample:
         status=status,
         reason=reason,
         error_type=error_type,
+        advantage_scale=advantage_scale,
         metadata=metadata,
     )
     sample.prompt_ids = ids[:n_prompt]

@@ -515,6 +515,7 @@ def _parquet_schema() -> Any:
             ("status", pa.string()),
             ("reason", pa.string()),
             ("error_type", pa.string()),
+            ("advantage_scale", pa.float64()),
             ("metadata", pa.string()),  # JSON: samples' metadata differ in shape
             ("group_seq", pa.int64()),
             ("group_state", pa.string()),

@@ -11,7 +11,7 @@ parsed moves, never another player's text.
 Rewards: the role's terminal return ``G`` (a forfeit after invalid moves gives the
 offender ``invalid_penalty`` and everyone else ``forfeit_reward``), minus ``b``, the
 :class:`RoleBaseline` when one is given (one snapshot per group), else 0. With
-``discount < 1`` turn ``k`` of ``K`` carries ``metadata["advantage_scale"] = discount **
+``discount < 1`` turn ``k`` of ``K`` carries ``Sample.advantage_scale = discount **
 (K - 1 - k)``: the trainer scales that sample's advantage by it (discounting the reward
 itself would let GRPO's normalisation give the early moves of won matches negative
 advantages). A match that reaches ``max_moves`` ends
@@ -100,7 +100,7 @@ class GameEnv(Environment):
         invalid_penalty: the forfeiting role's return.
         forfeit_reward: every other role's return after a forfeit.
         discount: in ``(0, 1]``; below 1, turn ``k`` of a role's ``K`` turns gets
-            ``metadata["advantage_scale"] = discount ** (K - 1 - k)``, by which the trainer
+            ``Sample.advantage_scale = discount ** (K - 1 - k)``, by which the trainer
             scales its advantage after the group normalisation; the reward stays the
             return.
         baseline: a :class:`RoleBaseline` (or its decay) subtracted from returns.
@@ -370,13 +370,12 @@ class GameEnv(Environment):
                 "attempts": turn.attempts,
                 "forfeit": forfeit == role and k == k_last,
             }
-            if self.discount < 1.0:
-                # Scales the advantage, not the reward: GRPO's normalisation would turn a
-                # discounted reward of a won match into a negative advantage.
-                metadata["advantage_scale"] = self.discount ** (k_last - k)
+            # Scales the advantage, not the reward: GRPO's normalisation would turn a
+            # discounted reward of a won match into a negative advantage.
             out += episode.samples(
-                turn.transcript, ret, status=status, reason=reason, metadata=metadata
-            )
+                turn.transcript, ret, status=status, reason=reason, metadata=metadata,
+                advantage_scale=self.discount ** (k_last - k),
+            )  # fmt: skip
         if not out:
             # The seat never generated (an opponent forfeited first, or a limit hit before
             # its first turn): one sample with no completion keeps the outcome on record.

@@ -529,3 +529,16 @@ def test_metadata_must_be_a_dict() -> None:
 def test_from_json_of_too_deep_nesting_is_a_sample_error() -> None:
     with pytest.raises(SampleError, match="nested too deeply"):
         Sample.from_json('{"metadata": ' + "[" * 200_000 + "]" * 200_000 + "}")
+
+
+def test_advantage_scale_is_a_typed_field_that_round_trips() -> None:
+    s = Sample(prompt_ids=[1], completion_ids=[2], reward=1.0, advantage_scale=0.25)
+    assert Sample.from_json(s.to_json()).advantage_scale == 0.25
+    assert Sample.from_dict({"prompt_ids": [1], "completion_ids": [2], "reward": 0.0}) == Sample(
+        prompt_ids=[1], completion_ids=[2], reward=0.0, advantage_scale=1.0
+    )
+    for bad in (-0.5, math.inf, math.nan):
+        with pytest.raises(SampleError, match=r"advantage_scale must be finite and >= 0"):
+            Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, advantage_scale=bad)
+    with pytest.raises(SampleError, match=r"advantage_scale must be a float, got str"):
+        Sample(prompt_ids=[1], completion_ids=[2], reward=0.0, advantage_scale="1")  # type: ignore[arg-type]

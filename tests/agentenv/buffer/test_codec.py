@@ -119,3 +119,14 @@ def test_a_header_with_nan_metadata_is_refused_naming_the_key() -> None:
     blob = struct.pack("<I", len(blob_header)) + blob_header + struct.pack("<I", 7)
     with pytest.raises(SampleError, match=r"metadata\['x'\] is nan"):
         decode_sample(blob)
+
+
+def test_advantage_scale_round_trips_and_an_older_record_reads_as_one() -> None:
+    s = Sample(prompt_ids=[1, 2], completion_ids=[3], reward=1.0, advantage_scale=0.5)
+    assert decode_sample(encode_sample(s)) == s
+    blob = encode_sample(Sample(prompt_ids=[1, 2], completion_ids=[3], reward=1.0))
+    (n,) = struct.unpack_from("<I", blob, 0)
+    header = json.loads(blob[4 : 4 + n])
+    old = json.dumps(header[:15], separators=(",", ":")).encode()  # before the field
+    decoded = decode_sample(struct.pack("<I", len(old)) + old + blob[4 + n :])
+    assert decoded.advantage_scale == 1.0 and decoded.prompt_ids == s.prompt_ids

@@ -96,7 +96,7 @@ async def test_discount_and_role_baseline(smollm2: ChatTokenizer) -> None:
     # The reward stays the return; the discount scales the advantage after normalisation
     # (a discounted reward would give the first moves of a won match negative advantages).
     assert [s.reward for s in x] == [1.0] * 4
-    assert [s.metadata["advantage_scale"] for s in x] == [0.125, 0.25, 0.5, 1.0]
+    assert [s.advantage_scale for s in x] == [0.125, 0.25, 0.5, 1.0]
     env = TicTacToeEnv(baseline=RoleBaseline(decay=0.5))
     train = env.tasks("train")[:2]
     samples = await play(env, model, smollm2, tasks=train)
