@@ -44,6 +44,7 @@ def wrong(problem: dict[str, Any]) -> str:
     return problem["prompt"] + "    return ('not', 'this')\n"
 
 
+@pytest.mark.slow  # 328 sandboxed runs: about 25 s on 2 cores
 async def test_all_164_canonical_solutions_pass_and_wrong_ones_fail(sandbox: Sandbox) -> None:
     problems = load_problems()
     assert len(problems) == 164
