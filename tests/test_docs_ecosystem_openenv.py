@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # about 25 s on 2 cores
 
 
 def test_the_openenv_section_runs(tmp_path: Path) -> None:
