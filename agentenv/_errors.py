@@ -1,23 +1,53 @@
 """The exception tree of agentenv.
 
-Every error the SDK raises on purpose derives from :class:`AgentEnvError`::
+Every error the product raises on purpose (``agentenv``, ``trainer``, ``environments``)
+derives from :class:`AgentEnvError`; a class defined elsewhere is shown with the public
+package it comes from, and "also a X" means it is a builtin's subclass too, for callers
+that catch that::
 
     AgentEnvError
-    ├── ConfigError            a setting or argument is out of range (also a ValueError)
-    ├── MessageError           a chat message is malformed (also a ValueError)
-    ├── SampleError            a Sample violates the data contract (also a ValueError)
-    ├── TemplateError          the tokenizer has no usable chat template, or rendering failed
-    │   └── HistoryRewriteError  the template renders earlier turns unlike what the model saw
-    ├── ContextLengthError     a prompt does not fit in the model's context
-    ├── GenerationError        the generator failed or returned an unusable completion
-    ├── ToolCallError          a tool call could not be parsed, validated or run
-    ├── RewardError            a reward function returned NaN, inf or a non-number
-    ├── EpisodeTruncated       control flow: the episode hit a turn or context limit
-    ├── EpisodeAborted         control flow: the generator aborted the request
-    ├── ModelNotFoundError     a model name or path could not be resolved (also a LookupError)
-    ├── IllegalMoveError       a game was given a move its rules forbid now (also a ValueError)
-    ├── OpponentError          a fixed player in a game raised or chose an illegal move
-    └── ClosedResourceError    a resource was used after ``aclose()``
+    ├── ConfigError                a setting or argument is invalid (also a ValueError)
+    │   ├── BufferLockedError      agentenv.buffer: another Buffer holds the directory
+    │   ├── PlacementTimeoutError  trainer.distributed: no resources within the timeout
+    │   └── WeightShapeError       trainer.megatron: a checkpoint tensor has the wrong shape
+    ├── MessageError               a chat message is malformed (also a ValueError)
+    ├── SampleError                a Sample violates the data contract (also a ValueError)
+    │   └── FrameLimitError        agentenv.buffer: a frame stream holds too many frames
+    ├── TemplateError              no usable chat template, or rendering failed
+    │   └── HistoryRewriteError    earlier turns render unlike what the model saw
+    ├── ContextLengthError         a prompt does not fit in the model's context
+    ├── GenerationError            the generator failed or returned an unusable completion
+    │   ├── SGLangError            agentenv.sglang: the server refused or failed
+    │   └── EngineGroupError       trainer.distributed: the engine group cannot serve
+    ├── ToolCallError              a tool call could not be parsed, validated or run
+    ├── RewardError                a reward function returned NaN, inf or a non-number
+    ├── EpisodeTruncated           control flow: the episode hit a turn or context limit
+    ├── EpisodeAborted             control flow: the generator aborted the request
+    ├── ModelNotFoundError         a model name or path did not resolve (also a LookupError)
+    ├── IllegalMoveError           a move the game's rules forbid now (also a ValueError)
+    ├── OpponentError              a game's fixed player raised or moved illegally
+    ├── ClosedResourceError        a resource was used after ``aclose()``
+    ├── HTTPError                  agentenv.http: a handler answers an error status
+    ├── ChatError                  agentenv.endpoint: a request refused with OpenAI's error
+    ├── UnknownBatchError          agentenv.buffer: ack or release of a batch not handed out
+    │   │                          (also a KeyError)
+    │   └── LeaseExpiredError      agentenv.buffer: the batch's lease ran out
+    ├── BufferStoreError           agentenv.buffer: the durable store failed
+    ├── BufferServiceError         agentenv.buffer: the Buffer service failed
+    ├── FailedRoundsError          trainer: too many rounds in a row failed every sample
+    ├── TrainerRankError           trainer.distributed: a trainer rank died
+    │                              (also a RuntimeError)
+    ├── MegatronNotInstalledError  trainer.megatron: megatron-core cannot be imported
+    │                              (also an ImportError)
+    ├── OpenEnvError               environments.openenv: the OpenEnv server or client failed
+    ├── HarborBuildError           environments.harbor: a task's image did not build
+    └── VerifiersError             environments.verifiers: a verifiers episode failed
+                                   (also a RuntimeError)
+
+``sandboxes`` imports nothing of agentenv (its import contract), so its errors have a root
+of their own, ``sandboxes.SandboxError`` (with ``SandboxUnavailable`` under it); the
+grader that runs inside a sandbox is a stdlib-only program and raises only builtins'
+subclasses. ``tests/agentenv/test_errors.py`` keeps this tree complete.
 
 Inside an episode, errors are data: the rollout runner turns an exception into a
 failed :class:`~agentenv.Sample` whose ``error_type`` and ``reason`` name it, and the

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentenv import (
+    AgentEnvError,
     ConfigError,
     Environment,
     Episode,
@@ -126,7 +127,7 @@ SYSTEM_PROMPT = (
 )
 
 
-class HarborBuildError(Exception):
+class HarborBuildError(AgentEnvError):
     """A task's image did not build; the message names the task and the builder's error."""
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv import (
+    AgentEnvError,
     ConfigError,
     Environment,
     Episode,
@@ -60,7 +61,7 @@ ActionParser = Callable[[str], Mapping[str, Any]]
 ObservationRenderer = Callable[[Mapping[str, Any]], str]
 
 
-class OpenEnvError(Exception):
+class OpenEnvError(AgentEnvError):
     """The OpenEnv server or its client failed; fails the episode, naming the reason."""
 
 

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentenv import ConfigError, Environment, Episode, Sample, Status, Task
+from agentenv import AgentEnvError, ConfigError, Environment, Episode, Sample, Status, Task
 from agentenv.endpoint import AgentServer
 
 __all__ = ["DEFAULT_PYTHON", "VerifiersEnv", "VerifiersError"]
@@ -55,7 +55,7 @@ _STDERR_TAIL = 4000
 _LINE_LIMIT = 2**24
 
 
-class VerifiersError(RuntimeError):
+class VerifiersError(AgentEnvError, RuntimeError):
     """A verifiers episode failed: its harness, rubric or worker process; the message says."""
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from agentenv._errors import AgentEnvError
 from agentenv._http import Response, sse
 from agentenv._messages import Message
 
@@ -42,7 +43,7 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MAX_STOP = 4
 
 
-class ChatError(Exception):
+class ChatError(AgentEnvError):
     """A request refused with OpenAI's error body; ``param`` names the field."""
 
     def __init__(

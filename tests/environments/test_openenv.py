@@ -205,7 +205,8 @@ async def test_a_server_that_answers_garbage_fails_the_episode(
     samples = await play(env, smollm2, env.tasks()[:1], [(".*", "1")])
     (s,) = samples.values()
     assert s.status is Status.FAILED, s.reason
-    assert (s.reason or "").startswith("OpenEnvError: reset: ConnectionError"), s.reason
+    assert s.error_type == "OpenEnvError", s.error_type
+    assert (s.reason or "").startswith("reset: ConnectionError"), s.reason
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast
 
-from agentenv import ClosedResourceError, ConfigError
+from agentenv import AgentEnvError, ClosedResourceError, ConfigError
 
 if TYPE_CHECKING:
     from trainer.distributed._placement import Bundle, Placed
@@ -94,7 +94,7 @@ class Ranks(Protocol[W]):
         raises :class:`~agentenv.ClosedResourceError`."""
 
 
-class TrainerRankError(RuntimeError):
+class TrainerRankError(AgentEnvError, RuntimeError):
     """A trainer rank died or failed mid-collective: the group stopped (resume the run
     from its last checkpoint with ``--load``)."""
 
