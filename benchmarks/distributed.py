@@ -203,7 +203,7 @@ def _start_and_sync(model: str, device: str, repeats: int, weights: Path) -> dic
 
     from agentenv import ChatTokenizer
     from trainer import TrainConfig, build_backend, engine_dtypes, place_run, rollout_engine
-    from trainer.distributed import connect
+    from trainer.distributed import EngineGroup, connect
 
     flat: dict[str, Any] = dict(
         env=ENV, hf_checkpoint=model, device=device, ray_address="local",
@@ -224,10 +224,8 @@ def _start_and_sync(model: str, device: str, repeats: int, weights: Path) -> dic
 
         async def engines() -> None:
             tokenizer = ChatTokenizer.load(model)
-            async with rollout_engine(config, tokenizer, weights / "run", dtypes, placed) as (
-                group,
-                _,
-            ):
+            async with rollout_engine(config, tokenizer, weights / "run", dtypes, placed) as group:
+                assert isinstance(group, EngineGroup)  # engine bundles: actors on Ray
                 t4 = time.perf_counter()
                 out["start"] = {
                     "ray_init_s": round(t1 - t0, 3),
@@ -296,6 +294,7 @@ def _colocated_sync(flat: dict[str, Any], repeats: int, weights: Path) -> dict[s
 
     from agentenv import ChatTokenizer
     from trainer import TrainConfig, build_backend, engine_dtypes, place_run, rollout_engine
+    from trainer.distributed import EngineGroup
 
     colocated = {**flat, "colocate": True, "actor_num_gpus_per_node": 2}
     colocated.pop("rollout_num_gpus")
@@ -310,7 +309,8 @@ def _colocated_sync(flat: dict[str, Any], repeats: int, weights: Path) -> dict[s
         async def engines() -> None:
             tokenizer = ChatTokenizer.load(config.model.hf_checkpoint)
             colocated_dir = weights / "colocated"
-            async with rollout_engine(config, tokenizer, colocated_dir, dtypes, placed) as (g, _):
+            async with rollout_engine(config, tokenizer, colocated_dir, dtypes, placed) as g:
+                assert isinstance(g, EngineGroup)  # engine bundles: actors on Ray
                 out["engines"] = len(g.engines)
                 disk = g.weight_sync("disk", directory=weights / "colocated-disk")
                 out["disk"] = await _timed(disk, backend, repeats, 1)

@@ -36,7 +36,7 @@ from agentenv import run_rollouts
 from agentenv.engine import Engine
 from agentenv.games import TallySink
 from environments.games.tictactoe import TicTacToeEnv
-from trainer import GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
+from trainer import EmbeddedEngine, GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
 
 
 def parse_args() -> argparse.Namespace:
@@ -108,7 +108,10 @@ async def main(args: argparse.Namespace) -> None:
         before = await evaluate(engine, tokenizer, args)
         print(f"before: {json.dumps(before)}", flush=True)
         started = time.perf_counter()
-        await run_grpo(env, env.tasks("train"), backend, engine, tokenizer, config, on_step=report)
+        await run_grpo(
+            env, env.tasks("train"), backend, EmbeddedEngine(engine), tokenizer, config,
+            on_step=report,
+        )  # fmt: skip
         after = await evaluate(engine, tokenizer, args)
         print(f"after:  {json.dumps(after)}", flush=True)
         print(f"trained {args.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         TrainConfig,
     )
     from trainer._data import load_prompt_data
+    from trainer._engines import EmbeddedEngine, RolloutEngine, ServerEngine
     from trainer._loop import SCHEDULES, GRPOConfig, StepHooks, run_grpo
     from trainer._losses import (
         AGGREGATIONS,
@@ -67,6 +68,7 @@ __all__ = [
     "DataConfig",
     "DiskSync",
     "DistributedSync",
+    "EmbeddedEngine",
     "EngineConfig",
     "EvalConfig",
     "GRPOConfig",
@@ -78,6 +80,8 @@ __all__ = [
     "OptimConfig",
     "ParallelismConfig",
     "Precision",
+    "RolloutEngine",
+    "ServerEngine",
     "StepHooks",
     "TensorSync",
     "TorchBackend",
@@ -113,6 +117,9 @@ _MODULES = {
     "DiskSync": "trainer._sync",
     "DistributedSync": "trainer._sync",
     "TensorSync": "trainer._sync",
+    "EmbeddedEngine": "trainer._engines",
+    "RolloutEngine": "trainer._engines",
+    "ServerEngine": "trainer._engines",
     "EngineConfig": "trainer._config",
     "EvalConfig": "trainer._config",
     "GRPOConfig": "trainer._loop",

@@ -36,6 +36,7 @@ from trainer._losses import LossConfig, policy_loss, token_weights
 from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
 
 if TYPE_CHECKING:
+    from trainer._precision import Precision
     from trainer._sender import WeightSender
 
 __all__ = [
@@ -105,24 +106,14 @@ def response_positions(
     return torch.cat(rows), torch.cat(cols), torch.cat(targets), sizes
 
 
-class StepCore(abc.ABC):
-    """A model trained with the GRPO loss, one step at a time: the step's interface and
-    what every implementation of it shares (:meth:`_plan`, :meth:`_micro_loss`,
-    :class:`Tally`). :class:`Backend` adds checkpoints; one megatron rank
-    (:class:`~trainer.megatron.MegatronWorker`) is a ``StepCore`` whose shards the
-    backend's checkpoint gathers.
-
-    Attributes set by :meth:`_configure` (subclasses call it): ``optim_config``,
-    ``loss_config``, ``max_tokens`` (the micro-batch token budget), ``entropy_metric``,
-    ``steps``; the subclass sets ``device``, ``dtype``, ``model``, ``reference`` (a
-    frozen copy when ``loss.kl_coef > 0``, else ``None``) and ``optimizer``.
-    """
+class _Configured:
+    """The settings every trainer of the GRPO loss holds, set by :meth:`_configure`
+    (subclasses call it): ``optim_config``, ``loss_config``, ``max_tokens`` (the
+    micro-batch token budget), ``entropy_metric``, ``steps``; the subclass sets
+    ``device`` and ``dtype``."""
 
     device: torch.device
     dtype: torch.dtype
-    model: Any
-    reference: Any
-    optimizer: torch.optim.Optimizer
 
     def _configure(
         self,
@@ -140,6 +131,23 @@ class StepCore(abc.ABC):
         self.max_tokens = max_tokens_per_micro_batch
         self.entropy_metric = entropy_metric
         self.steps = 0
+
+
+class StepCore(_Configured, abc.ABC):
+    """A model trained with the GRPO loss, one step at a time, in this process: the
+    step's interface and what every implementation of it shares (:meth:`_plan`,
+    :meth:`_micro_loss`, :class:`Tally`). The torch backend
+    (:class:`MicroBatchBackend`) is one; one megatron rank
+    (:class:`~trainer.megatron.MegatronWorker`) is one whose shards the backend's
+    checkpoint gathers.
+
+    The subclass sets ``model``, ``reference`` (a frozen copy when ``loss.kl_coef > 0``,
+    else ``None``) and ``optimizer``, besides :class:`_Configured`'s.
+    """
+
+    model: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
 
     def parameters(self) -> Iterable[torch.nn.Parameter]:
         """The trained parameters."""
@@ -181,13 +189,6 @@ class StepCore(abc.ABC):
     @abc.abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights (for an engine's in-process update)."""
-
-    def weight_sender(self) -> WeightSender:
-        """The end a weight update leaves from (:mod:`trainer._sender`): by default this
-        process, reading :meth:`state_dict`; ranks elsewhere send from there."""
-        from trainer._sender import LocalSender
-
-        return LocalSender(self.state_dict)
 
     @abc.abstractmethod
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
@@ -260,9 +261,56 @@ class StepCore(abc.ABC):
         )
 
 
-class Backend(StepCore):
-    """A model being trained with the GRPO loss: the interface the loop uses (the step's,
-    and checkpoints)."""
+class Backend(_Configured, abc.ABC):
+    """A model being trained with the GRPO loss: the interface the loop uses -- the step,
+    log-probs, the weights for the engines, checkpoints, memory, closing -- which every
+    backend honours whole (:class:`~trainer.TorchBackend`, the ranks on Ray
+    (:class:`~trainer.distributed.TrainerGroup`), :class:`~trainer.megatron.MegatronBackend`).
+
+    ``precision``: the numerics the torch backend trains in (its engines take them,
+    :meth:`~trainer.Precision.engine_dtypes`); ``None`` for a backend of its own (megatron:
+    bf16).
+    """
+
+    precision: Precision | None = None
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether :meth:`logprobs` takes ``reference=True``: a frozen reference model is
+        loaded (``loss.kl_coef > 0``)."""
+        return self.loss_config.kl_coef > 0
+
+    @abc.abstractmethod
+    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+        """The current policy's (or, with ``reference``, the frozen reference model's)
+        log-probs, float32 on CPU, of each sample's completion tokens."""
+
+    @abc.abstractmethod
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on ``samples`` (:meth:`StepCore.train_step`)."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-named weights (for an engine's in-process update)."""
+
+    def weight_sender(self) -> WeightSender:
+        """The end a weight update leaves from (:mod:`trainer._sender`): by default this
+        process, reading :meth:`state_dict`; ranks elsewhere send from there."""
+        from trainer._sender import LocalSender
+
+        return LocalSender(self.state_dict)
+
+    @abc.abstractmethod
+    def save_hf(self, directory: str | os.PathLike[str]) -> None:
+        """The current weights as a complete HF model directory (:meth:`StepCore.save_hf`)."""
 
     @abc.abstractmethod
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
@@ -287,8 +335,12 @@ class Backend(StepCore):
         them with each step. Empty: it runs in the loop's process."""
         return {}
 
+    def close(self) -> None:
+        """End what the backend runs besides the loop's process (its ranks); it cannot be
+        used afterwards. Nothing for a backend in this process."""
 
-class MicroBatchBackend(Backend):
+
+class MicroBatchBackend(StepCore, Backend):
     """A backend whose step is a plain loop over micro-batches on one device: the
     subclass provides :meth:`_forward` (one micro-batch's log-probs) and calls
     :meth:`_make_optimizer`; this class runs :meth:`logprobs` and :meth:`train_step`

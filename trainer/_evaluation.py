@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentenv import Environment, Task, Tokenizer
     from trainer._config import TrainConfig
+    from trainer._engines import RolloutEngine
 
 __all__ = ["Evaluator"]
 
@@ -25,7 +26,7 @@ class Evaluator:
     config: TrainConfig
     seed: int = 12345  # the same episodes before, during and after training
 
-    async def __call__(self, policy: Any, concurrency: int) -> float | None:
+    async def __call__(self, policy: RolloutEngine, concurrency: int) -> float | None:
         from agentenv import RolloutConfig, run_rollouts
 
         if not self.tasks:

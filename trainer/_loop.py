@@ -28,7 +28,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import torch
@@ -40,12 +40,16 @@ from agentenv.games import game_metrics
 from trainer._advantages import compute_advantages
 from trainer._backend import Backend
 from trainer._checkpoints import CheckpointWriter
+from trainer._engines import RolloutEngine
 from trainer._losses import gradient_without_advantage
 from trainer._offload import OffloadHooks
 from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._rollout import SCHEDULES, GRPOConfig
 from trainer._rss import peak_rss_gib
-from trainer._sync import InProcessSync, WeightSync
+from trainer._sync import WeightSync
+
+if TYPE_CHECKING:
+    from trainer.distributed import RolloutWorkers
 
 __all__ = ["SCHEDULES", "GRPOConfig", "StepHooks", "run_grpo"]
 
@@ -70,7 +74,7 @@ async def run_grpo(
     env: Environment,
     tasks: Sequence[Task],
     backend: Backend,
-    engine: Any,
+    engine: RolloutEngine,
     tokenizer: Tokenizer,
     config: GRPOConfig | None = None,
     *,
@@ -83,24 +87,25 @@ async def run_grpo(
     evaluate: Callable[[], Awaitable[float | None]] | None = None,
     eval_interval: int = 0,
     hooks: StepHooks | None = None,
-    workers: Any = None,
+    workers: RolloutWorkers | None = None,
     on_batch: Callable[[int, Batch], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``backend``'s model on ``env`` with samples from ``engine`` (any generator:
-    an embedded :class:`~agentenv.engine.Engine` or an
-    :class:`~agentenv.sglang.SGLangClient`). Returns one metrics dict per rollout step.
+    """Train ``backend``'s model on ``env`` with samples from ``engine`` (a
+    :class:`~trainer.RolloutEngine`: an :class:`~trainer.EmbeddedEngine`, a
+    :class:`~trainer.ServerEngine`, an :class:`~trainer.distributed.EngineGroup`). Returns
+    one metrics dict per rollout step.
 
-    ``sync`` pushes the new weights after every step (default: in-process into an embedded
-    engine; :class:`~trainer.DiskSync` for servers). With ``checkpoint``, the model,
-    optimizer, RNG state and the loop's position are saved there every ``save_interval``
-    steps (and after the last), replacing the previous one atomically; a backend with
-    :meth:`~trainer.Backend.checkpoint_snapshot` (the torch backend on CUDA) copies it to
-    CPU memory between steps and writes it in the background while the next steps run
-    (at most one write in flight; a failed write fails the run; the last one is complete
-    when this returns), others write it in the step. ``keep_checkpoints`` (at least 1:
-    the newest, which a resume needs) keeps that many of the newest, the older ones as
-    ``CHECKPOINT.step-K``. A run that finds a checkpoint there resumes after its step.
-    Resuming with another batch schedule is refused.
+    The new weights reach the engine after every step (:meth:`RolloutEngine.sync_weights
+    <trainer.RolloutEngine.sync_weights>`; ``sync``: another push in its place). With
+    ``checkpoint``, the model, optimizer, RNG state and the loop's position are saved there
+    every ``save_interval`` steps (and after the last), replacing the previous one
+    atomically; a backend with :meth:`~trainer.Backend.checkpoint_snapshot` (the torch
+    backend on CUDA) copies it to CPU memory between steps and writes it in the background
+    while the next steps run (at most one write in flight; a failed write fails the run; the
+    last one is complete when this returns), others write it in the step.
+    ``keep_checkpoints`` (at least 1: the newest, which a resume needs) keeps that many of
+    the newest, the older ones as ``CHECKPOINT.step-K``. A run that finds a checkpoint there
+    resumes after its step. Resuming with another batch schedule is refused.
 
     Every run goes through one :class:`~agentenv.buffer.Buffer`, its capacity from the
     staleness bound and the batch (:meth:`GRPOConfig.buffer_config`). With
@@ -122,7 +127,8 @@ async def run_grpo(
     flight. ``hooks`` run around each step's training (:class:`StepHooks`), and their
     metrics join the step's; without them an embedded engine that ``config.offloads``
     (on CPU, on the ``sync`` schedule, by default) gives its memory back for the training
-    (:class:`~trainer.OffloadHooks`). ``workers``
+    (:class:`~trainer.OffloadHooks`); the engine's own metrics join every step's.
+    Episodes in flight: :meth:`GRPOConfig.concurrency_for`. ``workers``
     (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray instead of this
     process: the Buffer is served to them, they put the groups. ``on_batch(step, batch)``
     runs once each step's batch is acknowledged.
@@ -131,9 +137,9 @@ async def run_grpo(
     config = (config or GRPOConfig()).for_env(env)
     config.check_tasks(tasks)
     backend.loss_config.check_sampling(config.sampling)
-    sync = sync or InProcessSync(engine)
+    sync = sync or engine.sync_weights
     if hooks is None and config.offloads(engine):
-        if not hasattr(engine, "release_memory"):
+        if engine.device is None:
             raise ConfigError(
                 f"offload_rollout (--offload-rollout) needs an embedded engine, not a "
                 f"{type(engine).__name__} (engines on Ray release theirs with --colocate)"
@@ -244,6 +250,7 @@ async def run_grpo(
                     time_sync_s=t4 - t3,
                     time_step_s=t4 - t0,
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if trained else 0.0},
+                    **engine.metrics(),
                     **(hooks.metrics() if hooks is not None else {}),
                     **(workers.metrics() if workers is not None else {}),
                 )
@@ -418,7 +425,7 @@ def _train(backend: Backend, plan: TrainPlan, rollout_step: int) -> dict[str, fl
     # its log-probs are taken first (one step: train_step does it with its own
     # micro-batches, which makes the ratio exactly 1 on fresh on-policy data).
     old = backend.logprobs(samples) if len(plan.live) > 1 else None
-    ref = backend.logprobs(samples, reference=True) if backend.reference else None
+    ref = backend.logprobs(samples, reference=True) if backend.has_reference else None
     metrics: dict[str, float] = {}
     k = 0
     for j in plan.live:

@@ -12,19 +12,21 @@ embedded engine on CPU does this by default (``--offload-rollout``); engines on 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer._engines import RolloutEngine
 
 __all__ = ["OffloadHooks"]
 
 
 class OffloadHooks:
-    """Before a step's training ``engine`` (an :class:`~agentenv.engine.Engine`, an
-    :class:`~trainer.distributed.EngineGroup`: anything with ``release_memory`` and
-    ``resume_memory``) releases its memory; after it, before the weight sync, it takes the
+    """Before a step's training ``engine`` (a :class:`~trainer.RolloutEngine`) releases
+    its memory; after it, before the weight sync, it takes the
     memory back. Each step's metrics get ``rollout/engine_memory_releases`` (releases so
     far) and ``time_engine_memory_s`` (this step's release and resume)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
         self.releases = 0  #: releases so far (each followed by a resume)
         self._memory_s = 0.0

@@ -42,7 +42,7 @@ from agentenv import (
 )
 from agentenv.buffer import Buffer
 
-__all__ = ["NOTE", "FailedRoundsError", "Producer", "RoundStats", "TaskStream", "policy_capacity"]
+__all__ = ["NOTE", "FailedRoundsError", "Producer", "RoundStats", "TaskStream"]
 
 #: The key of the producer's note in a durable Buffer.
 NOTE = "producer"
@@ -51,14 +51,6 @@ NOTE = "producer"
 class FailedRoundsError(AgentEnvError):
     """``max_failed_rounds`` rounds in a row failed every sample: the run stops, naming
     the commonest reasons, rather than replaying them."""
-
-
-def policy_capacity(policy: Any) -> int | None:
-    """How many requests ``policy`` decodes together, when it says: the embedded
-    :class:`~agentenv.engine.Engine`'s ``max_running`` (``None`` for a generator that does
-    not know, e.g. a client of servers whose capacity is set where they are launched)."""
-    capacity = getattr(policy, "max_running", None)
-    return capacity if isinstance(capacity, int) and capacity > 0 else None
 
 
 class TaskStream:

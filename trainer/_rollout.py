@@ -16,6 +16,7 @@ from trainer._settings import Group, setting
 
 if TYPE_CHECKING:
     from agentenv.buffer import BufferConfig, GroupFilter
+    from trainer._engines import RolloutEngine
 
 __all__ = ["SCHEDULES", "GRPOConfig", "filter_name", "load_filter"]
 
@@ -50,9 +51,10 @@ class GRPOConfig(Group):
 
     Settings without a flag: ``concurrency``, episodes in flight per round and generate
     calls in flight over all rounds (default: what the engine decodes together,
-    :func:`~trainer._producer.policy_capacity` -- the embedded engine's ``max_running``
-    -- else every episode of a round at once; ``agentenv train`` sets it from the engines
-    it launches or is pointed at); ``max_rounds``, rounds per step at most while filters
+    :attr:`RolloutEngine.capacity <trainer.RolloutEngine.capacity>` -- the embedded
+    engine's ``max_running``, the ``--rollout-max-running`` or
+    ``--sglang-server-concurrency`` of each server -- else every episode of a round at
+    once: :meth:`concurrency_for`); ``max_rounds``, rounds per step at most while filters
     drop groups (``sync`` and ``one_step_off`` then train on the groups they have;
     ``async`` stops with an error after that many rounds in a row keep nothing).
     ``max_failed_rounds``: a round in which every sample failed (a reward service that is
@@ -205,7 +207,16 @@ class GRPOConfig(Group):
                 f"--over-sampling-batch-size ({over}) must be at least --rollout-batch-size "
                 f"({self.rollout_batch_size})"
             )
-        self.buffer_config()  # checks the batch identity, naming the four numbers
+        left = self.rollout_batch_size * self.n_samples_per_prompt
+        right = self.samples_per_step * self.num_steps_per_rollout
+        if left != right:
+            raise ConfigError(
+                f"batch identity violated: rollout_batch_size ({self.rollout_batch_size}) "
+                f"x n_samples_per_prompt ({self.n_samples_per_prompt}) = {left}, but "
+                f"global_batch_size ({self.samples_per_step}) x num_steps_per_rollout "
+                f"({self.num_steps_per_rollout}) = {right}; they must be equal"
+            )
+        self.buffer_config()  # checks the Buffer's own settings
         RolloutConfig(chat_template_kwargs=self.chat_template_kwargs)  # checks the arguments
         return self
 
@@ -217,23 +228,19 @@ class GRPOConfig(Group):
     def round_size(self) -> int:
         return self.over_sampling_batch_size or self.rollout_batch_size
 
-    def concurrency_for(self, policy: Any) -> int:
-        """Episodes in flight per round with ``policy``: :attr:`concurrency`, else the
-        policy's capacity, else a whole round."""
-        from trainer._producer import policy_capacity
+    def concurrency_for(self, engine: RolloutEngine) -> int:
+        """Episodes in flight per round with ``engine``, and generate calls in flight over
+        all rounds: :attr:`concurrency`, else what the engine decodes together
+        (:attr:`RolloutEngine.capacity <trainer.RolloutEngine.capacity>`), else a whole
+        round."""
+        return self.concurrency or engine.capacity or self.round_size * self.n_samples_per_prompt
 
-        return (
-            self.concurrency
-            or policy_capacity(policy)
-            or self.round_size * self.n_samples_per_prompt
-        )
-
-    def offloads(self, engine: Any) -> bool:
+    def offloads(self, engine: RolloutEngine) -> bool:
         """Whether ``engine`` releases its memory while each step trains:
         :attr:`offload_rollout`, by default on for an embedded engine on CPU on the
         ``sync`` schedule (nothing runs while the trainer trains, and a CPU engine has no
         decode graphs to capture again)."""
-        return self.offloads_on(getattr(engine, "device", None))
+        return self.offloads_on(engine.device)
 
     def offloads_on(self, device: str | None) -> bool:
         """:meth:`offloads` for an embedded engine on ``device`` (``None``: not embedded)."""
@@ -268,8 +275,6 @@ class GRPOConfig(Group):
         return BufferConfig(
             n_samples_per_prompt=self.n_samples_per_prompt,
             rollout_batch_size=self.rollout_batch_size,
-            global_batch_size=self.samples_per_step,
-            num_steps_per_rollout=self.num_steps_per_rollout,
             filters=self.filters,
             max_staleness=self.max_staleness,
             capacity=groups_per_prompt * self.buffer_prompts(),

@@ -1,6 +1,7 @@
-"""The rollout engines of a training run (``config.engine``): the embedded engine, or
-``agentenv serve`` / SGLang servers launched for the run or already running, and how the
-trainer's weights reach them."""
+"""The rollout engines of a training run (``config.engine``), each a
+:class:`~trainer.RolloutEngine`: the embedded engine, ``agentenv serve`` / SGLang servers
+launched for the run or already running, or engine actors on Ray; and how the trainer's
+weights reach them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainer._files import free_port
 
@@ -16,19 +17,20 @@ if TYPE_CHECKING:
     import torch
 
     from agentenv import Tokenizer
+    from agentenv.sglang import SGLangClient
     from trainer._backend import Backend
     from trainer._config import TrainConfig
-    from trainer._loop import StepHooks
+    from trainer._engines import RolloutEngine
     from trainer._sync import WeightSync
-    from trainer.distributed import EngineSpec
+    from trainer.distributed import EngineGroup, EngineSpec, Placed, RolloutWorkers
 
 __all__ = [
     "engine_dtypes",
-    "engine_hooks",
     "engine_spec",
-    "rollout_concurrency",
     "rollout_engine",
+    "rollout_workers",
     "serve_args",
+    "server_capacity",
     "server_sync",
 ]
 
@@ -39,9 +41,10 @@ async def rollout_engine(
     tokenizer: Tokenizer,
     weights_dir: Path,
     dtypes: tuple[torch.dtype, torch.dtype] | None = None,
-    placed: Any = None,
-) -> AsyncIterator[tuple[Any, WeightSync]]:
-    """The policy that plays the episodes and how the trainer's weights reach it.
+    placed: Placed | None = None,
+) -> AsyncIterator[RolloutEngine]:
+    """The engines that play the episodes, the trainer's weights reaching them through
+    ``--weight-sync`` (in-process into the embedded engine).
 
     ``dtypes``: the embedded or ``serve`` engine's ``(dtype, residual_dtype)``, those of the
     trainer's numerics (:func:`engine_dtypes`); default: the engine's own. ``placed``: the
@@ -49,27 +52,27 @@ async def rollout_engine(
     (``--rollout-num-gpus``) the engines are Ray actors behind SGLang's router."""
     from agentenv.engine import Engine, resolve_model
     from agentenv.sglang import Launcher, SGLangClient, server_command
-    from trainer._sync import InProcessSync
+    from trainer._engines import EmbeddedEngine, ServerEngine
 
     engine = config.engine
     device = engine.rollout_device or config.model.device
     dtype, residual_dtype = dtypes or (None, None)
     api_key = engine.api_key()
     if placed is not None and placed.engines:
-        async with _engine_actors(config, placed, weights_dir, dtypes) as (group, sync):
-            yield group, sync
+        async with _engine_actors(config, placed, weights_dir, dtypes) as group:
+            yield group
     elif engine.rollout_url is not None:
         async with SGLangClient(engine.rollout_url, api_key=api_key) as client:
             await client.wait_healthy(timeout=60.0)
             async with server_sync(config, client, weights_dir) as sync:
-                yield client, sync
+                yield ServerEngine(client, sync, capacity=await server_capacity(config, client))
     elif engine.rollout_engine == "embedded":
         async with Engine(
             config.model.hf_checkpoint, device=device, dtype=dtype,
             residual_dtype=residual_dtype, tokenizer=tokenizer,
             max_running=engine.rollout_max_running,
         ) as embedded:  # fmt: skip
-            yield embedded, InProcessSync(embedded)
+            yield EmbeddedEngine(embedded)
     else:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -89,16 +92,16 @@ async def rollout_engine(
             SGLangClient(url, api_key=api_key) as client,
             server_sync(config, client, weights_dir) as sync,
         ):
-            yield client, sync
+            yield ServerEngine(client, sync, capacity=await server_capacity(config, client))
 
 
 @contextlib.asynccontextmanager
 async def _engine_actors(
     config: TrainConfig,
-    placed: Any,
+    placed: Placed,
     weights_dir: Path,
     dtypes: tuple[torch.dtype, torch.dtype] | None,
-) -> AsyncIterator[tuple[Any, WeightSync]]:
+) -> AsyncIterator[EngineGroup]:
     """One engine actor per engine of ``placed`` (in its first bundle, with the GPUs of all
     its bundles), behind SGLang's router; the weights from disk (``weights_dir``, on a
     path every node reaches) or broadcast from this process (``--weight-sync``)."""
@@ -128,26 +131,35 @@ async def _engine_actors(
         from trainer.distributed import node_address
 
         router_host = node_address()
+    # What each engine decodes together: a launched agentenv serve's --rollout-max-running,
+    # an SGLang server's --sglang-server-concurrency (slime's).
+    per_engine = (
+        engine.rollout_max_running
+        if engine.rollout_engine == "serve"
+        else engine.sglang_server_concurrency
+    )
     group = EngineGroup(
         spec, len(slots), slots=slots, router_args=engine.router_args, api_key=engine.api_key(),
-        router_host=router_host,
+        router_host=router_host, capacity_per_engine=per_engine,
     )  # fmt: skip
     async with group:
         if engine.weight_sync == "disk":
-            sync = group.weight_sync("disk", directory=weights_dir)
+            group.weight_sync("disk", directory=weights_dir)
         elif engine.weight_sync == "tensor":
-            sync = group.weight_sync("tensor")
+            group.weight_sync("tensor")
         else:
-            sync = group.weight_sync(
+            group.weight_sync(
                 "distributed",
                 backend=config.weight_sync_backend(),
                 master_address=engine.weight_sync_master_address,
                 bucket_bytes=engine.update_weight_buffer_size,
             )
-        yield group, sync
+        yield group
 
 
-def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrency: int) -> Any:
+def rollout_workers(
+    config: TrainConfig, policy: RolloutEngine, concurrency: int
+) -> RolloutWorkers | None:
     """The run's rollout workers (:class:`~trainer.distributed.RolloutWorkers`,
     ``--rollout-num-workers``), generating through ``policy``'s router or server; None
     without them."""
@@ -157,8 +169,8 @@ def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrenc
     from agentenv import ConfigError
     from trainer.distributed import RolloutWorkers, WorkerSpec
 
-    url = getattr(policy, "router_url", None) or getattr(policy, "url", None)
-    if not isinstance(url, str):
+    url = policy.url
+    if url is None:
         raise ConfigError(
             "rollout workers generate through a server they reach over the network; this "
             f"run's policy is a {type(policy).__name__}"
@@ -189,17 +201,6 @@ def rollout_workers(config: TrainConfig, tokenizer: Any, policy: Any, concurrenc
     )  # fmt: skip
 
 
-def engine_hooks(config: TrainConfig, policy: Any) -> StepHooks | None:
-    """What the loop does around each step for ``policy``: for engine actors on Ray
-    (:class:`~trainer.distributed.EngineGroup`), their health in each step's metrics and,
-    with ``--colocate``, their memory released while the trainer runs; else nothing."""
-    from trainer.distributed import EngineGroup, EngineHooks
-
-    if not isinstance(policy, EngineGroup):
-        return None
-    return EngineHooks(policy, colocated=config.placement.colocate)
-
-
 def serve_args(
     config: TrainConfig, device: str, dtypes: tuple[torch.dtype, torch.dtype] | None = None
 ) -> list[str]:
@@ -210,34 +211,22 @@ def serve_args(
     return extra
 
 
-async def rollout_concurrency(config: TrainConfig, policy: Any) -> int | None:
-    """Episodes in flight: what the engines decode together. The embedded engine says
-    itself (``None``: its ``max_running``); an ``agentenv serve`` worker was launched with
-    ``--rollout-max-running``; an SGLang server takes ``--sglang-server-concurrency``
-    (slime's), times a router's workers (or the engine actors on Ray)."""
-    from trainer.distributed import EngineGroup
-
+async def server_capacity(config: TrainConfig, client: SGLangClient) -> int:
+    """What the servers behind ``client`` decode together: an ``agentenv serve`` was
+    launched with ``--rollout-max-running``; an SGLang server takes
+    ``--sglang-server-concurrency`` (slime's), times a router's workers."""
     engine = config.engine
-    if isinstance(policy, EngineGroup):  # engine actors behind a router
-        per_server = (
-            engine.rollout_max_running
-            if engine.rollout_engine == "serve"
-            else engine.sglang_server_concurrency
-        )
-        return per_server * len(policy.engines)
     if engine.rollout_url is not None:
         from agentenv.sglang import SGLangError
 
         try:
-            servers = len(await policy.list_workers())
+            servers = len(await client.list_workers())
         except SGLangError:  # a server, not a router
             servers = 1
         return engine.sglang_server_concurrency * max(servers, 1)
     if engine.rollout_engine == "serve":
         return engine.rollout_max_running
-    if engine.rollout_engine == "sglang":
-        return engine.sglang_server_concurrency
-    return None
+    return engine.sglang_server_concurrency
 
 
 def engine_dtypes(backend: Backend, device: str) -> tuple[torch.dtype, torch.dtype]:
@@ -246,11 +235,8 @@ def engine_dtypes(backend: Backend, device: str) -> tuple[torch.dtype, torch.dty
     residual stream); megatron's bf16 on CUDA, fp32 on CPU."""
     import torch
 
-    from trainer._precision import Precision
-
-    precision = getattr(backend, "precision", None)  # the torch backend's, or its ranks'
-    if isinstance(precision, Precision):
-        return precision.engine_dtypes()
+    if backend.precision is not None:  # the torch backend's, or its ranks'
+        return backend.precision.engine_dtypes()
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     return dtype, dtype
 
@@ -261,7 +247,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 @contextlib.asynccontextmanager
 async def server_sync(
-    config: TrainConfig, client: Any, weights_dir: Path
+    config: TrainConfig, client: SGLangClient, weights_dir: Path
 ) -> AsyncIterator[WeightSync]:
     """How a server gets the trainer's weights (``--weight-sync``)."""
     from trainer._sync import DiskSync, DistributedSync, TensorSync

@@ -174,10 +174,8 @@ def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
 
 def precision_name(backend: Backend) -> str:
     """The numerics ``backend`` trains in (megatron: bf16 weights, fp32 main weights)."""
-    from trainer._precision import Precision
-
-    precision = getattr(backend, "precision", None)  # the torch backend's, or its ranks'
-    return precision.name if isinstance(precision, Precision) else "bf16"
+    # The torch backend's, or its ranks'; megatron's own is bf16.
+    return backend.precision.name if backend.precision is not None else "bf16"
 
 
 def _load_source(config: TrainConfig) -> Path | None:

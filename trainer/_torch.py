@@ -35,7 +35,7 @@ from trainer._backend import (
 )
 from trainer._defaults import checkpointing, compile_layers
 from trainer._losses import LossConfig, tempered_logits
-from trainer._precision import resolve_precision
+from trainer._precision import Precision, resolve_precision
 
 __all__ = ["TorchBackend"]
 
@@ -81,6 +81,8 @@ class TorchBackend(MicroBatchBackend):
             an H200). Default: on CUDA, off on CPU (where it would need a C++ compiler
             and gains little).
     """
+
+    precision: Precision
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainer._backend import Backend
     from trainer._config import TrainConfig
 
 __all__ = ["train"]
@@ -26,14 +27,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from trainer._checkpoints import checkpoint_step
     from trainer._evaluation import Evaluator
     from trainer._loop import run_grpo
+    from trainer._offload import OffloadHooks
     from trainer._reporting import Reporter, completed, plot, record, summary
-    from trainer._servers import (
-        engine_dtypes,
-        engine_hooks,
-        rollout_concurrency,
-        rollout_engine,
-        rollout_workers,
-    )
+    from trainer._servers import engine_dtypes, rollout_engine, rollout_workers
     from trainer._setup import (
         build_backend,
         checkpoint_dir,
@@ -63,19 +59,19 @@ def train(config: TrainConfig) -> dict[str, Any]:
     n_eval = config.eval.n_eval
 
     async def run(weights: Path) -> tuple[float | None, float | None, list[dict[str, float]]]:
-        async with rollout_engine(config, tokenizer, weights, dtypes, placed) as (policy, sync):
-            n = await rollout_concurrency(config, policy) or config.rollout.concurrency_for(policy)
+        async with rollout_engine(config, tokenizer, weights, dtypes, placed) as policy:
+            n = config.rollout.concurrency_for(policy)
             before = await evaluate(policy, n)
             report.held_out("before", before, n_eval)
             history = await run_grpo(
-                tasks.env, tasks.train, backend, policy, tokenizer,
-                config.rollout.model_copy(update={"concurrency": n}), sync=sync,
+                tasks.env, tasks.train, backend, policy, tokenizer, config.rollout,
                 on_step=report, checkpoint=checkpoint, buffer_path=buffer_dir(config),
                 save_interval=config.checkpoint.save_interval,
                 keep_checkpoints=config.checkpoint.keep_checkpoints,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
-                hooks=engine_hooks(config, policy),
-                workers=rollout_workers(config, tokenizer, policy, n), on_batch=report.batch,
+                # Engines sharing the trainer's GPUs give their memory back while it trains.
+                hooks=OffloadHooks(policy) if config.placement.colocate else None,
+                workers=rollout_workers(config, policy, n), on_batch=report.batch,
             )  # fmt: skip
             after = await evaluate(policy, n)
             report.held_out("after", after, n_eval)
@@ -88,8 +84,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             save_model(backend, config, checkpoint)
     finally:
         report.close()
-        if placed is not None:  # the ranks end, the bundles go back
-            getattr(backend, "close", lambda: None)()
+        backend.close()  # its ranks end (on Ray)
+        if placed is not None:  # the bundles go back
             placed.release()
     result = summary(
         config, history, precision=precision_name(backend), eval_tasks=len(tasks.held_out),
@@ -111,7 +107,7 @@ def buffer_dir(config: TrainConfig) -> Path | None:
     return None if save is None else save / "buffer"
 
 
-def save_model(backend: Any, config: TrainConfig, checkpoint: Path | None) -> None:
+def save_model(backend: Backend, config: TrainConfig, checkpoint: Path | None) -> None:
     """The trained model into ``SAVE/model``, replaced atomically: hard links to the last
     checkpoint's model when that is of the last step (the same weights: the run then
     holds them once on disk), else the backend's export."""

@@ -65,9 +65,9 @@ class BufferConfig:
         durability: for a durable Buffer, ``"power"`` (a put is fsynced to disk before
             it returns; survives power loss) or ``"process"`` (survives a killed process,
             not a power cut or kernel crash; about 1.5x faster).
-        global_batch_size, num_steps_per_rollout: when given, the batch identity
-            ``rollout_batch_size * n_samples_per_prompt == global_batch_size *
-            num_steps_per_rollout`` is checked.
+
+    How a trainer splits a batch into optimizer steps is the trainer's (its batch
+    identity is checked in :class:`trainer.GRPOConfig`), not the Buffer's.
     """
 
     n_samples_per_prompt: int = 1
@@ -78,8 +78,6 @@ class BufferConfig:
     max_staleness: int | None = None
     on_stale: Literal["drop", "recycle"] = "drop"
     rollout_batch_size: int | None = None
-    global_batch_size: int | None = None
-    num_steps_per_rollout: int | None = None
     durability: Literal["power", "process"] = "power"
 
     def __post_init__(self) -> None:
@@ -111,24 +109,6 @@ class BufferConfig:
         for f in self.filters:
             if not callable(f):
                 raise ConfigError(f"a group filter must be callable, got {type(f).__name__}")
-        identity = (self.global_batch_size, self.num_steps_per_rollout)
-        if any(v is not None for v in identity):
-            if self.rollout_batch_size is None or None in identity:
-                raise ConfigError(
-                    "checking the batch identity needs rollout_batch_size, "
-                    "global_batch_size and num_steps_per_rollout together"
-                )
-            assert self.global_batch_size is not None and self.num_steps_per_rollout is not None
-            left = self.rollout_batch_size * self.n_samples_per_prompt
-            right = self.global_batch_size * self.num_steps_per_rollout
-            if left != right:
-                raise ConfigError(
-                    "batch identity violated: rollout_batch_size "
-                    f"({self.rollout_batch_size}) x n_samples_per_prompt "
-                    f"({self.n_samples_per_prompt}) = {left}, but global_batch_size "
-                    f"({self.global_batch_size}) x num_steps_per_rollout "
-                    f"({self.num_steps_per_rollout}) = {right}; they must be equal"
-                )
         if self.capacity < (self.rollout_batch_size or 1):
             raise ConfigError(
                 f"capacity ({self.capacity}) must hold at least one batch "

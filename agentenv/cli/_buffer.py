@@ -80,12 +80,6 @@ class ServeConfig(pydantic.BaseModel):
     rollout_batch_size: int | None = pydantic.Field(
         None, ge=1, description="groups per batch (get_batch's default)"
     )
-    global_batch_size: int | None = pydantic.Field(
-        None, ge=1, description="samples per optimizer step (checks the batch identity)"
-    )
-    num_steps_per_rollout: int | None = pydantic.Field(
-        None, ge=1, description="optimizer steps per batch (checks the batch identity)"
-    )
     durability: Literal["power", "process"] = pydantic.Field(
         "power", description="a put survives power loss (fsync), or only a process crash"
     )
@@ -199,8 +193,6 @@ def buffer_config(cfg: ServeConfig) -> BufferConfig:
         max_staleness=cfg.max_staleness,
         on_stale=cfg.on_stale,
         rollout_batch_size=cfg.rollout_batch_size,
-        global_batch_size=cfg.global_batch_size,
-        num_steps_per_rollout=cfg.num_steps_per_rollout,
         durability=cfg.durability,
     )
 

@@ -15,7 +15,14 @@ import torch
 from agentenv import ChatTokenizer, Sample, SamplingParams
 from agentenv.engine import Engine
 from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
-from trainer import GRPOConfig, OptimConfig, TorchBackend, compute_advantages, run_grpo
+from trainer import (
+    EmbeddedEngine,
+    GRPOConfig,
+    OptimConfig,
+    TorchBackend,
+    compute_advantages,
+    run_grpo,
+)
 from trainer._checkpoints import CheckpointWriter, cpu_copy
 from trainer._config import CheckpointConfig
 from trainer._files import replace_dir
@@ -124,7 +131,8 @@ def test_a_failed_background_write_fails_the_run_and_keeps_the_previous_checkpoi
     async def go() -> None:
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
             await run_grpo(
-                env, env.tasks(), backend, e, tokenizer, config, checkpoint=tmp_path / "ckpt",
+                env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config,
+                checkpoint=tmp_path / "ckpt",
                 save_interval=1, on_step=lambda m: steps.append(int(m["step"])),
             )  # fmt: skip
 

@@ -175,13 +175,13 @@ def test_offloading_the_rollout_is_for_the_embedded_engine_on_the_sync_schedule(
     schedule) or for a server of its own, asking is refused."""
 
     class Embedded:
-        def __init__(self, device: str) -> None:
+        def __init__(self, device: str | None) -> None:
             self.device = device
 
     rollout = TrainConfig(env="x").rollout
     assert rollout.offload_rollout is None
     assert rollout.offloads(Embedded("cpu")) and not rollout.offloads(Embedded("cuda"))
-    assert not rollout.offloads(object())  # a server's client: no device of its own here
+    assert not rollout.offloads(Embedded(None))  # servers: no device of their own here
     off = TrainConfig(env="x", offload_rollout=False).rollout
     assert not off.offloads(Embedded("cpu"))
     assert TrainConfig(env="x", offload_rollout=True).rollout.offloads(Embedded("cuda"))

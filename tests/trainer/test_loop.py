@@ -23,7 +23,7 @@ from agentenv import (
     Task,
 )
 from agentenv.engine import Engine, resolve_model
-from trainer import GRPOConfig, InProcessSync, LossConfig, OptimConfig, TorchBackend, run_grpo
+from trainer import EmbeddedEngine, GRPOConfig, LossConfig, OptimConfig, TorchBackend, run_grpo
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -83,7 +83,9 @@ def test_reward_rises_and_the_engine_follows(tmp_path: Path) -> None:
 
     async def go() -> list[dict[str, float]]:
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
-            history = await run_grpo(env, env.tasks(), backend, e, tokenizer, config)
+            history = await run_grpo(
+                env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config
+            )
             # The engine serves the trainer's weights: same log-probs for one sample.
             c = await e.generate([1, 2, 3], SamplingParams(max_new_tokens=4, temperature=1.0))
             assert c.weight_version == str(config.num_rollout)
@@ -192,7 +194,13 @@ def test_a_run_stopped_and_resumed_continues_as_if_never_interrupted(tmp_path: P
         async def go() -> list[dict[str, float]]:
             async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
                 return await run_grpo(
-                    env, env.tasks(), backend, e, tokenizer, config(steps), checkpoint=checkpoint
+                    env,
+                    env.tasks(),
+                    backend,
+                    EmbeddedEngine(e),
+                    tokenizer,
+                    config(steps),
+                    checkpoint=checkpoint,
                 )
 
         history = anyio.run(go)
@@ -211,7 +219,13 @@ def test_a_run_stopped_and_resumed_continues_as_if_never_interrupted(tmp_path: P
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
             backend = TorchBackend(model)
             await run_grpo(
-                env, env.tasks(), backend, e, tokenizer, bad, checkpoint=tmp_path / "ckpt"
+                env,
+                env.tasks(),
+                backend,
+                EmbeddedEngine(e),
+                tokenizer,
+                bad,
+                checkpoint=tmp_path / "ckpt",
             )
 
     with pytest.raises(ConfigError, match="another schedule"):
@@ -255,7 +269,7 @@ def test_kl_to_a_frozen_reference_several_steps_per_rollout_and_evaluation(
                 return 0.5
 
             return await run_grpo(
-                env, env.tasks(), backend, e, tokenizer, config,
+                env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config,
                 evaluate=evaluate, eval_interval=1,
             )  # fmt: skip
 
@@ -409,11 +423,11 @@ def test_the_loop_keeps_as_many_episodes_in_flight_as_the_engine_decodes(
         sampling=SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True),
     )  # fmt: skip
 
-    class Counting:
+    class Counting(EmbeddedEngine):
         """The engine, counting its generate calls in flight."""
 
         def __init__(self, engine: Engine) -> None:
-            self.engine, self.max_running = engine, engine.max_running
+            super().__init__(engine)
             self.now = self.peak = 0
 
         async def generate(
@@ -431,9 +445,7 @@ def test_the_loop_keeps_as_many_episodes_in_flight_as_the_engine_decodes(
             model, device="cpu", dtype=torch.float32, tokenizer=tokenizer, max_running=max_running
         ) as e:
             counting = Counting(e)
-            history = await run_grpo(
-                env, env.tasks(), backend, counting, tokenizer, config, sync=InProcessSync(e)
-            )
+            history = await run_grpo(env, env.tasks(), backend, counting, tokenizer, config)
             return counting.peak, history[-1]
 
     for max_running in (96, 16):
@@ -489,7 +501,9 @@ def test_a_step_without_gradient_is_not_run_unless_a_kl_term_gives_one(
 
     async def go() -> tuple[list[dict[str, float]], str | None]:
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
-            history = await run_grpo(env, env.tasks(), backend, e, tokenizer, config)
+            history = await run_grpo(
+                env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config
+            )
             c = await e.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
             return history, c.weight_version
 

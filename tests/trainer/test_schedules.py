@@ -34,10 +34,12 @@ from tests.trainer.test_loop import GoodTokensEnv, good_tokens, tiny_llama
 from trainer import (
     Backend,
     DiskSync,
+    EmbeddedEngine,
     GRPOConfig,
     InProcessSync,
     LossConfig,
     OptimConfig,
+    ServerEngine,
     TorchBackend,
     run_grpo,
 )
@@ -117,7 +119,9 @@ def run(
                 await push(backend, version)
 
             env = CountingEnv()
-            return await run_grpo(env, env.tasks(), backend, e, tokenizer, config, sync=sync)
+            return await run_grpo(
+                env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config, sync=sync
+            )
 
     return anyio.run(go)
 
@@ -219,8 +223,8 @@ def test_weights_reach_a_server_through_update_weights_from_disk(
             SGLangClient(server.url) as client,
         ):
             sync = DiskSync([client], tmp_path / "weights")
-            history = await run_grpo(GoodTokensEnv(), GoodTokensEnv().tasks(), backend, client,
-                                     tokenizer, config, sync=sync)  # fmt: skip
+            history = await run_grpo(GoodTokensEnv(), GoodTokensEnv().tasks(), backend,
+                                     ServerEngine(client, sync), tokenizer, config)  # fmt: skip
             assert len(history) == 2 and history[-1]["time_sync_s"] > 0
             assert await client.weight_version() == "2"
             # Only the newest weights stay on disk.
@@ -371,7 +375,7 @@ def test_self_play_trains_each_role_against_its_own_baseline(model: Path) -> Non
 
     async def go() -> None:
         async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
-            await run_grpo(env, env.tasks(), backend, e, tokenizer, config)
+            await run_grpo(env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config)
 
     anyio.run(go)
     uncentred = 0

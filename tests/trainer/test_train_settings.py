@@ -213,7 +213,7 @@ def test_sglang_flags_after_a_double_dash_belong_to_the_command(
 
 def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
     from agentenv.sglang import split_passthrough
-    from trainer._servers import rollout_concurrency
+    from trainer._servers import server_capacity
 
     # slime's --sglang-server-concurrency is the trainer's, not a flag for SGLang.
     ours, server, _ = split_passthrough(
@@ -224,9 +224,8 @@ def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
 
     def concurrency(**settings: object) -> int | None:
         config = TrainConfig.model_validate({"env": "arithmetic", **settings})
-        return anyio.run(rollout_concurrency, config, None)
+        return anyio.run(server_capacity, config, None)
 
-    assert concurrency() is None  # embedded: the engine's own max_running
     assert concurrency(rollout_engine="serve", rollout_max_running=512) == 512
     assert concurrency(rollout_engine="sglang") == 512  # slime's default, per server
     assert concurrency(rollout_engine="sglang", sglang_server_concurrency=96) == 96
@@ -238,13 +237,22 @@ def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
     config = TrainConfig(
         env="arithmetic", rollout_url="http://127.0.0.1:9", sglang_server_concurrency=8
     )
-    assert anyio.run(rollout_concurrency, config, Router()) == 24
+    assert anyio.run(server_capacity, config, Router()) == 24
     with pytest.raises(
         ConfigError, match="concurrency: Input should be greater than or equal to 1"
     ):
         GRPOConfig(concurrency=0)
-    # A generator that does not say what it decodes together: a whole round at once.
-    assert GRPOConfig(rollout_batch_size=8, n_samples_per_prompt=4).concurrency_for(None) == 32
+
+    # An engine that does not say what it decodes together: a whole round at once; one
+    # that does, its capacity; the setting, given, wins.
+    class Says:
+        def __init__(self, capacity: int | None) -> None:
+            self.capacity = capacity
+
+    grpo = GRPOConfig(rollout_batch_size=8, n_samples_per_prompt=4)
+    assert grpo.concurrency_for(Says(None)) == 32
+    assert grpo.concurrency_for(Says(16)) == 16
+    assert GRPOConfig(concurrency=3).concurrency_for(Says(16)) == 3
 
 
 def test_the_rollout_servers_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,7 +295,7 @@ def test_a_launched_agentenv_serve_gets_the_key_and_the_trainer_sends_it(
     )
 
     async def go() -> None:
-        async with rollout_engine(config, smollm2, tmp_path) as (client, _):
+        async with rollout_engine(config, smollm2, tmp_path) as client:
             c = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
             assert len(c.output_ids) == 2
             async with httpx.AsyncClient(base_url=client.url) as plain:  # no key: refused

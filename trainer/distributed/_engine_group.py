@@ -121,6 +121,11 @@ class EngineGroup:
             beyond it generation raises :class:`EngineGroupError`.
         request_retries: attempts a failed generation gets on the other engines.
         api_key: the servers' API key (sent to them; give it to the servers in ``spec.env``).
+        capacity_per_engine: requests each engine decodes together, as launched
+            (:attr:`capacity` is this times the engines; ``None``: not said).
+
+    A :class:`~trainer.RolloutEngine`: :meth:`sync_weights` pushes through the last
+    :meth:`weight_sync` made.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class EngineGroup:
         max_replacements: int | None = None,
         request_retries: int = 3,
         api_key: str | None = None,
+        capacity_per_engine: int | None = None,
     ) -> None:
         if num_engines < 1:
             raise ConfigError(f"num_engines must be at least 1, got {num_engines}")
@@ -164,6 +170,9 @@ class EngineGroup:
         self.max_replacements = num_engines * 4 if max_replacements is None else max_replacements
         self.request_retries = request_retries
         self.api_key = api_key
+        self.capacity_per_engine = capacity_per_engine
+        #: What :meth:`sync_weights` pushes through (the last :meth:`weight_sync` made).
+        self.sync: GroupSync | None = None
         #: The version every routed engine holds; ``None`` until the first sync.
         self.weight_version: str | None = None
         self._members: list[_Member] = []
@@ -283,6 +292,33 @@ class EngineGroup:
         if self._router is None:
             raise ConfigError("the EngineGroup is not started")
         return self._router.url
+
+    @property
+    def url(self) -> str:
+        """The router's URL (rollout workers generate through it)."""
+        return self.router_url
+
+    @property
+    def capacity(self) -> int | None:
+        """Requests the engines decode together: ``capacity_per_engine`` times the
+        engines (``None`` when not given)."""
+        if self.capacity_per_engine is None:
+            return None
+        return self.capacity_per_engine * self.num_engines
+
+    @property
+    def device(self) -> None:
+        """None: the engines run in their actors."""
+        return None
+
+    async def sync_weights(self, backend: Backend, version: int) -> None:
+        """Every engine at ``backend``'s weights as ``version``, through :attr:`sync`."""
+        if self.sync is None:
+            raise ConfigError(
+                "the EngineGroup has no weight sync: make one with "
+                "group.weight_sync('disk' | 'distributed' | 'tensor', ...) first"
+            )
+        await self.sync(backend, version)
 
     @property
     def engines(self) -> list[EngineInfo]:
@@ -457,11 +493,12 @@ class EngineGroup:
         weights by handle from the trainer rank on its GPU (``--colocate``). A sync that
         fails because an engine died is retried ``retries`` times once the engine is
         replaced; a replaced engine gets the last weights from disk at once, or, otherwise,
-        with the next sync."""
-        return GroupSync(
+        with the next sync. It becomes the group's :attr:`sync`."""
+        self.sync = GroupSync(
             self, kind, directory=directory, backend=backend, master_address=master_address,
             bucket_bytes=bucket_bytes, timeout=timeout, retries=retries,
         )  # fmt: skip
+        return self.sync
 
     # -- watching and replacing ------------------------------------------------------------
     async def check(self) -> None:

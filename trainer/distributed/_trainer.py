@@ -80,10 +80,8 @@ class TrainerGroup(Backend):
     holds the same weights and optimizer state). Checkpoints go to a path every node
     reaches (a shared filesystem), as the weights do with ``--weight-sync disk``.
 
-    Build one with :meth:`start`; ``model`` is not here (it lives in the actors).
+    Build one with :meth:`start`; the model lives in the actors.
     """
-
-    model: Any = None
 
     def __init__(
         self,
@@ -101,7 +99,6 @@ class TrainerGroup(Backend):
         self.precision = resolve_precision(precision, torch.device("cuda" if gpus else "cpu"))
         self.dtype = self.precision.weights
         self._configure(optim, loss, max_tokens_per_micro_batch, entropy_metric)
-        self.reference: Any = "on the ranks" if self.loss_config.kl_coef > 0 else None
 
     @classmethod
     def start(

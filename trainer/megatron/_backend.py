@@ -176,7 +176,7 @@ class MegatronBackend(Backend):
         return self._local().reference
 
     @property
-    def optimizer(self) -> Any:  # type: ignore[override]
+    def optimizer(self) -> Any:
         """Rank 0's megatron optimizer (a ChainedOptimizer)."""
         return self._local().optimizer
 

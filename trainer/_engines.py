@@ -1,0 +1,160 @@
+"""The loop's one seam to the engines that play the episodes: :class:`RolloutEngine`.
+
+Three kinds implement it: :class:`EmbeddedEngine` (an :class:`~agentenv.engine.Engine` in
+this process), :class:`ServerEngine` (``agentenv serve`` or SGLang servers, launched for
+the run or already running, behind an :class:`~agentenv.sglang.SGLangClient`) and
+:class:`~trainer.distributed.EngineGroup` (engine actors on Ray behind SGLang's router).
+The loop generates through it, sizes its rounds by its capacity, pushes the trainer's
+weights into it at each version and, between rollouts, has it give its memory back while
+the trainer trains."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from agentenv import Completion, SamplingParams
+    from agentenv.engine import Engine
+    from agentenv.sglang import SGLangClient
+    from trainer._backend import Backend
+    from trainer._sync import WeightSync
+
+__all__ = ["EmbeddedEngine", "RolloutEngine", "ServerEngine"]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the training loop needs of the engines (a :class:`~agentenv.Generator` and
+    more): generation, what they decode together, the trainer's weights at a version,
+    their memory given back and taken again, their metrics, and closing."""
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        """One generation (the :class:`~agentenv.Generator` protocol)."""
+        ...
+
+    @property
+    def capacity(self) -> int | None:
+        """Requests the engines decode together (``None``: they do not say)."""
+        ...
+
+    @property
+    def url(self) -> str | None:
+        """Where a process elsewhere (a rollout worker) generates through them (``None``:
+        only in this process)."""
+        ...
+
+    @property
+    def device(self) -> str | None:
+        """The device of an engine in this process (``None``: the engines run elsewhere)."""
+        ...
+
+    async def sync_weights(self, backend: Backend, version: int) -> None:
+        """The engines generate with ``backend``'s weights from now on, stamped ``version``."""
+        ...
+
+    async def release_memory(self) -> None:
+        """The engines give their memory back (no episode runs until :meth:`resume_memory`)."""
+        ...
+
+    async def resume_memory(self) -> None:
+        """The engines take their memory back (the weight sync that follows writes into it)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics added to each step's (e.g. engine deaths and replacements)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the engines (or the connection to them)."""
+        ...
+
+
+class EmbeddedEngine:
+    """An :class:`~agentenv.engine.Engine` in this process as a :class:`RolloutEngine`:
+    the weights copied in between two decode steps (``update_weights``), its capacity its
+    ``max_running``. :meth:`aclose` closes the engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        return await self.engine.generate(input_ids, params, rid=rid)
+
+    @property
+    def capacity(self) -> int:
+        return self.engine.max_running
+
+    @property
+    def url(self) -> None:
+        return None
+
+    @property
+    def device(self) -> str:
+        return str(self.engine.device)
+
+    async def sync_weights(self, backend: Backend, version: int) -> None:
+        await self.engine.update_weights(backend.state_dict(), weight_version=str(version))
+
+    async def release_memory(self) -> None:
+        await self.engine.release_memory()
+
+    async def resume_memory(self) -> None:
+        await self.engine.resume_memory()
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+class ServerEngine:
+    """Servers (``agentenv serve``, SGLang, or a router in front of them) reached through
+    ``client``, as a :class:`RolloutEngine`: the weights reach them through ``sync``
+    (:class:`~trainer.DiskSync`, :class:`~trainer.TensorSync`,
+    :class:`~trainer.DistributedSync`); ``capacity``: what they decode together, as they
+    were launched. :meth:`aclose` closes the client (the servers are their launcher's)."""
+
+    def __init__(
+        self, client: SGLangClient, sync: WeightSync, *, capacity: int | None = None
+    ) -> None:
+        self.client = client
+        self.sync = sync
+        self._capacity = capacity
+
+    async def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
+    ) -> Completion:
+        return await self.client.generate(input_ids, params, rid=rid)
+
+    @property
+    def capacity(self) -> int | None:
+        return self._capacity
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    @property
+    def device(self) -> None:
+        return None
+
+    async def sync_weights(self, backend: Backend, version: int) -> None:
+        await self.sync(backend, version)
+
+    async def release_memory(self) -> None:
+        await self.client.release_memory_occupation()
+
+    async def resume_memory(self) -> None:
+        await self.client.resume_memory_occupation()
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
