@@ -85,6 +85,19 @@ class _Worker:
         return "".join(self.stderr)[-_STDERR_TAIL:].strip()
 
 
+async def _exit_code(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> int:
+    """The exit code of a worker whose stdout has closed: no answer can come, so one still
+    alive after ``grace_s`` is killed. Not killed at once: a kill first polls the process
+    (``Popen.send_signal``), which reaps one that has just exited behind asyncio's child
+    watcher, and the watcher then reports 255 instead of its code."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        return await asyncio.shield(proc.wait())
+
+
 def _local_config(env: str | Mapping[str, Any]) -> dict[str, Any]:
     """The EnvConfig dict for ``env``: verifiers' own defaults, except that the agent runs
     on this machine (runtime ``subprocess``) unless the config names a runtime -- verifiers'
@@ -286,10 +299,7 @@ class VerifiersEnv(Environment):
                 worker.proc.kill()
             raise
         finally:
-            if worker.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.proc.kill()  # stdout closed but alive: no answer can come
-            code = await asyncio.shield(worker.proc.wait())
+            code = await _exit_code(worker.proc)
             if worker.drain is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(worker.drain, 5)
