@@ -177,12 +177,7 @@ async def run_grpo(
             writer = CheckpointWriter(tg, keep=keep_checkpoints)
             await buffer.set_policy_version(first)
             producer = Producer(
-                env, stream, engine, tokenizer, buffer,
-                round_size=config.round_size, n_samples_per_prompt=config.n_samples_per_prompt,
-                sampling=config.sampling, concurrency=concurrency, seed=config.seed,
-                max_rounds=config.max_rounds, max_failed_rounds=config.max_failed_rounds,
-                episode_timeout=config.episode_timeout,
-                chat_template_kwargs=config.chat_template_kwargs,
+                env, stream, engine, tokenizer, buffer, config, concurrency=concurrency,
                 players=workers, max_groups_per_prompt=roles,
             )  # fmt: skip
             # A durable Buffer left by a run that stopped: it and the producer's note in it
@@ -250,10 +245,11 @@ async def run_grpo(
                     time_sync_s=t4 - t3,
                     time_step_s=t4 - t0,
                     **{"perf/train_tokens_per_s": tokens / (t2 - t1) if trained else 0.0},
-                    **engine.metrics(),
-                    **(hooks.metrics() if hooks is not None else {}),
-                    **(workers.metrics() if workers is not None else {}),
                 )
+                # The engines', the hooks' (which may report the engines' too) and the workers'.
+                metrics.update(engine.metrics())
+                metrics.update(hooks.metrics() if hooks is not None else {})
+                metrics.update(workers.metrics() if workers is not None else {})
                 # The backend's processes elsewhere (the ranks on Ray) answer in a thread.
                 metrics.update(await anyio.to_thread.run_sync(backend.memory_metrics))
                 metrics.update(_peak_memory(backend.device, metrics, peaks))

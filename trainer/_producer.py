@@ -21,7 +21,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -30,8 +30,7 @@ from agentenv import (
     Completion,
     ConfigError,
     Environment,
-    Limits,
-    RolloutConfig,
+    Generator,
     RolloutStats,
     Sample,
     SamplingParams,
@@ -41,6 +40,10 @@ from agentenv import (
     run_rollouts,
 )
 from agentenv.buffer import Buffer
+
+if TYPE_CHECKING:
+    from trainer._rollout import GRPOConfig
+    from trainer.distributed import RolloutWorkers
 
 __all__ = ["NOTE", "FailedRoundsError", "Producer", "RoundStats", "TaskStream"]
 
@@ -109,26 +112,22 @@ class RoundStats:
 
 
 class Producer:
-    """Plays rounds of ``round_size`` tasks into ``buffer`` with the current policy."""
+    """Plays rounds of ``config.round_size`` tasks into ``buffer`` with the current
+    policy, as the loop's group of the config says (``config``: the episodes of a prompt,
+    their sampling, timeout and template arguments, the seed, the rounds' bounds);
+    ``concurrency``: episodes in flight (:meth:`GRPOConfig.concurrency_for`)."""
 
     def __init__(
         self,
         env: Environment,
         stream: TaskStream,
-        policy: Any,
+        policy: Generator,
         tokenizer: Tokenizer,
         buffer: Buffer,
+        config: GRPOConfig,
         *,
-        round_size: int,
-        n_samples_per_prompt: int,
-        sampling: SamplingParams,
         concurrency: int,
-        seed: int,
-        max_rounds: int = 8,
-        max_failed_rounds: int = 3,
-        episode_timeout: float | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        players: Any = None,
+        players: RolloutWorkers | None = None,
         max_groups_per_prompt: int | None = None,
     ) -> None:
         if isinstance(policy, TextGenerator):
@@ -142,16 +141,12 @@ class Producer:
         self.env, self.stream, self.tokenizer = env, stream, tokenizer
         self.policy = _InFlight(policy, self)
         self.buffer = buffer
-        self.round_size = round_size
-        self.n_samples_per_prompt = n_samples_per_prompt
-        self.sampling = sampling
-        self.concurrency = concurrency
-        self.seed = seed
-        self.max_rounds = max_rounds
-        self.max_failed_rounds = max_failed_rounds
+        self.round_size = config.round_size
+        self.seed = config.seed
+        self.max_rounds = config.max_rounds
+        self.max_failed_rounds = config.max_failed_rounds
+        self.rollout = config.rollout_config(concurrency)  # each round's, less its seed
         self._failed_rounds = 0  # rounds in a row in which every sample failed
-        self.limits = Limits(timeout_s=episode_timeout)
-        self.chat_template_kwargs: Mapping[str, Any] = chat_template_kwargs or {}
         # Rollout workers (trainer.distributed.RolloutWorkers) that play the rounds and put
         # their groups into the Buffer themselves; None: the rounds run here.
         self.players = players
@@ -273,16 +268,8 @@ class Producer:
         if self._running == 0:
             self._busy_since = time.perf_counter()
         self._running += 1
-        config = RolloutConfig(
-            n_samples_per_prompt=self.n_samples_per_prompt,
-            sampling=self.sampling,
-            concurrency=self.concurrency,
-            seed=seed,
-            chat_template_kwargs=self.chat_template_kwargs,
-            limits=self.limits,
-            progress=False,
-            run_id=f"s{seed}",  # a round played again names the same groups
-        )
+        # A round played again names the same groups (its run id is its seed's).
+        config = dataclasses.replace(self.rollout, seed=seed, run_id=f"s{seed}")
         try:
             if self.players is None:
                 result = await run_rollouts(
@@ -417,7 +404,7 @@ class _InFlight:
     """The policy, with at most ``concurrency`` generate calls in flight over all rounds,
     counted (``rollout/peak_requests``)."""
 
-    def __init__(self, policy: Any, producer: Producer) -> None:
+    def __init__(self, policy: Generator, producer: Producer) -> None:
         self.inner = policy
         self.producer = producer
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import pydantic
 
-from agentenv import ConfigError, RolloutConfig, SamplingParams, Task, resolve_name
+from agentenv import ConfigError, Limits, RolloutConfig, SamplingParams, Task, resolve_name
 from trainer._settings import Group, setting
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class GRPOConfig(Group):
                 f"({self.num_steps_per_rollout}) = {right}; they must be equal"
             )
         self.buffer_config()  # checks the Buffer's own settings
-        RolloutConfig(chat_template_kwargs=self.chat_template_kwargs)  # checks the arguments
+        self.rollout_config(1)  # checks the template arguments
         return self
 
     @property
@@ -257,6 +257,20 @@ class GRPOConfig(Group):
                 f"{self.round_size} prompts per round (--rollout-batch-size or "
                 f"--over-sampling-batch-size) but there are only {distinct} distinct tasks"
             )
+
+    def rollout_config(self, concurrency: int) -> RolloutConfig:
+        """What every round gives the rollout runner, from this group: the episodes of
+        a prompt, their sampling, timeout and template arguments, ``concurrency``
+        episodes in flight; each round sets its own seed and run id."""
+        return RolloutConfig(
+            n_samples_per_prompt=self.n_samples_per_prompt,
+            sampling=self.sampling,
+            concurrency=concurrency,
+            seed=self.seed,
+            chat_template_kwargs=self.chat_template_kwargs,
+            limits=Limits(timeout_s=self.episode_timeout),
+            progress=False,
+        )
 
     def buffer_prompts(self) -> int:
         """The prompts whose groups the run's Buffer holds at most: the batches of the

@@ -105,14 +105,14 @@ async def test_the_model_is_named_when_the_server_serves_several(smollm2: ChatTo
 
 
 async def test_training_refuses_a_text_level_policy(smollm2: ChatTokenizer) -> None:
+    from trainer import GRPOConfig
     from trainer._producer import Producer
 
     model = OpenAIChatModel("http://127.0.0.1:9/v1", tokenizer=smollm2, model="m")
     with pytest.raises(ConfigError, match=r"text-level model .* no gradient can be computed"):
         Producer(
-            None, None, model, smollm2, None,  # type: ignore[arg-type]
-            round_size=1, n_samples_per_prompt=1, sampling=SamplingParams(), concurrency=1,
-            seed=0,
+            None, None, model, smollm2, None, GRPOConfig(),  # type: ignore[arg-type]
+            concurrency=1,
         )  # fmt: skip
 
 

@@ -45,10 +45,12 @@ def producer_for(
 ) -> Producer:
     env = Scored()
     env.rubric = rubric
+    config = GRPOConfig(
+        rollout_batch_size=1, n_samples_per_prompt=n, sampling=SamplingParams(), **kw
+    )
     return Producer(
         env, TaskStream(TASKS, seed=0, shuffle=False), ScriptedModel(smollm2, [], default="4"),
-        smollm2, buffer, round_size=1, n_samples_per_prompt=n, sampling=SamplingParams(),
-        concurrency=4, seed=0, **kw,
+        smollm2, buffer, config, concurrency=4,
     )  # fmt: skip
 
 

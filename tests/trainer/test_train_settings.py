@@ -117,9 +117,9 @@ def test_template_arguments_reach_the_rounds_prompts(thinking: ChatTokenizer) ->
         async with Buffer() as buffer:
             producer = Producer(
                 Answer(), TaskStream(tasks, seed=0, shuffle=False),
-                ScriptedModel(thinking, answer), thinking, buffer, round_size=1,
-                n_samples_per_prompt=1, sampling=SamplingParams(), concurrency=1, seed=0,
-                chat_template_kwargs=config.rollout.chat_template_kwargs,
+                ScriptedModel(thinking, answer), thinking, buffer, config.rollout.model_copy(
+                    update={"rollout_batch_size": 1, "n_samples_per_prompt": 1}
+                ), concurrency=1,
             )  # fmt: skip
             assert await producer.play(tasks, seed=0) == 1
 
@@ -286,7 +286,6 @@ def test_a_launched_agentenv_serve_gets_the_key_and_the_trainer_sends_it(
     import anyio
     import httpx
 
-    from agentenv import SamplingParams
     from trainer._servers import rollout_engine
 
     monkeypatch.delenv("AGENTENV_API_KEY", raising=False)
