@@ -255,8 +255,11 @@ class MiniSweEnv(AgentEnv):
         drainer = asyncio.ensure_future(drain())
 
         async def send(message: dict[str, Any]) -> None:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            await stdin.drain()
+            try:
+                stdin.write(json.dumps(message).encode() + b"\n")
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it died: its stdout ends next, and its exit status is the reason
 
         try:
             await send(
