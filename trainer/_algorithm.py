@@ -4,7 +4,6 @@ loads; :mod:`trainer._losses` computes with it."""
 
 from __future__ import annotations
 
-import math
 from typing import Literal, Self
 
 import pydantic
@@ -24,11 +23,10 @@ class LossConfig(Group):
 
     ``aggregation``: ``per_sample`` (mean over each sample's tokens, then over samples),
     ``per_token`` (mean over all tokens of the step) or ``constant`` (sum over tokens /
-    (samples * ``max_response_len``): Dr. GRPO's length-unbiased form). ``temperature``:
-    every log-prob and entropy the backend computes is of ``softmax(logits /
-    temperature)``, the distribution the rollout engine sampled from
-    (:func:`logprob_temperature`; in a :class:`~trainer.TrainConfig` it follows
-    ``--rollout-temperature``).
+    (samples * ``max_response_len``): Dr. GRPO's length-unbiased form). The temperature
+    of the log-probs is not a loss setting: it is the rollouts' (``--rollout-temperature``,
+    :attr:`GRPOConfig.sampling <trainer.GRPOConfig.sampling>`), which the loop hands the
+    backend with every call (:func:`logprob_temperature`).
     """
 
     eps_clip: float = setting(
@@ -73,17 +71,6 @@ class LossConfig(Group):
     tis_clip_high: float = setting(
         "--tis-clip", 2.0, "--use-tis: upper bound of the weight", ge=0.0, allow_inf_nan=False
     )
-    temperature: float = setting(None, 1.0, "the log-probs' temperature")
-
-    @pydantic.field_validator("temperature")
-    @classmethod
-    def _temperature(cls, t: float) -> float:
-        if not math.isfinite(t) or t <= 0:
-            raise ConfigError(
-                f"temperature must be a finite number > 0, got {t!r} (greedy rollouts: "
-                "logprob_temperature(sampling) gives 1)"
-            )
-        return t
 
     @pydantic.model_validator(mode="after")
     def _rules(self) -> Self:
@@ -108,18 +95,6 @@ class LossConfig(Group):
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
-
-    def check_sampling(self, sampling: SamplingParams) -> None:
-        """Refuse rollouts sampled at another temperature than this loss's log-probs are
-        computed at: their ratio to the rollouts' log-probs, TIS weights and mismatch
-        metrics would compare two different distributions."""
-        want = logprob_temperature(sampling)
-        if self.temperature != want:
-            raise ConfigError(
-                f"the rollouts sample at temperature {sampling.temperature} but the loss "
-                f"computes log-probs at temperature {self.temperature}: build the backend "
-                f"with LossConfig(temperature={want}) (logprob_temperature(sampling))"
-            )
 
 
 def logprob_temperature(sampling: SamplingParams) -> float:

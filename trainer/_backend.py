@@ -50,6 +50,7 @@ __all__ = [
     "StepCore",
     "StepPlan",
     "Tally",
+    "check_temperature",
     "micro_batch_tokens",
     "pad",
     "response_positions",
@@ -104,6 +105,15 @@ def response_positions(
         offset += len(it.ids) if packed else 0
     sizes = [len(it.ids) - it.start for it in batch]
     return torch.cat(rows), torch.cat(cols), torch.cat(targets), sizes
+
+
+def check_temperature(temperature: float) -> None:
+    """Refuse a temperature the log-probs cannot be taken at."""
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ConfigError(
+            f"temperature must be a finite number > 0, got {temperature!r} (greedy "
+            "rollouts: logprob_temperature(sampling) gives 1)"
+        )
 
 
 class _Configured:
@@ -161,9 +171,13 @@ class StepCore(_Configured, abc.ABC):
         return self.reference if reference else self.model
 
     @abc.abstractmethod
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         """The current policy's (or, with ``reference``, the frozen reference model's)
-        log-probs, float32 on CPU, of each sample's completion tokens."""
+        log-probs, float32 on CPU, of each sample's completion tokens, of ``softmax(logits
+        / temperature)``: the distribution the rollouts sampled from
+        (:func:`~trainer.logprob_temperature`)."""
 
     @abc.abstractmethod
     def train_step(
@@ -174,6 +188,7 @@ class StepCore(_Configured, abc.ABC):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         """One optimizer step on ``samples`` (one per advantage) with the GRPO loss:
         :meth:`_plan`'s micro-batches, :meth:`_micro_loss` per micro-batch, the gradient
@@ -184,6 +199,8 @@ class StepCore(_Configured, abc.ABC):
         ``lr_step``: where on the learning-rate schedule this update is (default: the number
         of updates so far). The GRPO loop passes the rollout step's planned position, so
         that batches shrunk by filters or skipped do not stretch the schedule.
+        ``temperature``: every log-prob and entropy is of ``softmax(logits / temperature)``,
+        the distribution the rollouts sampled from (:func:`~trainer.logprob_temperature`).
         """
 
     @abc.abstractmethod
@@ -201,6 +218,7 @@ class StepCore(_Configured, abc.ABC):
         samples: Sequence[Sample],
         advantages: torch.Tensor | Sequence[float],
         ref_logprobs: Sequence[torch.Tensor] | None,
+        temperature: float = 1.0,
     ) -> StepPlan:
         """A step's inputs checked, packed into micro-batches and weighted."""
         cfg = self.loss_config
@@ -210,6 +228,7 @@ class StepCore(_Configured, abc.ABC):
             raise ConfigError(f"{len(items)} samples but {adv.numel()} advantages")
         if cfg.kl_coef > 0 and ref_logprobs is None:
             raise ConfigError("kl_coef > 0 needs ref_logprobs")
+        check_temperature(temperature)
         weights = token_weights(
             [len(it.mask) for it in items],
             [it.mask for it in items],
@@ -225,6 +244,7 @@ class StepCore(_Configured, abc.ABC):
             weights=weights,
             ref_logprobs=ref_logprobs,
             want_entropy=self.entropy_metric or cfg.entropy_coef > 0,
+            temperature=temperature,
         )
 
     def _micro_loss(
@@ -281,7 +301,9 @@ class Backend(_Configured, abc.ABC):
         return self.loss_config.kl_coef > 0
 
     @abc.abstractmethod
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         """The current policy's (or, with ``reference``, the frozen reference model's)
         log-probs, float32 on CPU, of each sample's completion tokens."""
 
@@ -294,6 +316,7 @@ class Backend(_Configured, abc.ABC):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         """One optimizer step on ``samples`` (:meth:`StepCore.train_step`)."""
 
@@ -379,11 +402,17 @@ class MicroBatchBackend(StepCore, Backend):
 
     @abc.abstractmethod
     def _forward(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
+        self,
+        batch: Sequence[Item],
+        *,
+        with_entropy: bool,
+        model: Any = None,
+        temperature: float = 1.0,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item of one micro-batch: the log-probs of its completion tokens (float32,
-        differentiable when grad is enabled) and, with ``with_entropy``, their entropies.
-        ``model`` defaults to the trained one (the reference model for KL)."""
+        differentiable when grad is enabled) and, with ``with_entropy``, their entropies,
+        of ``softmax(logits / temperature)``. ``model`` defaults to the trained one (the
+        reference model for KL)."""
 
     def _trainer_state(self) -> dict[str, Any]:
         return {
@@ -407,12 +436,17 @@ class MicroBatchBackend(StepCore, Backend):
         self.steps = int(state["steps"])
 
     @torch.no_grad()
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        check_temperature(temperature)
         model = self._model_for(reference)
         items = to_items(samples)
         out: list[torch.Tensor | None] = [None] * len(items)
         for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
-            lps, _ = self._forward([items[i] for i in group], with_entropy=False, model=model)
+            lps, _ = self._forward(
+                [items[i] for i in group], with_entropy=False, model=model, temperature=temperature
+            )
             for i, lp in zip(group, lps, strict=True):
                 out[i] = lp.float().cpu()
         return [t for t in out if t is not None]
@@ -425,8 +459,10 @@ class MicroBatchBackend(StepCore, Backend):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
-        plan = self._plan(samples, advantages, ref_logprobs)
+        plan = self._plan(samples, advantages, ref_logprobs, temperature)
+        t = plan.temperature
         # Without old log-probs the old policy is the current one: _micro_loss takes them
         # from the training forward, detached (no separate pass).
         plan.old_logprobs = old_logprobs
@@ -439,12 +475,12 @@ class MicroBatchBackend(StepCore, Backend):
         for k, group in enumerate(groups):
             batch = [plan.items[i] for i in group]
             if dp is None:
-                lps, ents = self._forward(batch, with_entropy=plan.want_entropy)
+                lps, ents = self._forward(batch, with_entropy=plan.want_entropy, temperature=t)
                 loss, part = self._micro_loss(plan, group, lps, ents)
                 loss.backward()  # type: ignore[no-untyped-call]
             else:  # DDP averages over the ranks: the losses are the step's shares, summed
                 with dp.micro_batch(last=k == len(groups) - 1):
-                    lps, ents = dp.forward(batch, with_entropy=plan.want_entropy)
+                    lps, ents = dp.forward(batch, with_entropy=plan.want_entropy, temperature=t)
                     loss, part = self._micro_loss(plan, group, lps, ents)
                     (loss * dp.world_size).backward()  # type: ignore[no-untyped-call]
             tally.add(part)
@@ -453,7 +489,9 @@ class MicroBatchBackend(StepCore, Backend):
         if dp is not None:
             if not groups:  # fewer micro-batches than ranks: this one adds zeros
                 first = [plan.items[plan.groups[0][0]]]
-                dp.idle(lambda: torch.cat(dp.forward(first, with_entropy=False)[0]).sum())
+                dp.idle(
+                    lambda: torch.cat(dp.forward(first, with_entropy=False, temperature=t)[0]).sum()
+                )
             tally = Tally.of(dp.gather(tally))
         t2 = time.perf_counter()
         updated: list[torch.Tensor] = self._trained
@@ -503,6 +541,8 @@ class StepPlan:
     weights: list[torch.Tensor]
     ref_logprobs: Sequence[torch.Tensor] | None
     want_entropy: bool
+    #: The log-probs' and entropies' temperature (the rollouts').
+    temperature: float = 1.0
     #: ``None``: the current policy's, taken from the training forward itself.
     old_logprobs: Sequence[torch.Tensor] | None = None
 

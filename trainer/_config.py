@@ -6,8 +6,9 @@ declares its slime flag once (:func:`~trainer._settings.setting`); ``agentenv tr
 flags and the flat form of ``--config`` files are generated from those declarations.
 
 Each rule is checked once, in the group that owns the settings it reads; the rules across
-groups (the log-probs' temperature is the rollouts', the learning-rate decay spans the
-run, a NCCL server needs a GPU of its own, ...) in :class:`TrainConfig`'s validator.
+groups (the learning-rate decay spans the run, a NCCL server needs a GPU of its own, ...)
+in :class:`TrainConfig`'s validator. Each setting is held once: the rollouts' temperature
+(that of the trainer's log-probs too) is ``rollout.sampling.temperature`` alone.
 Everything here is light: the tree validates before anything heavy loads.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Literal, Self
 import pydantic
 
 from agentenv import ConfigError
-from trainer._algorithm import LossConfig, logprob_temperature
+from trainer._algorithm import LossConfig
 from trainer._optimizer import OptimConfig
 from trainer._rollout import GRPOConfig
 from trainer._settings import Flag, Group, flags, nest, setting
@@ -542,12 +543,6 @@ class TrainConfig(Group):
 
     @pydantic.model_validator(mode="after")
     def _across_groups(self) -> Self:
-        # The loss's log-probs are of the distribution the rollouts sample from.
-        if "temperature" in self.algorithm.model_fields_set:
-            self.algorithm.check_sampling(self.rollout.sampling)
-        else:
-            temperature = logprob_temperature(self.rollout.sampling)
-            self.algorithm = self.algorithm.model_copy(update={"temperature": temperature})
         # The learning rate decays over the whole run unless told otherwise.
         if self.optimizer.lr_decay_iters is None:
             steps = self.rollout.num_rollout * self.rollout.num_steps_per_rollout
@@ -614,16 +609,9 @@ class TrainConfig(Group):
         """These settings as a run of ``env`` (an :class:`~agentenv.Environment`) uses
         them: its ``sampling`` attribute in place of the sampling flags left at their
         defaults, the flags given winning (one rule: :func:`agentenv.resolve_sampling`,
-        which warns where they disagree), and the loss's log-probs at the temperature
-        the rollouts then sample at. What ``--dry-run`` prints and the run trains with."""
-        rollout = self.rollout.for_env(env)
-        temperature = logprob_temperature(rollout.sampling)
-        return self.model_copy(
-            update={
-                "rollout": rollout,
-                "algorithm": self.algorithm.model_copy(update={"temperature": temperature}),
-            }
-        )
+        which warns where they disagree). What ``--dry-run`` prints and the run trains
+        with (its log-probs at the temperature the rollouts then sample at)."""
+        return self.model_copy(update={"rollout": self.rollout.for_env(env)})
 
     @property
     def trainer_ranks(self) -> int:

@@ -42,8 +42,8 @@ class _Step(torch.nn.Module):
         self.model = model
         self._forward = forward
 
-    def forward(self, batch: Any, with_entropy: bool) -> Any:
-        return self._forward(batch, with_entropy=with_entropy)
+    def forward(self, batch: Any, with_entropy: bool, temperature: float) -> Any:
+        return self._forward(batch, with_entropy=with_entropy, temperature=temperature)
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,7 +56,8 @@ class DataParallel:
     ddp: Any = None
 
     def attach(self, model: torch.nn.Module, forward: Callable[..., Any]) -> None:
-        """Wrap the training forward of ``model`` (``forward(batch, with_entropy=)``)
+        """Wrap the training forward of ``model`` (``forward(batch, with_entropy=,
+        temperature=)``)
         in DDP; the ranks' weights are made rank 0's."""
         from torch.nn.parallel import DistributedDataParallel
 
@@ -64,9 +65,9 @@ class DataParallel:
             _Step(model, forward), broadcast_buffers=False, init_sync=True
         )
 
-    def forward(self, batch: Any, *, with_entropy: bool) -> Any:
+    def forward(self, batch: Any, *, with_entropy: bool, temperature: float = 1.0) -> Any:
         """The training forward, through DDP."""
-        return self.ddp(batch, with_entropy)
+        return self.ddp(batch, with_entropy, temperature)
 
     @contextlib.contextmanager
     def micro_batch(self, *, last: bool) -> Iterator[None]:

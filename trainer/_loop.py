@@ -41,7 +41,7 @@ from trainer._advantages import compute_advantages
 from trainer._backend import Backend
 from trainer._checkpoints import CheckpointWriter
 from trainer._engines import RolloutEngine
-from trainer._losses import gradient_without_advantage
+from trainer._losses import gradient_without_advantage, logprob_temperature
 from trainer._offload import OffloadHooks
 from trainer._producer import Producer, RoundStats, TaskStream
 from trainer._rollout import SCHEDULES, GRPOConfig
@@ -136,7 +136,6 @@ async def run_grpo(
     # The environment's sampling in place of the settings not given (once: train() did).
     config = (config or GRPOConfig()).for_env(env)
     config.check_tasks(tasks)
-    backend.loss_config.check_sampling(config.sampling)
     sync = sync or engine.sync_weights
     if hooks is None and config.offloads(engine):
         if engine.device is None:
@@ -163,6 +162,8 @@ async def run_grpo(
     await sync(backend, first)
     # What a checkpoint after step k saves: the task position before step k + 1's rounds.
     positions: dict[int, dict[str, Any]] = {first: stream.state()}
+    # The log-probs are of the distribution the rollouts sample from.
+    temperature = logprob_temperature(config.sampling)
     concurrency = config.concurrency_for(engine)
     # The producer runs in a task group: an error of its own or of a step surfaces as
     # itself (a ConfigError found at run time reads like one found before the start).
@@ -213,7 +214,9 @@ async def run_grpo(
                 if plan is not None and plan.live:
                     if hooks is not None:
                         await hooks.before_train(step)
-                    metrics.update(await anyio.to_thread.run_sync(_train, backend, plan, step))
+                    metrics.update(
+                        await anyio.to_thread.run_sync(_train, backend, plan, step, temperature)
+                    )
                     if hooks is not None:
                         await hooks.after_train(step)
                 if plan is not None:
@@ -410,9 +413,12 @@ async def _fill_then_set(
         done.set()
 
 
-def _train(backend: Backend, plan: TrainPlan, rollout_step: int) -> dict[str, float]:
+def _train(
+    backend: Backend, plan: TrainPlan, rollout_step: int, temperature: float
+) -> dict[str, float]:
     """The optimizer steps of ``plan`` that carry a gradient, on a worker thread (the
-    event loop keeps serving the episodes still running); the last one's metrics. The
+    event loop keeps serving the episodes still running), its log-probs at
+    ``temperature`` (the rollouts'); the last one's metrics. The
     learning rate follows the planned steps (``plan.steps`` per rollout step), also where
     filters left fewer samples than steps, steps were not run, or no batch came at all."""
     use_torch_threads("trainer")  # this worker thread's torch threads, chosen once
@@ -420,8 +426,11 @@ def _train(backend: Backend, plan: TrainPlan, rollout_step: int) -> dict[str, fl
     # Several steps per rollout: the old policy is the one before the first update, so
     # its log-probs are taken first (one step: train_step does it with its own
     # micro-batches, which makes the ratio exactly 1 on fresh on-policy data).
-    old = backend.logprobs(samples) if len(plan.live) > 1 else None
-    ref = backend.logprobs(samples, reference=True) if backend.has_reference else None
+    t = temperature
+    old = backend.logprobs(samples, temperature=t) if len(plan.live) > 1 else None
+    ref = (
+        backend.logprobs(samples, reference=True, temperature=t) if backend.has_reference else None
+    )
     metrics: dict[str, float] = {}
     k = 0
     for j in plan.live:
@@ -432,6 +441,7 @@ def _train(backend: Backend, plan: TrainPlan, rollout_step: int) -> dict[str, fl
             old_logprobs=old[k : k + n] if old is not None else None,
             ref_logprobs=ref[k : k + n] if ref is not None else None,
             lr_step=rollout_step * plan.steps + j,
+            temperature=t,
         )
         k += n
         for name, value in part.items():

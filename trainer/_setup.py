@@ -231,6 +231,7 @@ def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
     """The settings left unset (``null`` in the config) that the run resolves from the
     device, the backend and the engine, as it will use them."""
     from trainer import _defaults
+    from trainer._algorithm import logprob_temperature
 
     parallel, device = config.parallel, config.model.device
     rollout_device = config.server_device()
@@ -242,6 +243,8 @@ def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
         ),
         "eps_clip_high": config.algorithm.clip_high,
         "global_batch_size": config.rollout.samples_per_step,
+        # The trainer's log-probs are of the distribution the rollouts sample from.
+        "logprob_temperature": logprob_temperature(config.rollout.sampling),
     }
     if parallel.backend == "torch":
         out["precision"] = _defaults.precision(parallel.precision, device)

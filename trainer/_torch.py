@@ -9,7 +9,7 @@ weights': in fp32 under activation checkpointing (the full-vocabulary logits of 
 exist at a time, in the forward and again in the backward); in bf16 (bf16 weights, or fp32
 weights under autocast) through a custom autograd function that keeps the response
 tokens' logits in bf16 and does the fp32 log-softmax and its gradient a chunk at a time.
-Log-probs and entropies are of ``softmax(logits / loss.temperature)``, the rollout's
+Log-probs and entropies are of ``softmax(logits / temperature)`` (each call's), the rollout's
 sampling distribution.
 """
 
@@ -50,7 +50,7 @@ class TorchBackend(MicroBatchBackend):
             under ``torch.autocast``) or ``bf16`` (bf16 weights with fp32 master copies);
             default ``bf16-autocast`` on CUDA, ``fp32`` on CPU (see ``docs/trainer.md``).
         optim: AdamW settings.
-        loss: loss settings (``loss.temperature``: the rollout's sampling temperature).
+        loss: loss settings.
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens);
             default 4096 on CUDA, 1024 on CPU (:data:`~trainer._defaults.MICRO_BATCH_TOKENS`).
         logit_chunk: tokens whose full-vocabulary logits exist at once; default 1024 on
@@ -158,14 +158,21 @@ class TorchBackend(MicroBatchBackend):
 
     # -- forward -------------------------------------------------------------------------
     def _forward(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any = None
+        self,
+        batch: Sequence[Item],
+        *,
+        with_entropy: bool,
+        model: Any = None,
+        temperature: float = 1.0,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: log-probs of its completion tokens (and their entropies)."""
         with self._autocast():
-            return self._forward_in(batch, with_entropy=with_entropy, model=model)
+            return self._forward_in(
+                batch, with_entropy=with_entropy, model=model, temperature=temperature
+            )
 
     def _forward_in(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any
+        self, batch: Sequence[Item], *, with_entropy: bool, model: Any, temperature: float
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
         ids, attention = pad(batch, multiple=8 if self.compile else 1)
@@ -176,7 +183,6 @@ class TorchBackend(MicroBatchBackend):
         h = hidden[rows.to(self.device), cols.to(self.device)]
         target = target.to(self.device)
         head = model.get_output_embeddings()
-        temperature = self.loss_config.temperature
         logps, ents = [], []
         differentiable_entropy = with_entropy and self.loss_config.entropy_coef > 0
         if self.compute_dtype != torch.float32 and not differentiable_entropy:

@@ -243,8 +243,6 @@ def test_kl_estimators_are_zero_on_equal_policies_and_k3_is_non_negative() -> No
         ),
         ({"eps_clip": -0.1}, "--eps-clip: Input should be greater than or equal to 0, got -0.1"),
         ({"eps_clip": math.inf}, "--eps-clip: Input should be a finite number"),
-        ({"temperature": 0.0}, r"temperature must be a finite number > 0, got 0.0 \(greedy"),
-        ({"temperature": math.nan}, "temperature must be a finite number > 0, got nan"),
     ],
 )
 def test_bad_loss_config(kwargs: dict[str, Any], message: str) -> None:
@@ -274,14 +272,26 @@ def test_tempered_log_probs_are_the_engines(temperature: float) -> None:
         assert float((plain - picked).abs().max()) > 0.1
 
 
-def test_the_logprob_temperature_of_sampling_and_its_check() -> None:
+@pytest.mark.parametrize(
+    ("temperature", "message"),
+    [
+        (0.0, r"temperature must be a finite number > 0, got 0.0 \(greedy"),
+        (math.nan, "temperature must be a finite number > 0, got nan"),
+    ],
+)
+def test_a_temperature_the_logprobs_cannot_be_taken_at_is_refused(
+    temperature: float, message: str
+) -> None:
+    from trainer._backend import check_temperature
+
+    with pytest.raises(ConfigError, match=message):
+        check_temperature(temperature)
+
+
+def test_the_logprob_temperature_of_sampling() -> None:
     assert logprob_temperature(SamplingParams(temperature=0.7)) == 0.7
     assert logprob_temperature(SamplingParams(temperature=0.0)) == 1.0  # greedy: argmax
-    LossConfig(temperature=0.7).check_sampling(SamplingParams(temperature=0.7))
-    LossConfig().check_sampling(SamplingParams(temperature=0.0))
-    with pytest.raises(ConfigError, match=r"sample at temperature 0.7 .* at temperature 1.0: "
-                       r"build the backend with LossConfig\(temperature=0.7\)"):  # fmt: skip
-        LossConfig().check_sampling(SamplingParams(temperature=0.7))
+    assert "temperature" not in LossConfig.model_fields  # the rollouts' setting alone
 
 
 # -- packing ------------------------------------------------------------------------------

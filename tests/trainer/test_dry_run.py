@@ -111,8 +111,12 @@ def test_a_dry_run_accepts_the_script_and_prints_the_resolved_settings(
     assert config["rollout"]["global_batch_size"] == 256
     assert config["algorithm"] == config["algorithm"] | {
         "eps_clip_high": 0.28, "aggregation": "per_token", "use_kl_loss": True,
-        "kl_loss_coef": 0.0, "temperature": 0.8,  # the rollouts' distribution
+        "kl_loss_coef": 0.0,
     }  # fmt: skip
+    # The temperature is the rollouts' alone; the log-probs are of their distribution.
+    assert "temperature" not in config["algorithm"]
+    assert config["rollout"]["sampling"]["temperature"] == 0.8
+    assert out["resolved"]["logprob_temperature"] == 0.8
     assert config["optimizer"]["lr_decay_iters"] == 3000  # the whole run
     assert config["parallel"]["megatron_args"] == [
         "--tensor-model-parallel-size", "2", "--sequence-parallel",
@@ -230,8 +234,8 @@ def test_a_dry_run_resolves_the_settings_left_unset_for_the_device(
     resolved = json.loads(capsys.readouterr().out)["resolved"]
     assert resolved == {
         "max_tokens_per_gpu": 1024, "rollout_device": "cpu", "offload_rollout": True,
-        "eps_clip_high": 0.2, "global_batch_size": 32, "precision": "fp32",
-        "compile": False, "gradient_checkpointing": True,
+        "eps_clip_high": 0.2, "global_batch_size": 32, "logprob_temperature": 1.0,
+        "precision": "fp32", "compile": False, "gradient_checkpointing": True,
     }  # fmt: skip
     argv = ["--env", "arithmetic", "--device", "cuda", "--schedule", "async",
             "--eps-clip-high", "0.3", "--max-tokens-per-gpu", "512"]  # fmt: skip
@@ -277,7 +281,7 @@ def test_a_dry_run_shows_the_sampling_that_will_run(
     out = json.loads(capsys.readouterr().out)
     sampling = out["config"]["rollout"]["sampling"]
     assert (sampling["max_new_tokens"], sampling["temperature"]) == (96, 0.5)
-    assert out["config"]["algorithm"]["temperature"] == 0.5  # the log-probs follow
+    assert out["resolved"]["logprob_temperature"] == 0.5  # the log-probs follow
     assert out["env_sampling"] == {"max_new_tokens": 96, "temperature": 0.5}
     assert _train([*env, "--rollout-max-response-len", "32"]) == 0  # the flag wins
     out = json.loads(capsys.readouterr().out)

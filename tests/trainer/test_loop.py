@@ -311,17 +311,37 @@ def test_train_at_rollout_temperature_0_7_scores_the_distribution_it_sampled(
     assert abs(first["train/tis_weight"] - 1.0) <= 1e-3
 
 
-def test_a_backend_at_another_temperature_than_the_rollouts_is_refused(tmp_path: Path) -> None:
+def test_the_loop_hands_the_backend_the_rollouts_temperature(tmp_path: Path) -> None:
+    """The temperature is one setting, the rollouts': every log-prob the loop asks the
+    backend for (the old policy's, the reference's, the step's) is at it."""
     model = tiny_llama(tmp_path / "tiny")
     tokenizer = ChatTokenizer.load(model)
     config = GRPOConfig(
-        num_rollout=1, rollout_batch_size=2, n_samples_per_prompt=2,
-        sampling=SamplingParams(max_new_tokens=4, temperature=0.7),
+        num_rollout=1, rollout_batch_size=2, n_samples_per_prompt=2, global_batch_size=2,
+        num_steps_per_rollout=2,
+        sampling=SamplingParams(max_new_tokens=4, temperature=0.7, ignore_eos=True),
     )  # fmt: skip
-    backend = TorchBackend(model, loss=LossConfig())  # log-probs at temperature 1
+    seen: list[float] = []
+
+    class Asked(TorchBackend):
+        def logprobs(self, samples: Any, **kw: Any) -> Any:
+            seen.append(kw["temperature"])
+            return super().logprobs(samples, **kw)
+
+        def train_step(self, samples: Any, advantages: Any, **kw: Any) -> Any:
+            seen.append(kw["temperature"])
+            return super().train_step(samples, advantages, **kw)
+
+    loss = LossConfig(use_kl_loss=True, kl_loss_coef=0.1)
+    backend = Asked(model, optim=OptimConfig(lr=1e-3), loss=loss)
     env = GoodTokensEnv()
-    with pytest.raises(ConfigError, match=r"LossConfig\(temperature=0.7\)"):
-        anyio.run(lambda: run_grpo(env, env.tasks(), backend, None, tokenizer, config))
+
+    async def go() -> None:
+        async with Engine(model, device="cpu", dtype=torch.float32, tokenizer=tokenizer) as e:
+            await run_grpo(env, env.tasks(), backend, EmbeddedEngine(e), tokenizer, config)
+
+    anyio.run(go)
+    assert len(seen) == 4 and set(seen) == {0.7}  # old, reference, two steps
 
 
 def test_the_saved_model_is_a_complete_hf_directory_every_loader_takes(tmp_path: Path) -> None:
@@ -470,9 +490,9 @@ class CountingBackend(TorchBackend):
     forwards = 0
     steps_run = 0
 
-    def _forward(self, batch: Any, *, with_entropy: bool, model: Any = None) -> Any:
+    def _forward(self, batch: Any, **kwargs: Any) -> Any:
         self.forwards += 1
-        return super()._forward(batch, with_entropy=with_entropy, model=model)
+        return super()._forward(batch, **kwargs)
 
     def train_step(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         self.steps_run += 1

@@ -161,8 +161,8 @@ def test_config_files_in_three_formats_and_flags_override(tmp_path: Path) -> Non
     assert (nested.rollout.rollout_batch_size, nested.rollout.n_samples_per_prompt) == (2, 2)
     assert nested.algorithm.clip_high == 0.28 and nested.algorithm.dual_clip == 3.0
     assert nested.algorithm.aggregation == "per_token"
-    # The loss's log-probs follow the rollouts' temperature; the decay spans the run.
-    assert nested.algorithm.temperature == 0.5
+    # The rollouts' temperature (the log-probs' too); the decay spans the run.
+    assert nested.rollout.sampling.temperature == 0.5
     assert nested.optimizer.lr_decay_iters == nested.rollout.num_rollout
 
 
@@ -346,7 +346,6 @@ def test_the_environments_sampling_fills_what_was_not_given_once(
     assert (plain.sampling.max_new_tokens, plain.sampling.temperature) == (96, 0.5)
     config = TrainConfig(env="x", rollout_max_response_len=8).for_env(env)
     assert (config.rollout.sampling.max_new_tokens, config.rollout.sampling.temperature) == (8, 0.5)
-    assert config.algorithm.temperature == 0.5  # the log-probs follow the rollouts
     message = "--rollout-max-response-len 8 wins over _SampledEnv.sampling's max_new_tokens=96"
     assert caplog.text.count(message) == 1
     again = config.rollout.model_copy(update={"concurrency": 4}).for_env(env)  # run_grpo's

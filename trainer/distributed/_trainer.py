@@ -131,13 +131,14 @@ class TrainerGroup(Backend):
         """End the ranks; the group cannot be used afterwards."""
         self.ranks.close()
 
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         n = self.world_size
         size = -(-len(samples) // n) if samples else 0
         parts = [list(samples[r * size : (r + 1) * size]) for r in range(n)]
-        out = self.ranks.call_each(
-            TorchRank.logprobs, [((part,), {"reference": reference}) for part in parts]
-        )
+        kwargs = {"reference": reference, "temperature": temperature}
+        out = self.ranks.call_each(TorchRank.logprobs, [((part,), kwargs) for part in parts])
         return [lp for part in out for lp in part]
 
     def train_step(
@@ -148,10 +149,11 @@ class TrainerGroup(Backend):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         metrics = self.ranks.call(
             TorchRank.train_step, list(samples), advantages, old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs, lr_step=lr_step,
+            ref_logprobs=ref_logprobs, lr_step=lr_step, temperature=temperature,
         )  # fmt: skip
         self.steps += 1
         return metrics

@@ -186,8 +186,12 @@ class MegatronBackend(Backend):
         self.ranks.close()
 
     # -- collective: every rank runs these --------------------------------------------------
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
-        return self.ranks.call(MegatronWorker.logprobs, samples, reference=reference)
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        return self.ranks.call(
+            MegatronWorker.logprobs, samples, reference=reference, temperature=temperature
+        )
 
     def train_step(
         self,
@@ -197,6 +201,7 @@ class MegatronBackend(Backend):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         metrics = self.ranks.call(
             MegatronWorker.train_step,
@@ -205,6 +210,7 @@ class MegatronBackend(Backend):
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             lr_step=lr_step,
+            temperature=temperature,
         )
         self.steps += 1  # as every rank's worker counts
         return metrics

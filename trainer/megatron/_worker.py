@@ -39,6 +39,7 @@ from trainer._backend import (
     StepCore,
     StepPlan,
     Tally,
+    check_temperature,
     pad,
     response_positions,
     to_items,
@@ -152,13 +153,13 @@ class MegatronWorker(StepCore):
             return model(ids, positions, None)  # type: ignore[no-any-return]
 
     def _outputs(
-        self, batch: Sequence[Item], logits: torch.Tensor, *, with_entropy: bool
+        self, batch: Sequence[Item], logits: torch.Tensor, *, with_entropy: bool, temperature: float
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Per item: the completion's log-probs (and entropies) from the last stage's
         vocab-parallel logits (:meth:`_run`)."""
         rows, cols, target, sizes = response_positions(batch, packed=self.qkv_format == "thd")
         picked = logits[rows.to(self.device), cols.to(self.device)]
-        temperature = self.loss_config.temperature  # the rollout's sampling distribution
+        # ``temperature``: the rollout's sampling distribution.
         logp = vocab_parallel_logprobs(
             picked, target.to(self.device), vocab_size=self.cfg.vocab_size,
             temperature=temperature, tp_rank=self.tp_rank,
@@ -227,7 +228,11 @@ class MegatronWorker(StepCore):
         return [p for p in parts if p is not None]
 
     def _forward_only(
-        self, items: Sequence[Item], mine: list[tuple[list[int], bool]], model: Any
+        self,
+        items: Sequence[Item],
+        mine: list[tuple[list[int], bool]],
+        model: Any,
+        temperature: float,
     ) -> dict[int, torch.Tensor]:
         """This replica's log-probs per item index (on the last stage; empty elsewhere)."""
         out: dict[int, torch.Tensor] = {}
@@ -235,7 +240,9 @@ class MegatronWorker(StepCore):
         def loss_of(
             group: list[int], dummy: bool, logits: torch.Tensor
         ) -> tuple[torch.Tensor, dict[str, Any]]:
-            lps, _ = self._outputs([items[i] for i in group], logits, with_entropy=False)
+            lps, _ = self._outputs(
+                [items[i] for i in group], logits, with_entropy=False, temperature=temperature
+            )
             if not dummy:
                 out.update(zip(group, (lp.detach() for lp in lps), strict=True))
             return torch.zeros((), device=self.device), {}
@@ -245,11 +252,15 @@ class MegatronWorker(StepCore):
         return out
 
     @torch.no_grad()
-    def logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        check_temperature(temperature)
         model = self._model_for(reference)
         items = to_items(samples)
         mine = self._mine(pack_by_tokens([len(it.ids) for it in items], self.max_tokens))
-        local = {i: lp.float().cpu() for i, lp in self._forward_only(items, mine, model).items()}
+        forward = self._forward_only(items, mine, model, temperature)
+        local = {i: lp.float().cpu() for i, lp in forward.items()}
         found: dict[int, torch.Tensor] = {}
         for part in self._from_last_stages(local):
             found.update(part)
@@ -264,10 +275,11 @@ class MegatronWorker(StepCore):
         old_logprobs: Sequence[torch.Tensor] | None = None,
         ref_logprobs: Sequence[torch.Tensor] | None = None,
         lr_step: int | None = None,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         import torch.distributed as dist
 
-        plan = self._plan(samples, advantages, ref_logprobs)
+        plan = self._plan(samples, advantages, ref_logprobs, temperature)
         mine = self._mine(plan.groups)
         # Without old log-probs the old policy is the current one: the loss on the last
         # stage takes them from the training forward, detached (ratio exactly 1).
@@ -334,8 +346,9 @@ class MegatronWorker(StepCore):
         if dummy:  # zero, but part of the graph: the backward and the reduction still run
             return logits.float().sum() * 0.0, {}
         lps, ents = self._outputs(
-            [plan.items[i] for i in group], logits, with_entropy=plan.want_entropy
-        )
+            [plan.items[i] for i in group], logits, with_entropy=plan.want_entropy,
+            temperature=plan.temperature,
+        )  # fmt: skip
         loss, part = self._micro_loss(plan, group, lps, ents)
         tally.add(part)
         return loss * (count * self.dp_size), {}

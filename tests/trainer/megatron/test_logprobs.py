@@ -79,11 +79,11 @@ def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
     ]
     logits = 5 * torch.randn(2, 4, padded)
     me = SimpleNamespace(
-        loss_config=LossConfig(temperature=t, entropy_coef=0.1),
+        loss_config=LossConfig(entropy_coef=0.1),
         cfg=SimpleNamespace(vocab_size=vocab), device=torch.device("cpu"), tp_rank=0,
         qkv_format="bshd",
     )  # fmt: skip
-    logps, ents = MegatronWorker._outputs(me, batch, logits, with_entropy=True)  # type: ignore[arg-type]
+    logps, ents = MegatronWorker._outputs(me, batch, logits, with_entropy=True, temperature=t)  # type: ignore[arg-type]
     assert ents is not None
     for row, (it, lp, ent) in enumerate(zip(batch, logps, ents, strict=True)):
         cols = torch.arange(it.start - 1, len(it.ids) - 1)
