@@ -41,7 +41,7 @@ from agentenv._multiturn import MultiTurnEnv, SingleTurnEnv, ToolEnv
 from agentenv._names import resolve_name
 from agentenv._policies import load_policy
 from agentenv._prompt_data import PromptData, load_prompt_data, read_prompt_data
-from agentenv._registry import load_environment, register
+from agentenv._registry import environment_class, load_environment, register
 from agentenv._rewards import Rubric, State, reward
 from agentenv._run import RolloutResult, run
 from agentenv._runner import (
@@ -136,6 +136,7 @@ __all__ = [
     "ToolCallParser",
     "ToolEnv",
     "Transcript",
+    "environment_class",
     "load_environment",
     "load_policy",
     "load_prompt_data",

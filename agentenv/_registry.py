@@ -17,13 +17,16 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 import pydantic
 
 from agentenv._environment import Environment
 from agentenv._errors import ConfigError
 from agentenv._names import close_names, resolve_name
+
+if TYPE_CHECKING:
+    from agentenv._rewards import Rubric
 
 __all__ = ["available_environments", "load_environment", "register"]
 
@@ -128,12 +131,24 @@ def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str
     return out
 
 
+def _scored_by(cls: type[Environment], rubric: Rubric) -> type[Environment]:
+    from agentenv._multiturn import MultiTurnEnv
+
+    if not issubclass(cls, MultiTurnEnv):
+        raise ConfigError(
+            f"{cls.__name__} scores its own episodes in its rollout: a rubric replaces the "
+            "rubric of a SingleTurnEnv, MultiTurnEnv or ToolEnv only"
+        )
+    namespace = {"rubric": rubric, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    return type(cls.__name__, (cls,), namespace)
+
+
 def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Environment:
-    """An environment instance from a registered name or ``module:Class``."""
+def environment_class(spec: str) -> type[Environment]:
+    """The environment class of a registered name or ``module:Class``."""
     if spec in _REGISTRY:
         cls: Any = _REGISTRY[spec]
     elif ":" in spec:
@@ -151,6 +166,21 @@ def load_environment(spec: str, kwargs: Mapping[str, Any] | None = None) -> Envi
         cls = eps[spec].load()
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ConfigError(f"{spec!r} is not an agentenv Environment subclass")
+    found: type[Environment] = cls
+    return found
+
+
+def load_environment(
+    spec: str, kwargs: Mapping[str, Any] | None = None, *, rubric: Rubric | None = None
+) -> Environment:
+    """An environment instance from a registered name or ``module:Class``, built with
+    ``kwargs``. ``rubric``: scores its episodes in place of its own -- the environment is
+    then of a subclass of its class with that rubric (as a subclass of one's own would
+    set it), for the environments that score with a rubric (a :class:`SingleTurnEnv`,
+    :class:`MultiTurnEnv` or :class:`ToolEnv`; others are refused)."""
+    cls: type[Environment] = environment_class(spec)
+    if rubric is not None:
+        cls = _scored_by(cls, rubric)
     checked = _check_kwargs(cls, kwargs or {})
     try:
         env: Environment = cls(**checked)

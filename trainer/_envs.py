@@ -1,7 +1,7 @@
 """How a run's environment is built -- in the driver and, the same way, in every rollout
 worker (:mod:`trainer.distributed._workers`): from a registered name or ``module:Class``
-and its arguments, never pickled with state, with the reward flags' rubric in place of its
-own (``--rm-type``, ``--custom-rm-path``)."""
+and its arguments, never pickled with state, scored by the reward flags' rubric in place
+of its own (``--rm-type``, ``--custom-rm-path``) without changing the built instance."""
 
 from __future__ import annotations
 
@@ -25,24 +25,21 @@ class EnvSpec:
 
 
 def build_env(spec: EnvSpec) -> Environment:
-    from agentenv import load_environment
-
-    env = load_environment(spec.name, dict(spec.args))
-    if spec.reward_args:
-        _score_with(env, spec.name, dict(spec.reward_args))
-    return env
-
-
-def _score_with(env: Environment, name: str, reward_args: dict[str, Any]) -> None:
-    """The reward flags' rubric in place of ``env``'s own."""
-    from agentenv import MultiTurnEnv
+    """The environment; with reward flags, scored by their rubric in place of its own
+    (``load_environment(..., rubric=)``: the environment's class with that rubric, the
+    instance left as it was built)."""
+    from agentenv import MultiTurnEnv, environment_class, load_environment
     from agentenv.rewards import reward_rubric
 
-    if not isinstance(env, MultiTurnEnv):
-        flags = " ".join(f"--{k.replace('_', '-')}" for k in reward_args)
+    if not spec.reward_args:
+        return load_environment(spec.name, dict(spec.args))
+    cls = environment_class(spec.name)
+    if not issubclass(cls, MultiTurnEnv):
+        flags = " ".join(f"--{k.replace('_', '-')}" for k in spec.reward_args)
         raise ConfigError(
-            f"{flags}: --env {name} ({type(env).__name__}) scores its own episodes in its "
+            f"{flags}: --env {spec.name} ({cls.__name__}) scores its own episodes in its "
             "rollout; the reward flags replace the rubric of a SingleTurnEnv, MultiTurnEnv "
             "or ToolEnv (or leave --env out for prompt_data)"
         )
-    env.rubric = reward_rubric(**reward_args)
+    rubric = reward_rubric(**dict(spec.reward_args))
+    return load_environment(spec.name, dict(spec.args), rubric=rubric)

@@ -30,3 +30,19 @@ def test_env_args_are_checked_against_the_constructor() -> None:
         load_environment("tictactoe", {"retris": 1})
     env = load_environment("tictactoe", {"retries": 2, "discount": 1})
     assert getattr(env, "retries", None) == 2 and getattr(env, "discount", None) == 1.0
+
+
+def test_a_rubric_given_to_the_loader_scores_in_place_of_the_environments_own() -> None:
+    from agentenv import MultiTurnEnv, Rubric, environment_class
+
+    rubric = Rubric(lambda task, state: 0.5)
+    cls = environment_class("arithmetic")
+    own = cls.__dict__.get("rubric", None) or getattr(cls, "rubric", None)
+    env = load_environment("arithmetic", rubric=rubric)
+    assert isinstance(env, cls) and isinstance(env, MultiTurnEnv)
+    assert type(env).__name__ == cls.__name__ and env.rubric is rubric
+    assert "rubric" not in vars(env)  # the instance's attributes are its own
+    assert getattr(cls, "rubric", None) is own  # and the class keeps its rubric
+    assert load_environment("arithmetic").rubric is own  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"TicTacToeEnv scores its own episodes"):
+        load_environment("tictactoe", rubric=rubric)
