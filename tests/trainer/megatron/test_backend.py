@@ -43,8 +43,10 @@ class FakeWorker:
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
 
-    def logprobs(self, samples: Any, *, reference: bool = False) -> list[torch.Tensor]:
-        self._record("logprobs", samples, reference=reference)
+    def logprobs(
+        self, samples: Any, *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        self._record("logprobs", samples, reference=reference, temperature=temperature)
         return [torch.zeros(2)]
 
     def train_step(self, samples: Any, advantages: Any, **kwargs: Any) -> dict[str, float]:
@@ -134,8 +136,8 @@ def test_every_method_runs_on_the_ranks_and_updates_are_counted(model_dir: Path)
     backend, ranks = _backend(model_dir)
     worker = ranks.worker
     samples: Any = ["s0", "s1"]  # the fake worker reads only their number
-    assert backend.logprobs(samples, reference=True)[0].shape == (2,)
-    metrics = backend.train_step(samples, [1.0, -1.0], lr_step=4)
+    assert backend.logprobs(samples, reference=True, temperature=0.7)[0].shape == (2,)
+    metrics = backend.train_step(samples, [1.0, -1.0], lr_step=4, temperature=0.7)
     assert metrics == {"loss": 0.5} and backend.steps == 1
     with pytest.raises(ConfigError, match="2 samples but 1 advantages"):
         backend.train_step(samples, [1.0])
@@ -149,8 +151,11 @@ def test_every_method_runs_on_the_ranks_and_updates_are_counted(model_dir: Path)
         "state_dict",
         "save_hf",
     ]
-    assert worker.calls[0] == ("logprobs", (samples,), {"reference": True})
-    assert worker.calls[1][2] == {"old_logprobs": None, "ref_logprobs": None, "lr_step": 4}
+    # The temperature each call is given reaches the ranks (the rollouts', from the loop).
+    assert worker.calls[0] == ("logprobs", (samples,), {"reference": True, "temperature": 0.7})
+    assert worker.calls[1][2] == {
+        "old_logprobs": None, "ref_logprobs": None, "lr_step": 4, "temperature": 0.7
+    }  # fmt: skip
     backend.close()
     assert ranks.closed == 1 and worker.shut == 1
     with pytest.raises(ClosedResourceError):
