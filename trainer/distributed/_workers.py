@@ -193,6 +193,7 @@ class _Worker:
     in_flight: int = 0
     recycle: bool = False  # over its memory limit: replaced after the round
     retrying: anyio.Lock = dataclasses.field(default_factory=anyio.Lock)
+    started: Any = None  # the ref of its first ``where()``: set once it has built its env
 
 
 class RolloutWorkers:
@@ -320,7 +321,7 @@ class RolloutWorkers:
             scheduling_strategy="SPREAD",
             max_concurrency=1000,
         ).remote(self.spec, self._buffer_url, self._token)
-        w = _Worker(self._next_index, actor)
+        w = _Worker(self._next_index, actor, started=actor.where.remote())
         self._next_index += 1
         return w
 
@@ -329,7 +330,7 @@ class RolloutWorkers:
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
-            node, ip, pid = await w.actor.where.remote()
+            node, ip, pid = await w.started
         except RayTaskError as e:
             cause = e.cause if isinstance(e.cause, BaseException) else e
             raise ConfigError(
@@ -489,14 +490,18 @@ class RolloutWorkers:
 
     async def _adopt_replacements(self) -> None:
         """Replacements that are up join; the dead are forgotten."""
+        import ray
+
         still: list[_Worker] = []
         for w in self._pending:
-            try:
-                with anyio.fail_after(0.05):  # placed already, or not yet: do not wait
-                    await self._ready(w)
-            except TimeoutError:
+            # Up once its first where() has answered (asked at its launch): known here at
+            # once, however long a call to its node takes.
+            done, _ = ray.wait([w.started], timeout=0)
+            if not done:
                 still.append(w)
                 continue
+            try:
+                await self._ready(w)
             except ConfigError as e:
                 log.warning("a replacement rollout worker failed to start: %s", e)
                 continue

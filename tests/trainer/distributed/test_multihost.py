@@ -51,6 +51,16 @@ def _logged(task: Task, state: State) -> float:
 class HostLoggingEnv(GoodTokensEnv):
     rubric = Rubric(_logged)
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Notes the host of each process that builds it (a rollout worker, as it starts).
+        built = os.environ.get("AGENTENV_TEST_BUILT")
+        if built:
+            import ray
+
+            with open(built, "a") as f:
+                f.write(f"{ray.util.get_node_ip_address()}\n")
+
 
 def _wait_for(path: Path, lines: int, proc: object, timeout: float, key: str | None = None) -> None:
     """Until ``path`` has ``lines`` lines (with ``key``: until a line's ``key`` is
@@ -68,10 +78,24 @@ def _wait_for(path: Path, lines: int, proc: object, timeout: float, key: str | N
     raise TimeoutError(f"{path} did not reach {lines} lines in {timeout:g} s")
 
 
+def _wait_for_line(path: Path, text: str, count: int, proc: object, timeout: float) -> None:
+    """Until ``path`` has ``count`` lines that are ``text``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = path.read_text().splitlines() if path.exists() else []
+        if found.count(text) >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {path} had {count} lines {text!r}")
+        time.sleep(0.5)
+    raise TimeoutError(f"{path} did not have {count} lines {text!r} in {timeout:g} s")
+
+
 def test_a_run_survives_losing_a_worker_host_and_takes_it_back(tmp_path: Path) -> None:
     model = tiny_llama(tmp_path / "tiny")
     save = tmp_path / "run"
     scored = tmp_path / "scored.txt"
+    built = tmp_path / "built.txt"
     # Node deaths noticed within seconds (the defaults wait about 30 s).
     fast = {
         "RAY_health_check_period_ms": "1000",
@@ -79,6 +103,7 @@ def test_a_run_survives_losing_a_worker_host_and_takes_it_back(tmp_path: Path) -
         "RAY_health_check_initial_delay_ms": "1000",
         "AGENTENV_TEST_SCORED": str(scored),
         "AGENTENV_TEST_HOLD": str(tmp_path / "hold"),
+        "AGENTENV_TEST_BUILT": str(built),
     }
     with Hosts(3) as hosts:
         head = hosts.ray_head(0, port=6390, num_cpus=3, env=fast)
@@ -109,6 +134,9 @@ def test_a_run_survives_losing_a_worker_host_and_takes_it_back(tmp_path: Path) -
             hosts.wait_nodes(0, head, 2)  # the cluster saw it die
             hosts.ray_worker(2, head, num_cpus=1, resources={"rollout": 1}, env=fast)
             hosts.wait_nodes(0, head, 3)
+            # The replacement built its environment on the host that came back (its first
+            # worker did too): it is up, and joins at the next round's start.
+            _wait_for_line(built, hosts.address(2), 2, run, timeout=300)
             (tmp_path / "hold").unlink()
             run.wait(timeout=400)
         finally:
