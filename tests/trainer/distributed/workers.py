@@ -69,7 +69,9 @@ class FakeMegatronRank:
         dist.all_reduce(ranks)
         return {"ranks": float(ranks), "rank": float(self.rank)}
 
-    def logprobs(self, samples: list[object], *, reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(
+        self, samples: list[object], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         return [torch.full((2,), float(self.rank)) for _ in samples]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
