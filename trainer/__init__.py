@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer._advantages import ESTIMATORS, compute_advantages
-    from trainer._backend import Backend, OptimConfig
+    from trainer._algorithm import AGGREGATIONS, KL_TYPES, LossConfig
+    from trainer._backend import Backend
     from trainer._batching import pack_by_tokens
     from trainer._cli import config_from_flags
     from trainer._config import (
@@ -38,11 +39,8 @@ if TYPE_CHECKING:
     )
     from trainer._data import load_prompt_data
     from trainer._engines import EmbeddedEngine, RolloutEngine, ServerEngine
-    from trainer._loop import SCHEDULES, GRPOConfig, StepHooks, run_grpo
+    from trainer._loop import StepHooks, run_grpo
     from trainer._losses import (
-        AGGREGATIONS,
-        KL_TYPES,
-        LossConfig,
         kl_estimate,
         logprob_temperature,
         policy_loss,
@@ -50,7 +48,9 @@ if TYPE_CHECKING:
         token_weights,
     )
     from trainer._offload import OffloadHooks
+    from trainer._optimizer import OptimConfig
     from trainer._precision import PRECISIONS, Precision
+    from trainer._rollout import SCHEDULES, GRPOConfig
     from trainer._servers import engine_dtypes, rollout_engine
     from trainer._setup import build_backend, place_run
     from trainer._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
@@ -106,11 +106,11 @@ __all__ = [
 
 # Where each public name lives (the imports above, for the type checker).
 _MODULES = {
-    "AGGREGATIONS": "trainer._losses",
+    "AGGREGATIONS": "trainer._algorithm",
     "ESTIMATORS": "trainer._advantages",
-    "KL_TYPES": "trainer._losses",
+    "KL_TYPES": "trainer._algorithm",
     "PRECISIONS": "trainer._precision",
-    "SCHEDULES": "trainer._loop",
+    "SCHEDULES": "trainer._rollout",
     "Backend": "trainer._backend",
     "CheckpointConfig": "trainer._config",
     "DataConfig": "trainer._config",
@@ -122,13 +122,13 @@ _MODULES = {
     "ServerEngine": "trainer._engines",
     "EngineConfig": "trainer._config",
     "EvalConfig": "trainer._config",
-    "GRPOConfig": "trainer._loop",
+    "GRPOConfig": "trainer._rollout",
     "InProcessSync": "trainer._sync",
     "LoggingConfig": "trainer._config",
-    "LossConfig": "trainer._losses",
+    "LossConfig": "trainer._algorithm",
     "ModelConfig": "trainer._config",
     "OffloadHooks": "trainer._offload",
-    "OptimConfig": "trainer._backend",
+    "OptimConfig": "trainer._optimizer",
     "ParallelismConfig": "trainer._config",
     "Precision": "trainer._precision",
     "StepHooks": "trainer._loop",

@@ -29,24 +29,22 @@ import torch
 
 from agentenv import ConfigError, Sample
 from agentenv.engine import release_freed_memory
+from trainer._algorithm import LossConfig
 from trainer._batching import pack_by_tokens
 from trainer._data_parallel import DataParallel
 from trainer._defaults import MICRO_BATCH_TOKENS, micro_batch_tokens
-from trainer._losses import LossConfig, policy_loss, token_weights
-from trainer._optimizer import LR_DECAY_STYLES, OPTIMIZERS, OptimConfig
+from trainer._losses import policy_loss, token_weights
+from trainer._optimizer import OptimConfig
 
 if TYPE_CHECKING:
     from trainer._precision import Precision
     from trainer._sender import WeightSender
 
 __all__ = [
-    "LR_DECAY_STYLES",
     "MICRO_BATCH_TOKENS",
-    "OPTIMIZERS",
     "Backend",
     "Item",
     "MicroBatchBackend",
-    "OptimConfig",
     "StepCore",
     "StepPlan",
     "Tally",

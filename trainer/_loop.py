@@ -44,14 +44,14 @@ from trainer._engines import RolloutEngine
 from trainer._losses import gradient_without_advantage, logprob_temperature
 from trainer._offload import OffloadHooks
 from trainer._producer import Producer, RoundStats, TaskStream
-from trainer._rollout import SCHEDULES, GRPOConfig
+from trainer._rollout import GRPOConfig
 from trainer._rss import peak_rss_gib
 from trainer._sync import WeightSync
 
 if TYPE_CHECKING:
     from trainer.distributed import RolloutWorkers
 
-__all__ = ["SCHEDULES", "GRPOConfig", "StepHooks", "run_grpo"]
+__all__ = ["StepHooks", "run_grpo"]
 
 
 class StepHooks(Protocol):

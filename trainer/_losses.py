@@ -19,12 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from agentenv import ConfigError
-from trainer._algorithm import AGGREGATIONS, KL_TYPES, LossConfig, logprob_temperature
+from trainer._algorithm import KL_TYPES, LossConfig, logprob_temperature
 
 __all__ = [
-    "AGGREGATIONS",
-    "KL_TYPES",
-    "LossConfig",
     "gradient_without_advantage",
     "kl_estimate",
     "logprob_temperature",

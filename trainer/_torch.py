@@ -25,16 +25,17 @@ import torch
 import torch.utils.checkpoint
 
 from agentenv import ConfigError
+from trainer._algorithm import LossConfig
 from trainer._backend import (
     Item,
     MicroBatchBackend,
-    OptimConfig,
     micro_batch_tokens,
     pad,
     response_positions,
 )
 from trainer._defaults import checkpointing, compile_layers
-from trainer._losses import LossConfig, tempered_logits
+from trainer._losses import tempered_logits
+from trainer._optimizer import OptimConfig
 from trainer._precision import Precision, resolve_precision
 
 __all__ = ["TorchBackend"]

@@ -31,3 +31,16 @@ def test_import_loads_no_torch() -> None:
     code = "import sys, trainer, trainer._cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_config_classes_load_no_torch() -> None:
+    """A config is built (and validated) before a model is: the classes of the config tree,
+    reached as ``trainer.X``, come from their own torch-free modules."""
+    names = ("OptimConfig", "LossConfig", "GRPOConfig", "TrainConfig", "SCHEDULES")
+    code = (
+        "import sys, trainer\n"
+        f"for name in {names!r}: getattr(trainer, name)\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

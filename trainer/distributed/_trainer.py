@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentenv import Sample
-from trainer._backend import Backend, OptimConfig
+from trainer._algorithm import LossConfig
+from trainer._backend import Backend
 from trainer._data_parallel import DataParallel
-from trainer._losses import LossConfig
+from trainer._optimizer import OptimConfig
 from trainer._precision import resolve_precision
 from trainer._rss import peak_rss_gib
 from trainer._torch import TorchBackend

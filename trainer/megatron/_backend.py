@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentenv import ConfigError, Sample
-from trainer._backend import Backend, OptimConfig
+from trainer._algorithm import LossConfig
+from trainer._backend import Backend
 from trainer._files import replace_dir
-from trainer._losses import LossConfig
+from trainer._optimizer import OptimConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._provider import require_megatron
