@@ -84,6 +84,20 @@ class _Worker:
     def stderr_tail(self) -> str:
         return "".join(self.stderr)[-_STDERR_TAIL:].strip()
 
+    def write(self, line: dict[str, Any]) -> None:
+        """Queue one protocol line; a dead worker's broken pipe is left to the reader,
+        which fails its episodes with the exit code and stderr."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            self.proc.stdin.write((json.dumps(line) + "\n").encode())
+
+    async def send(self, line: dict[str, Any]) -> None:
+        """:meth:`write`, then wait until the pipe has room again."""
+        self.write(line)
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            await self.proc.stdin.drain()
+
 
 async def _exit_code(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> int:
     """The exit code of a worker whose stdout has closed: no answer can come, so one still
@@ -345,20 +359,15 @@ class VerifiersEnv(Environment):
             future: asyncio.Future[_Result] = loop.create_future()
             worker = await self._worker(request_id, future)
             request = {"id": request_id, "task": index, "base_url": base_url, "model": self.model}
-            assert worker.proc.stdin is not None
             try:
-                worker.proc.stdin.write((json.dumps(request) + "\n").encode())
-                await worker.proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the reader fails the future with the exit code and stderr
-            try:
+                await worker.send(request)
                 return await future
             except asyncio.CancelledError:
-                # Given up on (a timeout, a cancelled run): the worker stops its harness
-                # now and frees its slot, rather than at verifiers' own timeout.
+                # Given up on (a timeout, a cancelled run), its request sent or not: the
+                # worker stops its harness now and frees its slot, rather than at
+                # verifiers' own timeout.
                 worker.pending.pop(request_id, None)
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-                    worker.proc.stdin.write((json.dumps({"cancel": request_id}) + "\n").encode())
+                worker.write({"cancel": request_id})
                 raise
 
     # --- episodes ---------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_an_episode_given_up_on_frees_its_worker_slot_at_once(smollm2: ChatToken
     cancels its harness, and the next episodes run in its slot (they would otherwise wait
     for verifiers' own timeout, and time out too)."""
     env = vf_env("agentenv_vf_echo", max_concurrency=1)
-    result = run(env, HangsOnThree(smollm2, script), limits=Limits(timeout_s=20), concurrency=1)
+    result = run(env, HangsOnThree(smollm2, script), limits=Limits(timeout_s=45), concurrency=1)
     by_task = {s.task_id: s for s in result.samples}
     hung = by_task["verifiers/0"]
     assert hung.status is Status.FAILED and "timeout" in (hung.reason or ""), hung.reason
