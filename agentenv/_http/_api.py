@@ -1,6 +1,6 @@
 """agentenv's handler API: a :class:`Router` from ``(method, path)`` to
 ``async def handler(request: Request) -> Response | StreamingResponse``, and the errors a
-handler raises (:class:`HTTPError`). :class:`~agentenv._http.HTTPServer` serves it."""
+handler raises (:class:`HTTPError`). :class:`~agentenv.http.HTTPServer` serves it."""
 
 from __future__ import annotations
 

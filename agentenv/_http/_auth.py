@@ -1,4 +1,4 @@
-"""API keys: SGLang's ``--api-key`` check, as an :class:`~agentenv._http.HTTPServer` guard.
+"""API keys: SGLang's ``--api-key`` check, as an :class:`~agentenv.http.HTTPServer` guard.
 
 A request carries the key as ``Authorization: Bearer <key>`` (the scheme in any case), or
 as ``X-API-Key: <key>``, exactly as SGLang's server accepts it; keys are compared in

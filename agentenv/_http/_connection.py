@@ -1,7 +1,7 @@
 """One client connection: aiohttp's HTTP/1.1 protocol with the server's connection rules.
 
 aiohttp's ``RequestHandler`` parses requests (llhttp), queues pipelined ones and writes
-the answers. :class:`Connection` adds what :class:`~agentenv._http.HTTPServer` promises
+the answers. :class:`Connection` adds what :class:`~agentenv.http.HTTPServer` promises
 on top of it:
 
 - its place in the server's :class:`~agentenv._http._limits.Slots`: idle (no request, or

@@ -1,4 +1,4 @@
-"""How many connections an :class:`~agentenv._http.HTTPServer` holds at once.
+"""How many connections an :class:`~agentenv.http.HTTPServer` holds at once.
 
 Every connection costs a file descriptor, and a process that runs out of them can accept
 no one: idle sockets alone would lock every client out. So the server counts its
@@ -95,7 +95,7 @@ class ClientLimit:
     to its answer, body included), so one client cannot take every connection.
 
     ``client(method, path, headers)`` names a request's client from its head (``None``:
-    not counted), or raises :class:`~agentenv._http.HTTPError` to refuse the request
+    not counted), or raises :class:`~agentenv.http.HTTPError` to refuse the request
     unread. A request beyond the limit is answered 429 before its body is read, and its
     connection is closed; ``hint`` (in that answer) says how to raise the limit.
     """

@@ -337,7 +337,7 @@ class AgentServer:
             every other episode needs. A request for an ended episode is answered 410
             before its body is read.
         max_connections: connections held at once (default: below the descriptor limit,
-            see :class:`~agentenv._http.HTTPServer`).
+            see :class:`~agentenv.http.HTTPServer`).
     """
 
     def __init__(

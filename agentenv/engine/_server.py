@@ -194,7 +194,7 @@ class EngineServer:
             (or ``X-API-Key: <key>``), else 401. Without one, a server bound to a
             non-loopback address logs a warning at start.
         max_connections: connections held at once (default: below the descriptor limit);
-            see :class:`~agentenv._http.HTTPServer`.
+            see :class:`~agentenv.http.HTTPServer`.
         max_prompts: prompts one ``/generate`` request may hold (a batch beyond it is
             answered 400 naming the limit).
         extra_routes: adds more routes to the server's router (``agentenv serve`` adds OpenAI's
