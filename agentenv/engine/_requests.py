@@ -19,7 +19,7 @@ does not use; ``sampling_params`` keys are not (see :class:`SamplingBody`).
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
 from pydantic_core import PydanticCustomError
@@ -149,6 +149,12 @@ def _version(value: Any, where: str) -> str:
             f"characters or lone surrogates), got {short_repr(value, 80)}"
         )
     return value
+
+
+Version = Annotated[
+    str, pydantic.PlainValidator(lambda value, info: _version(value, info.field_name))
+]
+"""A weight version field, checked by :func:`_version` under the field's name."""
 
 
 def _strings(value: Any, where: str) -> list[str]:
@@ -369,7 +375,7 @@ class UpdateFromDiskBody(Body):
     """``/update_weights_from_disk``."""
 
     model_path: str
-    weight_version: str | None = None
+    weight_version: Version | None = None
     abort_all_requests: bool = False
 
     @pydantic.field_validator("model_path")
@@ -379,22 +385,12 @@ class UpdateFromDiskBody(Body):
             raise _invalid("model_path must be a directory of safetensors weights, got ''")
         return value
 
-    @pydantic.field_validator("weight_version", mode="plain")
-    @classmethod
-    def _weight_version(cls, value: Any) -> str | None:
-        return None if value is None else _version(value, "weight_version")
-
 
 class UpdateVersionBody(Body):
     """``/update_weight_version``."""
 
-    new_version: str
+    new_version: Version
     abort_all_requests: bool = True
-
-    @pydantic.field_validator("new_version", mode="plain")
-    @classmethod
-    def _new_version(cls, value: Any) -> str:
-        return _version(value, "new_version")
 
 
 class InitGroupBody(Body):
@@ -426,14 +422,9 @@ class UpdateFromDistributedBody(Body):
     dtypes: list[str]
     shapes: list[list[int]]
     group_name: str = DEFAULT_GROUP_NAME
-    weight_version: str | None = None
+    weight_version: Version | None = None
     load_format: str | None = None
     abort_all_requests: bool = False
-
-    @pydantic.field_validator("weight_version", mode="plain")
-    @classmethod
-    def _weight_version(cls, value: Any) -> str | None:
-        return None if value is None else _version(value, "weight_version")
 
 
 class UpdateFromTensorBody(Body):
@@ -444,7 +435,7 @@ class UpdateFromTensorBody(Body):
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
-    weight_version: str | None = None
+    weight_version: Version | None = None
 
     @pydantic.field_validator("serialized_named_tensors")
     @classmethod
@@ -455,11 +446,6 @@ class UpdateFromTensorBody(Body):
                 f"device: tensor-parallel rank 0 only), got {len(value)}"
             )
         return value
-
-    @pydantic.field_validator("weight_version", mode="plain")
-    @classmethod
-    def _weight_version(cls, value: Any) -> str | None:
-        return None if value is None else _version(value, "weight_version")
 
 
 class MemoryBody(Body):
