@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -276,7 +275,3 @@ def response_events(call: ChatCall, reply: ChatReply, rid: str, model: str) -> I
             )
         yield event("response.output_item.done", output_index=i, item=item)
     yield event("response.completed", response=done)
-
-
-def response_id() -> str:
-    return uuid.uuid4().hex
