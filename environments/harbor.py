@@ -17,53 +17,20 @@ A task is a directory::
     env = HarborEnv("path/to/tasks")        # a directory of task directories (or one task)
     result = run(env, model)                # one episode per task: bash calls, then the tests
 
-Each task's image is built from ``environment/`` (``docker build``, cached under a tag made
-of a content hash of that directory, so an unchanged task is never rebuilt). No registry is
-reachable: a Dockerfile starts ``FROM`` a local image, usually the sandbox image
-``agentenv-sandbox:2`` (:data:`sandboxes.SANDBOX_IMAGE`), which has no ``/usr`` of its own
--- a container of an image built on it gets the host's ``/usr`` read-only (so ``RUN`` lines
-cannot work in such a Dockerfile: ``COPY`` the task's files in). A task whose image does not
-build fails its own episodes (a failed sample naming the task and the builder's error);
-the other tasks run.
+Each task's image is built once from ``environment/`` (tagged by a content hash of it);
+per episode the agent gets one locked-down container (:class:`sandboxes.Container`) and
+calls ``bash(command)`` until it replies without a tool call, hits ``max_turns`` or runs
+out of the task's agent time. Then the tests run in that container as one step the agent
+cannot reach: every process is killed, ``/tests`` is made afresh from the task's
+``tests/`` and ``/logs/verifier`` emptied, ``test.sh`` runs as the verifier user, every
+process is killed again, and only then is the reward read (``reward.json``'s ``"reward"``,
+else ``reward.txt``), so a tampered test or a faked reward scores what the tests say.
 
-Per episode the agent gets one container (:class:`sandboxes.Container`: no network, the
-task's memory and CPU limits, a pids limit, no ``sudo`` or new privileges) and calls
-``bash(command)``: each call is a fresh ``bash -c`` in the image's working directory, the
-file system persists across calls, output is cut to ``output_chars`` and each call is killed
-after ``command_timeout_s`` (and never runs past the task's agent timeout). The episode ends
-at the first reply without a tool call, at ``max_turns``, or when the agent's time is up.
-
-Then the tests run, in that container, as one step the agent cannot reach: every process
-left in the container is killed; ``/tests`` is made afresh (root-owned) from the task's
-``tests/`` and ``/logs/verifier`` emptied; ``bash /tests/test.sh`` runs as the verifier user
-(root unless the task says otherwise) under the verifier timeout; every process is killed
-again; then the reward is read from ``/logs/verifier/reward.json`` (its ``"reward"`` value)
-or else ``/logs/verifier/reward.txt`` (one number), as Harbor reads it. The tests never
-existed in the container before that step, a reward file the agent wrote is deleted before
-the tests start, and nothing the agent started outlives its turn, so editing the task's own
-tests, faking a reward file or leaving a process to tamper later scores what the tests say.
-A test run that times out or writes no reward scores 0, with the reason in
-``metadata["verifier"]``.
-
-``task.toml`` (Harbor's fields; unknown ones are ignored)::
-
-    [agent]
-    timeout_sec = 600.0      # the agent's wall-clock time for the episode
-    user = "root"            # who the agent runs as (default here: uid 1000, not root)
-    [verifier]
-    timeout_sec = 600.0      # test.sh's wall-clock limit
-    user = "root"            # who test.sh runs as (default: root)
-    env = { KEY = "value" }  # test.sh's extra environment
-    [environment]
-    build_timeout_sec = 600.0
-    cpus = 1
-    memory_mb = 2048         # or memory = "2G"
-    docker_image = "name:tag"  # a local image to use when there is no Dockerfile
-
-``allow_internet`` and ``storage_mb`` are ignored: containers never have a network, and
-the image layer's disk use is not capped. At most ``max_containers`` task containers
-(default: twice the CPU count) are alive at once; more episodes wait for one to end.
-A black-box agent (a command-line harness) can act through :meth:`HarborEnv.session`:
+What maps to what (``task.toml``'s fields, unknown ones ignored; the tool's limits;
+failures), the containers' limits and what is not supported: docs/ecosystem.md, "Harbor
+tasks". At most ``max_containers`` task containers (default: twice the CPU count) are
+alive at once. A black-box agent (a command-line harness) can act through
+:meth:`HarborEnv.session`:
 ``async with env.session(name) as s: await s.bash(cmd, timeout_s=30); await s.verify()``.
 """
 

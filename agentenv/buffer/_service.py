@@ -43,32 +43,12 @@ Wire protocol (version 1, under ``/v1``)::
 A batch frame is ``u32 length | JSON {id, policy_version, lease_s, groups: [{group_id,
 role, task_id, version, seq, n}]} | the batch's samples, encoded``.
 
-Every request is validated before the Buffer sees it: JSON bodies and query strings by one
-pydantic model per endpoint (types, ranges: a NaN timeout or a negative count is a 400 that
-names the field), sample bodies by the codec, in one linear pass that refuses empty groups
-and empty records and counts the samples before decoding any (``max_samples_per_request``,
-413 beyond; their JSON headers by ``max_sample_header_bytes`` each and
-``max_header_bytes_per_request`` in all, 413 beyond; the body itself is capped by
-``max_body_bytes``, 413 beyond). So a request costs
-at most a small multiple of its size in memory, and a malformed one never reaches the Buffer.
-
-Puts are long polls: a put whose client disconnects while it waits for room in a full
-Buffer is withdrawn (once admitted, the Buffer completes it). At most
-``max_put_requests`` are handled at once; beyond, 503 ``PutsBusy``, which the client
-retries, so producers waiting on a full Buffer leave connections to consumers.
-
-Leases: a batch handed out by the server is lent for ``lease_s`` seconds. The client renews
-the leases of the batches it holds in the background (every third of ``lease_s``, one
-``renew`` request for all of them) until it acknowledges or releases them; a consumer that
-dies stops renewing, and its batches' groups go back to the ready queue for the next
-consumer when the lease runs out. An ``ack`` after that succeeds while none of the
-batch's groups has been handed out again, and otherwise raises ``LeaseExpiredError``:
-then another consumer has them, and the late step must not be committed.
-
-The client sends concurrent ``put_group`` calls together: while one request is in flight,
-the groups put meanwhile queue up and go as one ``put_groups`` request (as the durable
-Buffer commits concurrent puts in one transaction), so many producers cost few requests.
-Each call still returns when its own group is stored, and raises its own group's error.
+Every request is validated before the Buffer sees it (one pydantic model per endpoint for
+JSON bodies and query strings, the codec for samples, bounded counts and header sizes:
+413 beyond); puts are long polls, at most ``max_put_requests`` at once (503 ``PutsBusy``
+beyond, which the client retries); the client renews the leases of the batches it holds
+and sends concurrent ``put_group`` calls as one ``put_groups`` request. What each of these
+means for a run, with its limits and flags: docs/buffer.md, "Service".
 """
 
 from __future__ import annotations
