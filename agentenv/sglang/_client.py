@@ -246,15 +246,17 @@ class SGLangClient:
                 if response.status_code < 400:
                     return response
                 if response.status_code < 500 or last:
-                    raise SGLangError(
-                        f"{method} {self.url}{path} answered {response.status_code}: "
-                        f"{_message(response)}",
-                        status=response.status_code,
-                        url=self.url,
-                    )
+                    raise self._refused(method, path, response)
             await anyio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.max_backoff)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refused(self, method: str, path: str, answer: _Answer) -> SGLangError:
+        return SGLangError(
+            f"{method} {self.url}{path} answered {answer.status_code}: {_message(answer)}",
+            status=answer.status_code,
+            url=self.url,
+        )
 
     async def _json(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         response = await self._request(method, path, body=body, **kw)
@@ -370,12 +372,7 @@ class SGLangClient:
             ) as response:
                 if response.status >= 400:
                     answer = _Answer(response.status, response.reason or "", await response.read())
-                    raise SGLangError(
-                        f"POST {self.url}/generate answered {answer.status_code}: "
-                        f"{_message(answer)}",
-                        status=answer.status_code,
-                        url=self.url,
-                    )
+                    raise self._refused("POST", "/generate", answer)
                 async for line in _lines(response.content):
                     if not line.startswith("data:"):
                         continue
