@@ -1,5 +1,8 @@
-"""The GRPO trainer: advantages, losses, batching (backends, weight sync, the loop and
-checkpoints build on these).
+"""The GRPO trainer, grouped by job: ``config`` (the settings each component takes, no
+torch), ``algorithm`` (advantages, the loss, packing), ``backends`` (torch; checkpoints),
+``engines`` (the engines' seam and weight sync), ``distributed`` (Ray), ``megatron`` and
+``run`` (``TrainConfig``, set-up, the loop, ``agentenv train``). Every public name is
+``trainer.X``, defined in one module of those.
 
 It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
 here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
@@ -13,7 +16,7 @@ one's own: :func:`place_run` (its Ray placement, or none), :func:`build_backend`
 them the backend's numerics) and :func:`run_grpo`.
 
 The names load on first use (most of them need torch), so importing ``trainer`` -- or
-``trainer._cli``, which defines ``agentenv train``'s flags -- stays light.
+``trainer.run._cli``, which defines ``agentenv train``'s flags -- stays light.
 """
 
 from __future__ import annotations
@@ -22,12 +25,42 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer._advantages import ESTIMATORS, compute_advantages
-    from trainer._algorithm import AGGREGATIONS, KL_TYPES, LossConfig
-    from trainer._backend import Backend
-    from trainer._batching import pack_by_tokens
-    from trainer._cli import config_from_flags
-    from trainer._config import (
+    from trainer.algorithm import (
+        ESTIMATORS,
+        compute_advantages,
+        kl_estimate,
+        pack_by_tokens,
+        policy_loss,
+        tempered_logits,
+        token_weights,
+    )
+    from trainer.backends import (
+        PRECISIONS,
+        Backend,
+        Precision,
+        TorchBackend,
+    )
+    from trainer.config import (
+        AGGREGATIONS,
+        KL_TYPES,
+        SCHEDULES,
+        GRPOConfig,
+        LossConfig,
+        OptimConfig,
+        logprob_temperature,
+    )
+    from trainer.engines import (
+        DiskSync,
+        DistributedSync,
+        EmbeddedEngine,
+        InProcessSync,
+        OffloadHooks,
+        RolloutEngine,
+        ServerEngine,
+        TensorSync,
+        WeightSync,
+    )
+    from trainer.run import (
         CheckpointConfig,
         DataConfig,
         EngineConfig,
@@ -35,27 +68,16 @@ if TYPE_CHECKING:
         LoggingConfig,
         ModelConfig,
         ParallelismConfig,
+        StepHooks,
         TrainConfig,
+        build_backend,
+        config_from_flags,
+        engine_dtypes,
+        place_run,
+        rollout_engine,
+        run_grpo,
+        train,
     )
-    from trainer._data import load_prompt_data
-    from trainer._engines import EmbeddedEngine, RolloutEngine, ServerEngine
-    from trainer._loop import StepHooks, run_grpo
-    from trainer._losses import (
-        kl_estimate,
-        logprob_temperature,
-        policy_loss,
-        tempered_logits,
-        token_weights,
-    )
-    from trainer._offload import OffloadHooks
-    from trainer._optimizer import OptimConfig
-    from trainer._precision import PRECISIONS, Precision
-    from trainer._rollout import SCHEDULES, GRPOConfig
-    from trainer._servers import engine_dtypes, rollout_engine
-    from trainer._setup import build_backend, place_run
-    from trainer._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
-    from trainer._torch import TorchBackend
-    from trainer._train import train
 
 __all__ = [
     "AGGREGATIONS",
@@ -92,7 +114,6 @@ __all__ = [
     "config_from_flags",
     "engine_dtypes",
     "kl_estimate",
-    "load_prompt_data",
     "logprob_temperature",
     "pack_by_tokens",
     "place_run",
@@ -106,50 +127,49 @@ __all__ = [
 
 # Where each public name lives (the imports above, for the type checker).
 _MODULES = {
-    "AGGREGATIONS": "trainer._algorithm",
-    "ESTIMATORS": "trainer._advantages",
-    "KL_TYPES": "trainer._algorithm",
-    "PRECISIONS": "trainer._precision",
-    "SCHEDULES": "trainer._rollout",
-    "Backend": "trainer._backend",
-    "CheckpointConfig": "trainer._config",
-    "DataConfig": "trainer._config",
-    "DiskSync": "trainer._sync",
-    "DistributedSync": "trainer._sync",
-    "TensorSync": "trainer._sync",
-    "EmbeddedEngine": "trainer._engines",
-    "RolloutEngine": "trainer._engines",
-    "ServerEngine": "trainer._engines",
-    "EngineConfig": "trainer._config",
-    "EvalConfig": "trainer._config",
-    "GRPOConfig": "trainer._rollout",
-    "InProcessSync": "trainer._sync",
-    "LoggingConfig": "trainer._config",
-    "LossConfig": "trainer._algorithm",
-    "ModelConfig": "trainer._config",
-    "OffloadHooks": "trainer._offload",
-    "OptimConfig": "trainer._optimizer",
-    "ParallelismConfig": "trainer._config",
-    "Precision": "trainer._precision",
-    "StepHooks": "trainer._loop",
-    "TorchBackend": "trainer._torch",
-    "TrainConfig": "trainer._config",
-    "WeightSync": "trainer._sync",
-    "build_backend": "trainer._setup",
-    "compute_advantages": "trainer._advantages",
-    "config_from_flags": "trainer._cli",
-    "engine_dtypes": "trainer._servers",
-    "kl_estimate": "trainer._losses",
-    "load_prompt_data": "trainer._data",
-    "logprob_temperature": "trainer._losses",
-    "pack_by_tokens": "trainer._batching",
-    "place_run": "trainer._setup",
-    "policy_loss": "trainer._losses",
-    "rollout_engine": "trainer._servers",
-    "run_grpo": "trainer._loop",
-    "tempered_logits": "trainer._losses",
-    "token_weights": "trainer._losses",
-    "train": "trainer._train",
+    "AGGREGATIONS": "trainer.config._algorithm",
+    "ESTIMATORS": "trainer.algorithm._advantages",
+    "KL_TYPES": "trainer.config._algorithm",
+    "PRECISIONS": "trainer.backends._precision",
+    "SCHEDULES": "trainer.config._rollout",
+    "Backend": "trainer.backends._backend",
+    "CheckpointConfig": "trainer.run._config",
+    "DataConfig": "trainer.run._config",
+    "DiskSync": "trainer.engines._sync",
+    "DistributedSync": "trainer.engines._sync",
+    "EmbeddedEngine": "trainer.engines._engines",
+    "EngineConfig": "trainer.run._config",
+    "EvalConfig": "trainer.run._config",
+    "GRPOConfig": "trainer.config._rollout",
+    "InProcessSync": "trainer.engines._sync",
+    "LoggingConfig": "trainer.run._config",
+    "LossConfig": "trainer.config._algorithm",
+    "ModelConfig": "trainer.run._config",
+    "OffloadHooks": "trainer.engines._offload",
+    "OptimConfig": "trainer.config._optimizer",
+    "ParallelismConfig": "trainer.run._config",
+    "Precision": "trainer.backends._precision",
+    "RolloutEngine": "trainer.engines._engines",
+    "ServerEngine": "trainer.engines._engines",
+    "StepHooks": "trainer.run._loop",
+    "TensorSync": "trainer.engines._sync",
+    "TorchBackend": "trainer.backends._torch",
+    "TrainConfig": "trainer.run._config",
+    "WeightSync": "trainer.engines._sync",
+    "build_backend": "trainer.run._setup",
+    "compute_advantages": "trainer.algorithm._advantages",
+    "config_from_flags": "trainer.run._cli",
+    "engine_dtypes": "trainer.run._servers",
+    "kl_estimate": "trainer.algorithm._losses",
+    "logprob_temperature": "trainer.config._algorithm",
+    "pack_by_tokens": "trainer.algorithm._batching",
+    "place_run": "trainer.run._setup",
+    "policy_loss": "trainer.algorithm._losses",
+    "rollout_engine": "trainer.run._servers",
+    "run_grpo": "trainer.run._loop",
+    "tempered_logits": "trainer.algorithm._losses",
+    "token_weights": "trainer.algorithm._losses",
+    "train": "trainer.run._train",
 }
 
 

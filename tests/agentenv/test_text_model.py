@@ -106,7 +106,7 @@ async def test_the_model_is_named_when_the_server_serves_several(smollm2: ChatTo
 
 async def test_training_refuses_a_text_level_policy(smollm2: ChatTokenizer) -> None:
     from trainer import GRPOConfig
-    from trainer._producer import Producer
+    from trainer.run._producer import Producer
 
     model = OpenAIChatModel("http://127.0.0.1:9/v1", tokenizer=smollm2, model="m")
     with pytest.raises(ConfigError, match=r"text-level model .* no gradient can be computed"):

@@ -22,7 +22,7 @@ from trainer import (
     tempered_logits,
     token_weights,
 )
-from trainer._losses import gradient_without_advantage
+from trainer.algorithm._losses import gradient_without_advantage
 
 # -- references: plain Python, one sample at a time -----------------------------------
 
@@ -282,7 +282,7 @@ def test_tempered_log_probs_are_the_engines(temperature: float) -> None:
 def test_a_temperature_the_logprobs_cannot_be_taken_at_is_refused(
     temperature: float, message: str
 ) -> None:
-    from trainer._backend import check_temperature
+    from trainer.backends._backend import check_temperature
 
     with pytest.raises(ConfigError, match=message):
         check_temperature(temperature)
@@ -370,7 +370,7 @@ def test_chunked_token_logprob_matches_log_softmax_and_its_gradient(
 ) -> None:
     """The torch backend's chunked log-prob (bf16 path, hand-written backward) and its
     fp32 path give ``log_softmax(logits / T)``, its gradient and entropy."""
-    from trainer._torch import _token_logprobs, _TokenLogprob
+    from trainer.backends._torch import _token_logprobs, _TokenLogprob
 
     torch.manual_seed(0)
     logits = (3 * torch.randn(37, 101)).to(dtype)

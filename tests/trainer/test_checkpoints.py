@@ -23,9 +23,9 @@ from trainer import (
     compute_advantages,
     run_grpo,
 )
-from trainer._checkpoints import CheckpointWriter, cpu_copy
-from trainer._config import CheckpointConfig
-from trainer._files import replace_dir
+from trainer._resources import replace_dir
+from trainer.backends._checkpoints import CheckpointWriter, cpu_copy
+from trainer.run._config import CheckpointConfig
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -18,8 +18,8 @@ from trainer import (
     LossConfig,
     TrainConfig,
 )
-from trainer._config import flag_table
-from trainer._flags import add_train_arguments, config_from_args
+from trainer.run._config import flag_table
+from trainer.run._flags import add_train_arguments, config_from_args
 
 
 def _parser() -> argparse.ArgumentParser:

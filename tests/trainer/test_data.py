@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv import ConfigError
-from trainer import load_prompt_data
+from agentenv import ConfigError, load_prompt_data
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -105,7 +104,7 @@ def test_rows_go_to_a_tool_environment_and_the_reward_flags_replace_its_rubric(
 
     from agentenv.rewards import RuleReward
     from trainer import TrainConfig
-    from trainer._setup import load_tasks
+    from trainer.run._setup import load_tasks
 
     rows = [{"question": f"What is {i} * 3?", "answer": str(3 * i)} for i in range(4)]
     data = write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))

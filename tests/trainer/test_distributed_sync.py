@@ -22,7 +22,7 @@ from agentenv.sglang import SGLangClient, SGLangError
 from tests._gpu import gpu_test
 from tests.trainer.test_loop import tiny_llama
 from trainer import DistributedSync, OptimConfig, TorchBackend, TrainConfig
-from trainer._sender import buckets as _buckets
+from trainer.backends._sender import buckets as _buckets
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -28,7 +28,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_import_loads_no_torch() -> None:
-    code = "import sys, trainer, trainer._cli; print('torch' in sys.modules)"
+    code = "import sys, trainer, trainer.run._cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -355,7 +355,7 @@ def test_the_saved_model_is_a_complete_hf_directory_every_loader_takes(tmp_path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentenv.sglang import Launcher, SGLangClient, server_command
-    from trainer._files import free_port
+    from trainer._resources import free_port
 
     source = tiny_llama(tmp_path / "tiny")
     (source / "special_tokens_map.json").write_text(

@@ -27,8 +27,8 @@ from trainer import (
     TrainConfig,
     compute_advantages,
 )
-from trainer._config import ParallelismConfig
-from trainer._precision import resolve_precision
+from trainer.backends._precision import resolve_precision
+from trainer.run._config import ParallelismConfig
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

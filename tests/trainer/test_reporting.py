@@ -6,9 +6,9 @@ import pytest
 
 from agentenv import Sample
 from trainer import TrainConfig
-from trainer._loop import _rollout_metrics
-from trainer._producer import RoundStats
-from trainer._reporting import Reporter
+from trainer.run._loop import _rollout_metrics
+from trainer.run._producer import RoundStats
+from trainer.run._reporting import Reporter
 
 
 def _sample(group: str, reward: float, role: str | None = None) -> Sample:
@@ -94,8 +94,8 @@ def test_the_peak_resident_set_covers_every_process_of_the_run() -> None:
 
     import torch
 
-    from trainer._loop import _peak_memory
-    from trainer._rss import peak_rss_gib
+    from trainer._resources import peak_rss_gib
+    from trainer.run._loop import _peak_memory
 
     # A child that starts a grandchild which touches 300 MiB, says so, and waits.
     grow = "x = bytearray(300 * 2**20); x[::4096] = b'a' * (len(x) // 4096); print('ok'); input()"

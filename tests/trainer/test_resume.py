@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.trainer.test_loop import GoodTokensEnv, tiny_llama
-from trainer._producer import TaskStream
+from trainer.run._producer import TaskStream
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8

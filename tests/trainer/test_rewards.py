@@ -25,10 +25,10 @@ from agentenv import (
 )
 from agentenv.buffer import Buffer
 from trainer import GRPOConfig
-from trainer._envs import build_env
-from trainer._flags import add_train_arguments, config_from_args
-from trainer._producer import FailedRoundsError, Producer, TaskStream
-from trainer._setup import env_spec
+from trainer.config._envs import build_env
+from trainer.run._flags import add_train_arguments, config_from_args
+from trainer.run._producer import FailedRoundsError, Producer, TaskStream
+from trainer.run._setup import env_spec
 
 pytestmark = pytest.mark.timeout(120)
 

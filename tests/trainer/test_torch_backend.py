@@ -160,7 +160,7 @@ def test_first_step_ratio_is_one_and_the_update_follows_the_advantages(
 
 
 def test_response_positions_padded_and_packed() -> None:
-    from trainer._backend import Item, response_positions
+    from trainer.backends._backend import Item, response_positions
 
     def item(n: int, start: int) -> Item:
         return Item(torch.arange(100, 100 + n), start, torch.ones(n - start, dtype=torch.float64))
@@ -340,7 +340,7 @@ def test_the_cpu_defaults_keep_memory_low_and_compile_only_on_cuda(tmp_path: Pat
     off CUDA and with megatron before anything loads."""
     from tests.trainer.test_loop import tiny_llama
     from trainer import TrainConfig
-    from trainer._backend import micro_batch_tokens
+    from trainer.config import default_micro_batch_tokens as micro_batch_tokens
 
     model = tiny_llama(tmp_path / "tiny")
     backend = TorchBackend(model)

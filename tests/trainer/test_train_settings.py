@@ -25,10 +25,10 @@ from agentenv import (
 from agentenv._scripted import ScriptContext
 from agentenv.buffer import Buffer
 from trainer import GRPOConfig, OptimConfig, TrainConfig
-from trainer._flags import add_train_arguments, config_from_args
-from trainer._producer import Producer, TaskStream
-from trainer._rollout import load_filter
-from trainer._setup import RAW_TEMPLATE
+from trainer.config._rollout import load_filter
+from trainer.run._flags import add_train_arguments, config_from_args
+from trainer.run._producer import Producer, TaskStream
+from trainer.run._setup import RAW_TEMPLATE
 
 
 def test_learning_rate_schedules() -> None:
@@ -213,7 +213,7 @@ def test_sglang_flags_after_a_double_dash_belong_to_the_command(
 
 def test_the_episodes_in_flight_follow_the_engines_capacity() -> None:
     from agentenv.sglang import split_passthrough
-    from trainer._servers import server_capacity
+    from trainer.run._servers import server_capacity
 
     # slime's --sglang-server-concurrency is the trainer's, not a flag for SGLang.
     ours, server, _ = split_passthrough(
@@ -286,7 +286,7 @@ def test_a_launched_agentenv_serve_gets_the_key_and_the_trainer_sends_it(
     import anyio
     import httpx
 
-    from trainer._servers import rollout_engine
+    from trainer.run._servers import rollout_engine
 
     monkeypatch.delenv("AGENTENV_API_KEY", raising=False)
     config = TrainConfig(

@@ -10,7 +10,7 @@ backend's data-parallel ranks behind the :class:`~trainer.Backend` interface
     backend = TrainerGroup.start(placed, "smollm2-135m", optim=..., loss=...)
 
 Importing this package imports neither Ray nor torch's distributed machinery; a run
-without placement flags never gets here (``trainer._setup.build_backend``). See
+without placement flags never gets here (``trainer.run._setup.build_backend``). See
 docs/distributed.md; needs the ``distributed`` extra (``ray``, ``sglang-router``).
 """
 

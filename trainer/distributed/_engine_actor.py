@@ -114,7 +114,7 @@ class EngineActor:
         import ray
 
         from agentenv.sglang import Launcher
-        from trainer._files import free_port
+        from trainer._resources import free_port
 
         if self._task is not None:
             raise ConfigError("this engine actor has started its server already")
@@ -171,7 +171,7 @@ class EngineActor:
     def peak_rss_gib(self) -> float:
         """The largest peak resident set so far (GiB) of this actor's process and its
         server's (the server and every process it started)."""
-        from trainer._rss import peak_rss_gib
+        from trainer._resources import peak_rss_gib
 
         process = self._process
         server = peak_rss_gib(process.pid, descendants=True) if process is not None else 0.0

@@ -34,9 +34,8 @@ from trainer.distributed._engine_actor import EngineActor, EngineInfo, EngineSpe
 if TYPE_CHECKING:
     from agentenv import Completion, SamplingParams
     from agentenv.sglang import Launcher, SGLangClient
-    from trainer._backend import Backend
-    from trainer._sender import WeightSender
-    from trainer._sync import WeightSync
+    from trainer.backends import Backend, WeightSender
+    from trainer.engines import WeightSync
 
 __all__ = ["EngineGroup", "EngineGroupError", "EngineSlot", "EngineStatistics"]
 
@@ -203,7 +202,7 @@ class EngineGroup:
         import ray
 
         from agentenv.sglang import Launcher, SGLangClient, router_command
-        from trainer._files import free_port
+        from trainer._resources import free_port
 
         if not ray.is_initialized():
             raise ConfigError(
@@ -771,7 +770,7 @@ class GroupSync:
         )  # fmt: skip
 
     async def _sync_for(self, clients: list[SGLangClient]) -> WeightSync:
-        from trainer._sync import DiskSync, DistributedSync, TensorSync
+        from trainer.engines import DiskSync, DistributedSync, TensorSync
 
         if self.kind == "tensor":
             return TensorSync(clients, api_key=self.group.api_key, senders=self._colocated)

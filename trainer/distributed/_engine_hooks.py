@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer._offload import OffloadHooks
+from trainer.engines import OffloadHooks
 
 if TYPE_CHECKING:
     from trainer.distributed._engine_group import EngineGroup

@@ -118,7 +118,7 @@ class RankActor:
         """This node's address and a port free on it (rank 0 publishes these)."""
         import ray
 
-        from trainer._files import free_port
+        from trainer._resources import free_port
 
         ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         return ip, free_port()
@@ -140,13 +140,13 @@ class RankActor:
         return method(self.worker, *args, **kwargs)
 
     def weights(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One call of this rank's weight sender (:class:`trainer._sender.LocalSender`
+        """One call of this rank's weight sender (:class:`trainer.backends._sender.LocalSender`
         over the worker's ``state_dict``): the weights leave from here. ``rendezvous``:
         this node's address and a free port."""
         if op == "rendezvous":
             return self.address()
         if self.sender is None:
-            from trainer._sender import LocalSender
+            from trainer.backends import LocalSender
 
             self.sender = LocalSender(self.worker.state_dict)
         return getattr(self.sender, op)(*args, **kwargs)

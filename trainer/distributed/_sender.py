@@ -1,5 +1,5 @@
 """Weights that leave from a trainer rank's actor: :class:`RankSender`, the
-:class:`~trainer._sender.WeightSender` of a backend whose ranks are Ray actors. Every call
+:class:`~trainer.backends._sender.WeightSender` of a backend whose ranks are Ray actors. Every call
 runs in the rank's actor (:meth:`RankGroup.weights`), so a broadcast goes from the rank's
 GPU to the engines and a handover by handle from the rank to the engines on its GPU; the
 driver only says what to do.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainer._sender import TensorMeta, Transport
+from trainer.backends import TensorMeta, Transport
 from trainer.distributed._ranks import RankGroup
 
 __all__ = ["RankSender"]

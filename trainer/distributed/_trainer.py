@@ -4,7 +4,7 @@ loop talks to, which fans each call out to them.
 
 A step goes to every rank with the whole batch; each runs its share of the micro-batches
 and the gradients are summed over the ranks by torch's DDP during the last one's backward
-(:class:`~trainer._data_parallel.DataParallel`), so every rank holds the same weights
+(:class:`~trainer.backends._data_parallel.DataParallel`), so every rank holds the same weights
 and a step on N ranks is the step on one, up to the order of fp32 additions. Why DDP and
 not FSDP2 or one flat all-reduce: ``agentenv bench data-parallel`` (docs/benchmarks.md);
 the models this backend trains fit on one GPU, and a whole copy per rank keeps its
@@ -22,13 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentenv import Sample
-from trainer._algorithm import LossConfig
-from trainer._backend import Backend
-from trainer._data_parallel import DataParallel
-from trainer._optimizer import OptimConfig
-from trainer._precision import resolve_precision
-from trainer._rss import peak_rss_gib
-from trainer._torch import TorchBackend
+from trainer._resources import peak_rss_gib
+from trainer.backends import Backend, DataParallel, TorchBackend, resolve_precision
+from trainer.config import LossConfig, OptimConfig
 from trainer.distributed._ranks import RankGroup, Rendezvous
 from trainer.distributed._sender import RankSender
 

@@ -95,7 +95,7 @@ class RolloutWorker:
     """The body of one worker's actor (async: its own event loop)."""
 
     def __init__(self, spec: WorkerSpec, buffer_url: str, buffer_token: str) -> None:
-        from trainer._envs import EnvSpec, build_env
+        from trainer.config import EnvSpec, build_env
 
         self.spec = spec
         self.buffer_url = buffer_url
@@ -135,7 +135,7 @@ class RolloutWorker:
             stats = await run_rollouts(
                 self.env, tasks, policy, tokenizer=self.tokenizer, sink=sink, config=config
             )
-        from trainer._rss import peak_rss_gib
+        from trainer._resources import peak_rss_gib
 
         wall_s = time.perf_counter() - start
         return _Part(stats, sink.put, sink.roles, wall_s, _rss_mb(), peak_rss_gib())

@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentenv import ConfigError, Sample
-from trainer._algorithm import LossConfig
-from trainer._backend import Backend
-from trainer._files import replace_dir
-from trainer._optimizer import OptimConfig
+from trainer._resources import replace_dir
+from trainer.backends import Backend
+from trainer.config import LossConfig, OptimConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._provider import require_megatron
@@ -44,7 +43,7 @@ from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 
 if TYPE_CHECKING:
-    from trainer._sender import WeightSender
+    from trainer.backends import WeightSender
     from trainer.distributed import Placed
 
 __all__ = ["Launcher", "MegatronBackend", "launch_ranks", "ray_launcher"]

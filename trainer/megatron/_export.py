@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from agentenv import ConfigError
-from trainer._files import copy_model_files, replace_dir
+from trainer._resources import copy_model_files, replace_dir
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_weight_shapes, megatron_to_hf
 
@@ -48,7 +48,7 @@ def save_hf_weights(
     ``dtype`` converts the floating-point tensors (default: keep theirs). Tied
     embeddings are written once (no ``lm_head.weight``), as HF saves them. ``source``:
     the HF directory the model came from, whose tokenizer, chat template and generation
-    config are copied along (:func:`trainer._files.copy_model_files`).
+    config are copied along (:func:`trainer._resources.copy_model_files`).
     """
     from safetensors.torch import save_file
 

@@ -5,7 +5,7 @@ The output layer has ``Vp`` rows, ``Vp - V`` of them padding. Their logits are s
 ``-inf`` before the softmax: otherwise each padding row (zero, or trained towards
 anything) adds to the normaliser and the log-probs differ from the HF model's and the
 rollout engine's. Both log-probs and entropies are of ``softmax(logits / temperature)``
-(:func:`trainer._losses.tempered_logits`), the rollout's sampling distribution, as the
+(:func:`trainer.algorithm._losses.tempered_logits`), the rollout's sampling distribution, as the
 torch backend's are.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer._losses import tempered_logits
+from trainer.algorithm import tempered_logits
 
 __all__ = ["mask_vocab_padding", "vocab_parallel_entropy", "vocab_parallel_logprobs"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from agentenv import ClosedResourceError
-from trainer._files import free_port
+from trainer._resources import free_port
 from trainer.distributed import Ranks, Rendezvous, Worker
 
 __all__ = ["LocalRanks", "Ranks", "Rendezvous", "Worker"]

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from agentenv import ConfigError
-from trainer._algorithm import LossConfig
-from trainer._optimizer import OptimConfig
+from trainer.config import LossConfig, OptimConfig
 from trainer.distributed import Rendezvous
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._convert import hf_to_megatron

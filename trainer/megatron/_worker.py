@@ -7,8 +7,8 @@ data-parallel replicas; megatron's forward-backward schedule (``get_forward_back
 1F1B across pipeline stages, a plain loop without) runs them through the model wrapped in
 megatron's ``DistributedDataParallel``; on the last stage each micro-batch's vocab-parallel
 logits give the log-probs (padding columns masked, fp32) and the shared GRPO loss
-(:meth:`trainer._backend.StepCore._micro_loss`, weighted for the whole step, so neither the packing
-nor the layout changes the gradient). ``finalize_model_grads`` reduces the gradients
+(:meth:`trainer.backends.StepCore._micro_loss`, weighted for the whole step, so neither the
+packing nor the layout changes the gradient). ``finalize_model_grads`` reduces the gradients
 (data-parallel replicas, tied embeddings across stages, sequence-parallel norms); megatron's
 optimizer (``get_megatron_optimizer``: fp32 main weights, clipping by the global norm, the
 distributed optimizer with ``--use-distributed-optimizer``) applies them. A non-finite
@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from agentenv import ConfigError, Sample
-from trainer._backend import (
+from trainer.algorithm import pack_by_tokens
+from trainer.backends import (
     Item,
     StepCore,
     StepPlan,
@@ -44,7 +45,6 @@ from trainer._backend import (
     response_positions,
     to_items,
 )
-from trainer._batching import pack_by_tokens
 from trainer.distributed import Rendezvous
 from trainer.megatron._attention import packed_sequences
 from trainer.megatron._config import MegatronModelConfig

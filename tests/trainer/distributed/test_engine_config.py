@@ -9,7 +9,7 @@ import torch
 
 from agentenv import ConfigError
 from trainer import TrainConfig
-from trainer._servers import engine_spec
+from trainer.run._servers import engine_spec
 
 
 def test_serve_engines_take_the_runs_device_batch_dtypes_and_key(

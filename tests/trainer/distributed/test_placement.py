@@ -86,7 +86,7 @@ def test_a_run_without_placement_flags_stays_in_one_process_without_ray() -> Non
 
     code = (
         "import sys, trainer, trainer.megatron, trainer.distributed\n"
-        "from trainer._setup import place_run\n"
+        "from trainer.run._setup import place_run\n"
         "assert place_run(trainer.TrainConfig(env='arithmetic')) is None\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )

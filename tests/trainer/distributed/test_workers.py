@@ -232,7 +232,7 @@ async def test_a_worker_over_its_memory_limit_is_replaced_after_its_round(
 def test_workers_the_cluster_cannot_hold_are_refused_before_anything_is_placed(
     ray_cluster: Any,
 ) -> None:
-    from trainer._setup import place_run
+    from trainer.run._setup import place_run
 
     base: dict[str, Any] = dict(env="arithmetic", rollout_url="http://127.0.0.1:9")
     free = ray_cluster.available_resources().get("CPU")

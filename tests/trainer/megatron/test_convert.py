@@ -142,7 +142,7 @@ def test_export_carries_the_source_models_tokenizer_and_generation_config(
     from transformers import AutoTokenizer
 
     from agentenv.engine import resolve_model
-    from trainer._files import MODEL_FILES
+    from trainer._resources import MODEL_FILES
 
     source = resolve_model("smollm2-135m")
     model = tiny_model("llama", tied=True)

@@ -67,7 +67,7 @@ def test_the_backend_takes_log_probs_and_entropy_at_the_rollout_temperature(
     distribution the rollout engine sampled from at temperature T."""
     import trainer.megatron._provider as provider
     from trainer import LossConfig
-    from trainer._backend import Item
+    from trainer.backends._backend import Item
     from trainer.megatron import MegatronWorker
 
     monkeypatch.setattr(provider, "require_megatron", lambda module="": _StandInCore)

@@ -1,5 +1,5 @@
 """The trainer's end of a weight update: where the weights are read and from where they
-leave, kept apart from the protocol that drives it (:mod:`trainer._sync`), so that the
+leave, kept apart from the protocol that drives it (:mod:`trainer.engines._sync`), so that the
 weights leave from the process that holds them -- the backend itself in this process, or
 trainer rank 0's actor on Ray (:class:`trainer.distributed.RankSender`) -- and never pass
 through the driver.
@@ -139,7 +139,7 @@ class LocalSender:
         ]
 
     def rendezvous(self, address: str) -> tuple[str, int]:
-        from trainer._files import free_port
+        from trainer._resources import free_port
 
         return address, free_port()
 

@@ -7,18 +7,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 import pydantic
 
 from agentenv import ConfigError, Limits, RolloutConfig, SamplingParams, Task, resolve_name
-from trainer._settings import Group, setting
+from trainer.config._settings import Group, setting
 
 if TYPE_CHECKING:
     from agentenv.buffer import BufferConfig, GroupFilter
-    from trainer._engines import RolloutEngine
 
 __all__ = ["SCHEDULES", "GRPOConfig", "filter_name", "load_filter"]
+
+
+class _Engine(Protocol):
+    """What the rollout group reads of a :class:`~trainer.RolloutEngine` (the settings
+    sit below the engines, so they name only these two properties)."""
+
+    @property
+    def capacity(self) -> int | None: ...
+
+    @property
+    def device(self) -> str | None: ...
+
 
 Schedule = Literal["sync", "one_step_off", "async"]
 SCHEDULES: tuple[str, ...] = ("sync", "one_step_off", "async")
@@ -228,14 +239,14 @@ class GRPOConfig(Group):
     def round_size(self) -> int:
         return self.over_sampling_batch_size or self.rollout_batch_size
 
-    def concurrency_for(self, engine: RolloutEngine) -> int:
+    def concurrency_for(self, engine: _Engine) -> int:
         """Episodes in flight per round with ``engine``, and generate calls in flight over
         all rounds: :attr:`concurrency`, else what the engine decodes together
         (:attr:`RolloutEngine.capacity <trainer.RolloutEngine.capacity>`), else a whole
         round."""
         return self.concurrency or engine.capacity or self.round_size * self.n_samples_per_prompt
 
-    def offloads(self, engine: RolloutEngine) -> bool:
+    def offloads(self, engine: _Engine) -> bool:
         """Whether ``engine`` releases its memory while each step trains:
         :attr:`offload_rollout`, by default on for an embedded engine on CPU on the
         ``sync`` schedule (nothing runs while the trainer trains, and a CPU engine has no

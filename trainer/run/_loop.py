@@ -37,16 +37,12 @@ from agentenv import ConfigError, Environment, Sample, Task, Tokenizer
 from agentenv.buffer import Batch, Buffer
 from agentenv.engine import use_torch_threads
 from agentenv.games import game_metrics
-from trainer._advantages import compute_advantages
-from trainer._backend import Backend
-from trainer._checkpoints import CheckpointWriter
-from trainer._engines import RolloutEngine
-from trainer._losses import gradient_without_advantage, logprob_temperature
-from trainer._offload import OffloadHooks
-from trainer._producer import Producer, RoundStats, TaskStream
-from trainer._rollout import GRPOConfig
-from trainer._rss import peak_rss_gib
-from trainer._sync import WeightSync
+from trainer._resources import peak_rss_gib
+from trainer.algorithm import compute_advantages, gradient_without_advantage
+from trainer.backends import Backend, CheckpointWriter
+from trainer.config import GRPOConfig, logprob_temperature
+from trainer.engines import OffloadHooks, RolloutEngine, WeightSync
+from trainer.run._producer import Producer, RoundStats, TaskStream
 
 if TYPE_CHECKING:
     from trainer.distributed import RolloutWorkers
@@ -353,7 +349,7 @@ def _plan_train(backend: Backend, samples: list[Sample], config: GRPOConfig) -> 
 
     A share carries none when every advantage in it is 0 (all its groups' rewards are
     equal) or no token of it is in the loss, and the loss has no term that acts without
-    an advantage (:func:`~trainer._losses.gradient_without_advantage`: a KL penalty or an
+    an advantage (:func:`~trainer.algorithm._losses.gradient_without_advantage`: a KL penalty or an
     entropy bonus). Such an optimizer step is not run at all -- no forward, no backward,
     no optimizer update (with AdamW a zero gradient would still move the weights by the
     moments of earlier steps, and weight decay): it is the step a filter that drops

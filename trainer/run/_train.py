@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer._backend import Backend
-    from trainer._config import TrainConfig
+    from trainer.backends import Backend
+    from trainer.run._config import TrainConfig
 
 __all__ = ["train"]
 
@@ -24,13 +24,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     import anyio
 
-    from trainer._checkpoints import checkpoint_step
-    from trainer._evaluation import Evaluator
-    from trainer._loop import run_grpo
-    from trainer._offload import OffloadHooks
-    from trainer._reporting import Reporter, completed, plot, record, summary
-    from trainer._servers import engine_dtypes, rollout_engine, rollout_workers
-    from trainer._setup import (
+    from trainer.backends import checkpoint_step
+    from trainer.engines import OffloadHooks
+    from trainer.run._evaluation import Evaluator
+    from trainer.run._loop import run_grpo
+    from trainer.run._reporting import Reporter, completed, plot, record, summary
+    from trainer.run._servers import engine_dtypes, rollout_engine, rollout_workers
+    from trainer.run._setup import (
         build_backend,
         checkpoint_dir,
         load_tasks,
@@ -111,8 +111,8 @@ def save_model(backend: Backend, config: TrainConfig, checkpoint: Path | None) -
     """The trained model into ``SAVE/model``, replaced atomically: hard links to the last
     checkpoint's model when that is of the last step (the same weights: the run then
     holds them once on disk), else the backend's export."""
-    from trainer._checkpoints import link_model
-    from trainer._files import replace_dir
+    from trainer._resources import replace_dir
+    from trainer.backends import link_model
 
     assert config.checkpoint.save is not None
     target = config.checkpoint.save / "model"

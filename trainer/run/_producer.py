@@ -42,7 +42,7 @@ from agentenv import (
 from agentenv.buffer import Buffer
 
 if TYPE_CHECKING:
-    from trainer._rollout import GRPOConfig
+    from trainer.config import GRPOConfig
     from trainer.distributed import RolloutWorkers
 
 __all__ = ["NOTE", "FailedRoundsError", "Producer", "RoundStats", "TaskStream"]

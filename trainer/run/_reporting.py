@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError
 
 if TYPE_CHECKING:
-    from trainer._config import TrainConfig
+    from trainer.run._config import TrainConfig
 
-__all__ = ["Reporter", "completed", "plot", "record", "summary"]
+__all__ = ["Reporter", "completed", "plot", "plot_run", "record", "summary"]
 
 #: Where a run records its result, once complete (``SAVE/summary.json``).
 SUMMARY = "summary.json"
@@ -142,8 +143,6 @@ def plot(
     save = config.checkpoint.save
     if save is None or not history:
         return None
-    from trainer._plot import plot_run
-
     try:
         path = str(
             plot_run(
@@ -236,3 +235,45 @@ def completed(config: TrainConfig) -> dict[str, Any] | None:
         flush=True,
     )
     return result
+
+
+PANELS = (
+    ("reward_mean", "rollout reward (mean)"),
+    ("train/rollout_train_logprob_abs_diff", "|rollout - trainer log-prob|"),
+    ("train/entropy", "entropy (per token)"),
+    ("train/grad_norm", "gradient norm"),
+)
+
+
+def plot_run(
+    history: Sequence[dict[str, float]],
+    path: str | Path,
+    *,
+    title: str = "",
+    eval_before: float | None = None,
+    eval_after: float | None = None,
+) -> Path:
+    """Write a 2×2 PNG of ``history`` to ``path`` (needs matplotlib: the ``train`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), constrained_layout=True)
+    steps = [int(h["step"]) + 1 for h in history]
+    for ax, (key, label) in zip(axes.flat, PANELS, strict=True):
+        values = [h.get(key, float("nan")) for h in history]
+        ax.plot(steps, values, marker="o", markersize=3)
+        ax.set_title(label)
+        ax.set_xlabel("rollout step")
+        ax.grid(alpha=0.3)
+        if key == "reward_mean" and eval_before is not None and eval_after is not None:
+            ax.axhline(eval_before, color="grey", linestyle="--", label="held-out before")
+            ax.axhline(eval_after, color="green", linestyle="--", label="held-out after")
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

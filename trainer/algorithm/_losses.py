@@ -4,7 +4,7 @@ truncated importance sampling against the rollout's log-probs.
 Every log-prob here -- old, new, reference -- and the entropy are of
 ``softmax(logits / temperature)`` (:func:`tempered_logits`), the distribution the rollout
 engine sampled from and whose log-probs it reports (as SGLang does): at the rollout's
-temperature, or 1 for greedy rollouts (:func:`logprob_temperature`).
+temperature, or 1 for greedy rollouts (:func:`~trainer.logprob_temperature`).
 
 Tensors are flat over the response tokens of a micro-batch (samples packed back to back).
 Each token carries a weight (:func:`token_weights`) that encodes the loss aggregation for
@@ -19,12 +19,11 @@ from collections.abc import Sequence
 import torch
 
 from agentenv import ConfigError
-from trainer._algorithm import KL_TYPES, LossConfig, logprob_temperature
+from trainer.config import KL_TYPES, LossConfig
 
 __all__ = [
     "gradient_without_advantage",
     "kl_estimate",
-    "logprob_temperature",
     "policy_loss",
     "tempered_logits",
     "token_weights",

@@ -1,17 +1,16 @@
 """The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device.
 
-Samples arrive as token ids (never re-tokenized); :class:`~trainer._backend.MicroBatchBackend`
-runs the step. The numerics are one of :data:`~trainer._precision.PRECISIONS` (fp32; fp32
-weights under bf16 autocast, the CUDA default; bf16 weights with fp32 master copies). For
-each micro-batch this backend runs the decoder, then the output layer *in chunks of
-tokens*. Which way is chosen by the dtype the output layer *computes* in, not by the
-weights': in fp32 under activation checkpointing (the full-vocabulary logits of one chunk
-exist at a time, in the forward and again in the backward); in bf16 (bf16 weights, or fp32
-weights under autocast) through a custom autograd function that keeps the response
-tokens' logits in bf16 and does the fp32 log-softmax and its gradient a chunk at a time.
-Log-probs and entropies are of ``softmax(logits / temperature)`` (each call's), the rollout's
-sampling distribution.
-"""
+Samples arrive as token ids (never re-tokenized);
+:class:`~trainer.backends._backend.MicroBatchBackend` runs the step. The numerics are one
+of :data:`~trainer.PRECISIONS` (fp32; fp32 weights under bf16 autocast, the CUDA default;
+bf16 weights with fp32 master copies). For each micro-batch this backend runs the decoder,
+then the output layer *in chunks of tokens*. Which way is chosen by the dtype the output
+layer *computes* in, not by the weights': in fp32 under activation checkpointing (the
+full-vocabulary logits of one chunk exist at a time, in the forward and again in the
+backward); in bf16 (bf16 weights, or fp32 weights under autocast) through a custom
+autograd function that keeps the response tokens' logits in bf16 and does the fp32
+log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
+``softmax(logits / temperature)`` (each call's), the rollout's sampling distribution."""
 
 from __future__ import annotations
 
@@ -25,18 +24,21 @@ import torch
 import torch.utils.checkpoint
 
 from agentenv import ConfigError
-from trainer._algorithm import LossConfig
-from trainer._backend import (
+from trainer.algorithm import tempered_logits
+from trainer.backends._backend import (
     Item,
     MicroBatchBackend,
-    micro_batch_tokens,
     pad,
     response_positions,
 )
-from trainer._defaults import checkpointing, compile_layers
-from trainer._losses import tempered_logits
-from trainer._optimizer import OptimConfig
-from trainer._precision import Precision, resolve_precision
+from trainer.backends._precision import Precision, resolve_precision
+from trainer.config import (
+    LossConfig,
+    OptimConfig,
+    default_checkpointing,
+    default_compile,
+    default_micro_batch_tokens,
+)
 
 __all__ = ["TorchBackend"]
 
@@ -53,7 +55,8 @@ class TorchBackend(MicroBatchBackend):
         optim: AdamW settings.
         loss: loss settings.
         max_tokens_per_micro_batch: the packing budget (prompt and completion tokens);
-            default 4096 on CUDA, 1024 on CPU (:data:`~trainer._defaults.MICRO_BATCH_TOKENS`).
+            default 4096 on CUDA, 1024 on CPU
+            (:data:`~trainer.config._defaults.MICRO_BATCH_TOKENS`).
         logit_chunk: tokens whose full-vocabulary logits exist at once; default 1024 on
             CUDA, 256 on CPU (a chunk of SmolLM2's logits is then 50 MB, and the chunks
             cost no measurable time there).
@@ -121,9 +124,9 @@ class TorchBackend(MicroBatchBackend):
         self.model: Any = loaded.to(self.device)
         self.model.train()
         on_gpu = self.device.type == "cuda"
-        gradient_checkpointing = checkpointing(gradient_checkpointing)
+        gradient_checkpointing = default_checkpointing(gradient_checkpointing)
         self.gradient_checkpointing = gradient_checkpointing
-        self.compile = compile_layers(compile, self.device)
+        self.compile = default_compile(compile, self.device)
         self.background_checkpoints = (
             self.device.type == "cuda" if background_checkpoints is None else background_checkpoints
         )
@@ -143,7 +146,7 @@ class TorchBackend(MicroBatchBackend):
                 self.path, dtype=self.dtype, attn_implementation="sdpa"
             )
             self.reference = ref.to(self.device).eval().requires_grad_(False)
-        tokens = micro_batch_tokens(max_tokens_per_micro_batch, self.device)
+        tokens = default_micro_batch_tokens(max_tokens_per_micro_batch, self.device)
         self._configure(optim, loss, tokens, entropy_metric)
         self.logit_chunk = logit_chunk or (1024 if on_gpu else 256)
         if master_weights is None:
@@ -229,7 +232,7 @@ class TorchBackend(MicroBatchBackend):
         ``/update_weights_from_disk`` or ``--save``."""
         from transformers.utils import logging as hf_logging
 
-        from trainer._files import copy_model_files
+        from trainer._resources import copy_model_files
 
         # No "Writing model shards" bar: a sync writes the weights every step.
         shown = hf_logging.is_progress_bar_enabled()
@@ -265,7 +268,7 @@ class TorchBackend(MicroBatchBackend):
         ``background_checkpoints``: the loop then saves in the foreground."""
         if not self.background_checkpoints:
             return None
-        from trainer._checkpoints import cpu_copy
+        from trainer.backends._checkpoints import cpu_copy
 
         weights = cpu_copy(self.state_dict())
         return self._checkpoint_writer(weights, cpu_copy(self._trainer_state()), extra)
@@ -275,7 +278,7 @@ class TorchBackend(MicroBatchBackend):
     ) -> Callable[[str | os.PathLike[str]], None]:
         import json
 
-        from trainer._files import replace_dir
+        from trainer._resources import replace_dir
 
         meta = json.dumps({"model": self._identity(), "extra": extra}, indent=1)
 

@@ -10,7 +10,7 @@ from typing import Literal, Self
 import pydantic
 
 from agentenv import ConfigError
-from trainer._settings import Group, setting
+from trainer.config._settings import Group, setting
 
 __all__ = ["LR_DECAY_STYLES", "OPTIMIZERS", "OptimConfig"]
 

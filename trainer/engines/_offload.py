@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer._engines import RolloutEngine
+    from trainer.engines._engines import RolloutEngine
 
 __all__ = ["OffloadHooks"]
 

@@ -2,7 +2,7 @@
 memory (:func:`cpu_copy`, on the training thread, quickly), then written by a thread of
 its own while the next steps go on (:class:`CheckpointWriter`).
 
-A write replaces the previous checkpoint atomically (:func:`trainer._files.replace_dir`:
+A write replaces the previous checkpoint atomically (:func:`trainer._resources.replace_dir`:
 a crash mid-write keeps the previous one whole). At most one write is in flight: the next
 save waits for the previous one. An error in a write fails the run with that error (at
 the next step, save or the end: :meth:`CheckpointWriter.check`), and
@@ -188,7 +188,7 @@ def link_model(
     backend's ``model``): a run's final model and its last checkpoint then share their
     weight files on disk instead of holding them twice. ``False``: it is not; save the
     model instead."""
-    from trainer._files import replace_dir
+    from trainer._resources import replace_dir
 
     root = Path(checkpoint)
     if checkpoint_step(root) != step or not (root / "model" / "config.json").is_file():

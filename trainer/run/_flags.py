@@ -1,5 +1,5 @@
 """``agentenv train``'s flags, generated from the config tree's declarations
-(:func:`~trainer._settings.setting`), and the tree built back from the parsed flags over a
+(:func:`~trainer.config._settings.setting`), and the tree built back from the parsed flags over a
 ``--config`` file's settings.
 
 Each flag shows its value's kind (``N``, ``FLOAT``, ``TEXT``, ``PATH``, ``JSON``,
@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import annotated_types
 
-from trainer._config import NOT_YET, TrainConfig, flag_table
-from trainer._settings import Flag, merge, nest
+from trainer.config import Flag, merge, nest
+from trainer.run._config import NOT_YET, TrainConfig, flag_table
 
 __all__ = ["add_train_arguments", "config_from_args"]
 

@@ -1,5 +1,5 @@
 """What every trainer backend shares: the GRPO step (the optimizer settings,
-:class:`OptimConfig`, live in :mod:`trainer._optimizer`).
+:class:`OptimConfig`, live in :mod:`trainer.config._optimizer`).
 
 A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
 :class:`~trainer.megatron.MegatronBackend` for megatron-core) is a :class:`Backend`: the
@@ -29,19 +29,15 @@ import torch
 
 from agentenv import ConfigError, Sample
 from agentenv.engine import release_freed_memory
-from trainer._algorithm import LossConfig
-from trainer._batching import pack_by_tokens
-from trainer._data_parallel import DataParallel
-from trainer._defaults import MICRO_BATCH_TOKENS, micro_batch_tokens
-from trainer._losses import policy_loss, token_weights
-from trainer._optimizer import OptimConfig
+from trainer.algorithm import pack_by_tokens, policy_loss, token_weights
+from trainer.backends._data_parallel import DataParallel
+from trainer.config import LossConfig, OptimConfig
 
 if TYPE_CHECKING:
-    from trainer._precision import Precision
-    from trainer._sender import WeightSender
+    from trainer.backends._precision import Precision
+    from trainer.backends._sender import WeightSender
 
 __all__ = [
-    "MICRO_BATCH_TOKENS",
     "Backend",
     "Item",
     "MicroBatchBackend",
@@ -49,7 +45,6 @@ __all__ = [
     "StepPlan",
     "Tally",
     "check_temperature",
-    "micro_batch_tokens",
     "pad",
     "response_positions",
     "to_items",
@@ -209,7 +204,7 @@ class StepCore(_Configured, abc.ABC):
     def save_hf(self, directory: str | os.PathLike[str]) -> None:
         """The current weights as a complete HF model directory: config, safetensors and
         the source model's tokenizer, chat template and generation config
-        (:func:`trainer._files.copy_model_files`), loadable wherever the source was."""
+        (:func:`trainer._resources.copy_model_files`), loadable wherever the source was."""
 
     def _plan(
         self,
@@ -323,9 +318,9 @@ class Backend(_Configured, abc.ABC):
         """HF-named weights (for an engine's in-process update)."""
 
     def weight_sender(self) -> WeightSender:
-        """The end a weight update leaves from (:mod:`trainer._sender`): by default this
+        """The end a weight update leaves from (:mod:`trainer.backends._sender`): by default this
         process, reading :meth:`state_dict`; ranks elsewhere send from there."""
-        from trainer._sender import LocalSender
+        from trainer.backends._sender import LocalSender
 
         return LocalSender(self.state_dict)
 

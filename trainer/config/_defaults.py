@@ -8,11 +8,11 @@ from typing import Any
 
 __all__ = [
     "MICRO_BATCH_TOKENS",
-    "checkpointing",
-    "compile_layers",
+    "default_checkpointing",
+    "default_compile",
+    "default_micro_batch_tokens",
+    "default_precision",
     "device_kind",
-    "micro_batch_tokens",
-    "precision",
 ]
 
 #: The micro-batch token budget when none is given (``--max-tokens-per-gpu``): a GPU's,
@@ -27,24 +27,24 @@ def device_kind(device: Any) -> str:
     return "cpu" if str(device).split(":")[0] == "cpu" else "cuda"
 
 
-def micro_batch_tokens(tokens: int | None, device: Any) -> int:
+def default_micro_batch_tokens(tokens: int | None, device: Any) -> int:
     """``tokens``, or the default budget of ``device``'s kind (:data:`MICRO_BATCH_TOKENS`)."""
     return MICRO_BATCH_TOKENS[device_kind(device)] if tokens is None else tokens
 
 
-def precision(name: str | None, device: Any) -> str:
+def default_precision(name: str | None, device: Any) -> str:
     """``name``, by default ``bf16-autocast`` on CUDA and ``fp32`` elsewhere."""
     if name is not None:
         return name
     return "bf16-autocast" if device_kind(device) == "cuda" else "fp32"
 
 
-def checkpointing(gradient_checkpointing: bool | None) -> bool:
+def default_checkpointing(gradient_checkpointing: bool | None) -> bool:
     """Whether the torch backend recomputes activations in the backward: by default on
     every device (the step's memory follows one layer's activations)."""
     return True if gradient_checkpointing is None else gradient_checkpointing
 
 
-def compile_layers(compile: bool | None, device: Any) -> bool:
+def default_compile(compile: bool | None, device: Any) -> bool:
     """Whether the torch backend compiles its decoder layers: by default on CUDA."""
     return device_kind(device) == "cuda" if compile is None else compile

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentenv import Environment, Task, Tokenizer
-    from trainer._config import TrainConfig
-    from trainer._engines import RolloutEngine
+    from trainer.engines import RolloutEngine
+    from trainer.run._config import TrainConfig
 
 __all__ = ["Evaluator"]
 

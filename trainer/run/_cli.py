@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any
 from agentenv import ConfigError
 
 if TYPE_CHECKING:
-    from trainer._config import TrainConfig
+    from trainer.run._config import TrainConfig
 
 __all__ = ["add_parser", "config_from_flags"]
 
 
 def add_parser(sub: Any) -> None:
-    from trainer._flags import add_train_arguments
+    from trainer.run._flags import add_train_arguments
 
     parser: argparse.ArgumentParser = sub.add_parser(
         "train",
@@ -72,7 +72,7 @@ def config_from_flags(flags: Sequence[str]) -> TrainConfig:
     """The :class:`~trainer.TrainConfig` that ``agentenv train FLAGS`` runs (its own
     parser: every flag, ``--config FILE`` included), validated; ``train(config)`` runs it.
     SGLang's and megatron's pass-through flags are the command's, not taken here."""
-    from trainer._flags import config_from_args
+    from trainer.run._flags import config_from_args
 
     parser = argparse.ArgumentParser(prog="agentenv")
     add_parser(parser.add_subparsers())
@@ -87,7 +87,7 @@ def _megatron_flags() -> tuple[str, ...]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from trainer._flags import config_from_args
+    from trainer.run._flags import config_from_args
 
     try:
         config = config_from_args(
@@ -95,11 +95,11 @@ def _main(args: argparse.Namespace) -> int:
             router_args=args.router_args,
         )  # fmt: skip
         if args.dry_run:
-            from trainer._setup import dry_run
+            from trainer.run._setup import dry_run
 
             print(json.dumps(dry_run(config), indent=2))
             return 0
-        from trainer._train import train
+        from trainer.run._train import train
 
         result = train(config)
     except ConfigError as e:

@@ -2,7 +2,7 @@
 are the objects the components take (``config.rollout`` is the loop's
 :class:`~trainer.GRPOConfig`, ``config.algorithm`` the loss's :class:`~trainer.LossConfig`,
 ``config.optimizer`` the backends' :class:`~trainer.OptimConfig`, ...). Each field
-declares its slime flag once (:func:`~trainer._settings.setting`); ``agentenv train``'s
+declares its slime flag once (:func:`~trainer.config._settings.setting`); ``agentenv train``'s
 flags and the flat form of ``--config`` files are generated from those declarations.
 
 Each rule is checked once, in the group that owns the settings it reads; the rules across
@@ -22,10 +22,7 @@ from typing import Any, Literal, Self
 import pydantic
 
 from agentenv import ConfigError
-from trainer._algorithm import LossConfig
-from trainer._optimizer import OptimConfig
-from trainer._rollout import GRPOConfig
-from trainer._settings import Flag, Group, flags, nest, setting
+from trainer.config import Flag, Group, GRPOConfig, LossConfig, OptimConfig, flags, nest, setting
 
 __all__ = [
     "NOT_YET",

@@ -30,9 +30,8 @@ from typing import Any, Literal, Protocol
 import anyio
 
 from agentenv import ClosedResourceError, ConfigError
-from trainer._backend import Backend
-from trainer._files import replace_dir
-from trainer._sender import TensorMeta, WeightSender, sender_of
+from trainer._resources import replace_dir
+from trainer.backends import Backend, TensorMeta, WeightSender, sender_of
 
 __all__ = ["DiskSync", "DistributedSync", "InProcessSync", "TensorSync", "WeightSync"]
 

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from agentenv import Completion, SamplingParams
     from agentenv.engine import Engine
     from agentenv.sglang import SGLangClient
-    from trainer._backend import Backend
-    from trainer._sync import WeightSync
+    from trainer.backends import Backend
+    from trainer.engines._sync import WeightSync
 
 __all__ = ["EmbeddedEngine", "RolloutEngine", "ServerEngine"]
 

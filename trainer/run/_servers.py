@@ -11,18 +11,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer._files import free_port
+from trainer._resources import free_port
 
 if TYPE_CHECKING:
     import torch
 
     from agentenv import Tokenizer
     from agentenv.sglang import SGLangClient
-    from trainer._backend import Backend
-    from trainer._config import TrainConfig
-    from trainer._engines import RolloutEngine
-    from trainer._sync import WeightSync
+    from trainer.backends import Backend
     from trainer.distributed import EngineGroup, EngineSpec, Placed, RolloutWorkers
+    from trainer.engines import RolloutEngine, WeightSync
+    from trainer.run._config import TrainConfig
 
 __all__ = [
     "engine_dtypes",
@@ -52,7 +51,7 @@ async def rollout_engine(
     (``--rollout-num-gpus``) the engines are Ray actors behind SGLang's router."""
     from agentenv.engine import Engine, resolve_model
     from agentenv.sglang import Launcher, SGLangClient, server_command
-    from trainer._engines import EmbeddedEngine, ServerEngine
+    from trainer.engines import EmbeddedEngine, ServerEngine
 
     engine = config.engine
     device = engine.rollout_device or config.model.device
@@ -177,7 +176,7 @@ def rollout_workers(
         )
     resources = {p.rollout_worker_resource: 1.0} if p.rollout_worker_resource else {}
     from agentenv.engine import resolve_model
-    from trainer._setup import RAW_TEMPLATE, env_spec
+    from trainer.run._setup import RAW_TEMPLATE, env_spec
 
     env = env_spec(config)
     spec = WorkerSpec(
@@ -250,7 +249,7 @@ async def server_sync(
     config: TrainConfig, client: SGLangClient, weights_dir: Path
 ) -> AsyncIterator[WeightSync]:
     """How a server gets the trainer's weights (``--weight-sync``)."""
-    from trainer._sync import DiskSync, DistributedSync, TensorSync
+    from trainer.engines import DiskSync, DistributedSync, TensorSync
 
     engine = config.engine
     if engine.weight_sync == "disk":

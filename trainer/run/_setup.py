@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv import ConfigError, Environment, Task
-from trainer._envs import EnvSpec, build_env
+from trainer.config import EnvSpec, build_env
 
 if TYPE_CHECKING:
     from agentenv import ChatTokenizer
-    from trainer._backend import Backend
-    from trainer._config import TrainConfig
+    from trainer.backends import Backend
     from trainer.distributed import Placed
+    from trainer.run._config import TrainConfig
 
 __all__ = [
     "RAW_TEMPLATE",
@@ -134,12 +134,12 @@ def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
     optimizer (``config.optimizer``); on ``placed``'s trainer bundles when given
     (:func:`place_run`): megatron's ranks as Ray actors, the torch backend as a
     :class:`~trainer.distributed.TrainerGroup` of data-parallel ranks."""
-    from trainer._backend import micro_batch_tokens
+    from trainer.config import default_micro_batch_tokens
 
     parallel = config.parallel
     common: dict[str, Any] = dict(
         optim=config.optimizer, loss=config.algorithm,
-        max_tokens_per_micro_batch=micro_batch_tokens(
+        max_tokens_per_micro_batch=default_micro_batch_tokens(
             parallel.max_tokens_per_gpu, config.model.device
         ),
     )  # fmt: skip
@@ -167,7 +167,7 @@ def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
 
         kind = "cuda" if device.startswith("cuda") else "cpu"
         return TrainerGroup.start(placed, config.model.hf_checkpoint, device=kind, **torch_args)
-    from trainer._torch import TorchBackend
+    from trainer.backends import TorchBackend
 
     return TorchBackend(config.model.hf_checkpoint, device=device, **torch_args)
 
@@ -198,7 +198,7 @@ def checkpoint_dir(config: TrainConfig) -> tuple[Path | None, bool]:
     save = config.checkpoint.save
     if save is None:
         return None, False
-    from trainer._files import replace_dir
+    from trainer._resources import replace_dir
 
     source = _load_source(config)
     save.mkdir(parents=True, exist_ok=True)
@@ -230,13 +230,18 @@ def weights_dir(config: TrainConfig) -> Iterator[Path]:
 def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
     """The settings left unset (``null`` in the config) that the run resolves from the
     device, the backend and the engine, as it will use them."""
-    from trainer import _defaults
-    from trainer._algorithm import logprob_temperature
+    from trainer.config import (
+        default_checkpointing,
+        default_compile,
+        default_micro_batch_tokens,
+        default_precision,
+        logprob_temperature,
+    )
 
     parallel, device = config.parallel, config.model.device
     rollout_device = config.server_device()
     out: dict[str, Any] = {
-        "max_tokens_per_gpu": _defaults.micro_batch_tokens(parallel.max_tokens_per_gpu, device),
+        "max_tokens_per_gpu": default_micro_batch_tokens(parallel.max_tokens_per_gpu, device),
         "rollout_device": rollout_device,
         "offload_rollout": config.rollout.offloads_on(
             rollout_device if config.engine.embedded else None
@@ -247,9 +252,9 @@ def resolved_defaults(config: TrainConfig) -> dict[str, Any]:
         "logprob_temperature": logprob_temperature(config.rollout.sampling),
     }
     if parallel.backend == "torch":
-        out["precision"] = _defaults.precision(parallel.precision, device)
-        out["compile"] = _defaults.compile_layers(parallel.compile, device)
-        out["gradient_checkpointing"] = _defaults.checkpointing(parallel.gradient_checkpointing)
+        out["precision"] = default_precision(parallel.precision, device)
+        out["compile"] = default_compile(parallel.compile, device)
+        out["gradient_checkpointing"] = default_checkpointing(parallel.gradient_checkpointing)
     return out
 
 

@@ -1,6 +1,6 @@
 """The algorithm group of the training config (:class:`LossConfig`): the policy loss's
 settings, slime's flags. Light (no torch): ``agentenv train`` validates it before anything
-loads; :mod:`trainer._losses` computes with it."""
+loads; :mod:`trainer.algorithm._losses` computes with it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal, Self
 import pydantic
 
 from agentenv import ConfigError, SamplingParams
-from trainer._settings import Group, setting
+from trainer.config._settings import Group, setting
 
 __all__ = ["AGGREGATIONS", "KL_TYPES", "LossConfig", "logprob_temperature"]
 

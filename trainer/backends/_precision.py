@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from agentenv import ConfigError
-from trainer._defaults import precision as default_precision
+from trainer.config import default_precision
 
 __all__ = ["PRECISIONS", "Precision", "resolve_precision"]
 

@@ -5,7 +5,7 @@ torch's ``DistributedDataParallel`` -- in buckets, during the backward of the ra
 micro-batch (``no_sync`` for the others), which ``agentenv bench data-parallel`` measured
 faster than one flat all-reduce after the step and than FSDP2 at the same exactness.
 Each micro-batch's loss is already its share of the step's
-(:func:`~trainer._losses.token_weights`) and DDP averages, so the loss goes backward
+(:func:`~trainer.algorithm._losses.token_weights`) and DDP averages, so the loss goes backward
 times the world size: the summed gradient is the step's gradient on one rank, up to the
 order of the fp32 additions, and every rank applies the same update to the same weights.
 The model itself stays unwrapped (log-probs, checkpoints and exports use it as on one
