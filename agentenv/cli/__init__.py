@@ -7,7 +7,9 @@ Other packages add commands (``agentenv sandbox`` comes from ``sandboxes``) and
 benchmarks (every ``agentenv bench BENCH`` comes from ``benchmarks``) through the
 entry-point groups ``agentenv.commands`` and ``agentenv.benches``: each entry is a function
 that takes the argparse sub-parsers object and adds its parser, whose ``handler`` returns
-the exit status. agentenv itself never imports them by name.
+the exit status. agentenv itself never imports them by name. A command's flags come from
+its settings through one generator: :func:`add_options` (:class:`Option`: a flag's name,
+type, default, doc and range), :func:`add_model_arguments` for a pydantic model's fields.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from collections.abc import Sequence
 
 from agentenv._errors import AgentEnvError
 from agentenv.cli._config import (
+    Option,
+    add_config_argument,
     add_model_arguments,
+    add_options,
     build_config,
     check_unknown_flags,
     command_parser,
@@ -26,7 +31,16 @@ from agentenv.cli._config import (
 )
 from agentenv.cli._plugins import add_plugins
 
-__all__ = ["add_model_arguments", "add_plugins", "build_config", "main", "read_config_file"]
+__all__ = [
+    "Option",
+    "add_config_argument",
+    "add_model_arguments",
+    "add_options",
+    "add_plugins",
+    "build_config",
+    "main",
+    "read_config_file",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,66 +1,142 @@
-"""Command-line flags generated from a pydantic config model.
+"""Command-line flags generated from declared settings: the one generator of every
+command's flags (``agentenv eval``, ``serve``, ``buffer serve``; ``agentenv train``'s from its
+config tree).
 
-Every field becomes ``--field-name`` with its description as the help, the default
-appended as ``(default: X)`` unless the description already says what the default is (a
-``None`` default is "not set": the description says what that means), and a metavar naming
-the kind of value: ``N`` (int), ``FLOAT``, ``TEXT`` (str), ``PATH``, ``JSON`` (dict, list),
-``{a,b}`` (a ``Literal``), or a more precise one the command names (``metavars``: ``DIR``,
-``FILE``, ``URL``, ...).
+Each setting is an :class:`Option`: its flag, where the value goes, its type, default,
+one-line doc and range. :func:`add_options` makes each one flag whose help is the doc, the
+range (``[>= 1]``) and the default appended as ``(default: X)`` unless the doc already says
+what the default is (a ``None`` default is "not set": the doc says what that means), and
+whose metavar names the kind of value: ``N`` (int), ``FLOAT``, ``TEXT`` (str), ``PATH``,
+``JSON`` (dict, list, tuple), ``{a,b}`` (a ``Literal``), or a more precise one the setting
+declares (``DIR``, ``FILE``, ``URL``, ...). A ``bool`` is ``--x/--no-x``; a switch only
+``--x``. :func:`add_model_arguments` makes the options of a flat pydantic model's fields.
 The parsed values are validated by the model, so a bad flag fails with the model's message.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import re
 import sys
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
+import annotated_types
 import pydantic
-from pydantic.fields import FieldInfo
+import pydantic_core
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+# The metavar of each value type (argparse would print the upper-cased flag name instead).
+TYPE_METAVARS: dict[Any, str] = {int: "N", float: "FLOAT", str: "TEXT", Path: "PATH"}
+_BOUNDS = (
+    (annotated_types.Ge, ">=", "ge"),
+    (annotated_types.Gt, ">", "gt"),
+    (annotated_types.Le, "<=", "le"),
+    (annotated_types.Lt, "<", "lt"),
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Option:
+    """One command-line flag: its ``name`` (``--eps-clip``), the ``dest`` its value is
+    parsed into, the value's ``annotation``, its ``default`` (``PydanticUndefined``: none),
+    one-line ``doc``, range (``metadata``: ``annotated_types.Ge(0.0)`` ...), a declared
+    ``metavar``; ``switch``: the flag takes no value and sets ``True``; ``required``:
+    argparse insists on it."""
+
+    name: str
+    dest: str
+    annotation: Any
+    default: Any = pydantic_core.PydanticUndefined
+    doc: str = ""
+    metadata: tuple[Any, ...] = ()
+    metavar: str | None = None
+    switch: bool = False
+    required: bool = False
+
+
+def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
+    """One flag per option; values default to ``SUPPRESS`` (the settings' defaults win)."""
+    for option in options:
+        parser.add_argument(option.name, dest=option.dest, **_argument(option))
+
+
+def add_config_argument(
+    parser: argparse.ArgumentParser,
+    help: str = "settings from a .yaml, .json or .toml file (flags override them)",
+) -> None:
+    """``--config FILE`` (parsed into ``config_file``; :func:`read_config_file` reads it)."""
+    parser.add_argument(
+        "--config", dest="config_file", type=Path, metavar="FILE", default=argparse.SUPPRESS,
+        help=help,
+    )  # fmt: skip
+
+
+def _argument(option: Option) -> dict[str, Any]:
+    kind = _unwrap_optional(option.annotation)
+    kwargs: dict[str, Any] = {"help": _help(option), "default": argparse.SUPPRESS}
+    if option.required:
+        kwargs["required"] = True
+    if option.switch:
+        kwargs.update(action="store_const", const=True)
+    elif kind is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif typing.get_origin(kind) is Literal:
+        kwargs["choices"] = list(typing.get_args(kind))
+    else:
+        kwargs["metavar"] = option.metavar or (
+            "JSON" if _is_json(kind) else TYPE_METAVARS.get(kind, "TEXT")
+        )
+        if kind in (int, float):
+            kwargs["type"] = kind
+        elif _is_json(kind) and option.metavar is None:
+            kwargs["type"] = _json_object
+        else:
+            kwargs["type"] = str  # the model converts (Path, a filter's name, ...)
+    return kwargs
+
+
+def _help(option: Option) -> str:
+    """The doc, the range, then the default unless the doc states it; ``%`` escaped
+    (argparse formats help strings)."""
+    text = option.doc
+    bounds = [
+        f"{sign} {getattr(m, attr)}"
+        for m in option.metadata
+        for kind, sign, attr in _BOUNDS
+        if isinstance(m, kind)
+    ]
+    if bounds:
+        text += f" [{', '.join(bounds)}]"
+    default = option.default
+    unset = default is None or default is pydantic_core.PydanticUndefined or option.switch
+    if not unset and "default:" not in text.lower():
+        shown = (
+            json.dumps(default, default=str)
+            if isinstance(default, (dict, list, tuple))
+            else str(default)
+        )
+        text = f"{text} (default: {shown})" if text else f"default: {shown}"
+    return text.replace("%", "%%")
+
 
 def _unwrap_optional(annotation: Any) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:
             return args[0]
     return annotation
 
 
-# The metavar of each value type (argparse would print the upper-cased flag name instead).
-TYPE_METAVARS: dict[Any, str] = {int: "N", float: "FLOAT", str: "TEXT", Path: "PATH"}
-
-
-def _metavar(annotation: Any) -> str:
-    return "JSON" if _is_json(annotation) else TYPE_METAVARS.get(annotation, "TEXT")
-
-
 def _is_json(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (dict, list) or annotation in (dict, list)
-
-
-def _help(field: FieldInfo) -> str:
-    """The description, then the default unless the description states it; ``%`` escaped
-    (argparse formats help strings)."""
-    text = field.description or ""
-    if not field.is_required() and "default:" not in text.lower():
-        value = field.get_default(call_default_factory=True)
-        if value is not None:
-            shown = (
-                json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
-            )
-            text = f"{text} (default: {shown})" if text else f"default: {shown}"
-    return text.replace("%", "%%")
+    return typing.get_origin(annotation) in (dict, list, tuple) or annotation in (dict, list)
 
 
 def _json_object(text: str) -> Any:
@@ -78,44 +154,30 @@ def add_model_arguments(
     exclude: Collection[str] = (),
     metavars: Mapping[str, str] | None = None,
 ) -> None:
-    """Add one flag per field of ``model`` (but ``exclude``); values default to ``SUPPRESS``
-    (model defaults win). With ``config_file``, ``--config FILE`` reads any of the fields
-    from a YAML, JSON or TOML file; flags on the command line override it. ``metavars``
-    maps field names to a more precise metavar than their type's (``{"save": "DIR"}``)."""
+    """Add one flag per field of ``model`` (but ``exclude``): ``--field-name`` (its alias,
+    if any), the field's description as the doc. With ``config_file``, ``--config FILE``
+    reads any of the fields from a YAML, JSON or TOML file; flags on the command line
+    override it. ``metavars`` maps field names to a more precise metavar than their
+    type's (``{"save": "DIR"}``)."""
     unknown = sorted(set(metavars or ()) - set(model.model_fields))
     if unknown:
         raise TypeError(f"metavars name fields that {model.__name__} does not have: {unknown}")
     if config_file:
-        parser.add_argument(
-            "--config",
-            dest="config_file",
-            type=Path,
-            metavar="FILE",
-            default=argparse.SUPPRESS,
-            help="settings from a .yaml, .json or .toml file (flags override them)",
-        )
+        add_config_argument(parser)
+    options = []
     for name, field in model.model_fields.items():
         if name in exclude:
             continue
         key = field.alias or name
-        flag = "--" + key.replace("_", "-")
-        annotation = _unwrap_optional(field.annotation)
-        kwargs: dict[str, Any] = {"help": _help(field), "default": argparse.SUPPRESS}
-        if field.is_required() and not config_file:  # else the file may hold it
-            kwargs["required"] = True
-        if annotation is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(annotation) is Literal:
-            kwargs["choices"] = list(typing.get_args(annotation))
-        else:
-            kwargs["metavar"] = (metavars or {}).get(name) or _metavar(annotation)
-            if annotation in (int, float):
-                kwargs["type"] = annotation
-            elif _is_json(annotation):
-                kwargs["type"] = _json_object
-            else:
-                kwargs["type"] = str  # the model converts (Path, ...)
-        parser.add_argument(flag, dest=key, **kwargs)
+        options.append(
+            Option(
+                "--" + key.replace("_", "-"), key, field.annotation,
+                field.get_default(call_default_factory=True), field.description or "",
+                tuple(field.metadata), (metavars or {}).get(name),
+                required=field.is_required() and not config_file,  # else the file may hold it
+            )
+        )  # fmt: skip
+    add_options(parser, options)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

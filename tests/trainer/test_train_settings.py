@@ -181,7 +181,6 @@ def test_config_files_in_three_formats_and_flags_override(tmp_path: Path) -> Non
         ("- a\n- b\n", ".yaml", "must hold a mapping"),
         ("env=x", ".ini", "expected a .yaml, .yml, .json or .toml file"),
         ("num_rollout: 3\n", ".yaml", "--env NAME or --prompt-data FILE is required"),
-        ("env: x\nuse_dynamic_batch_size: false\n", ".yaml", "always packed by"),
     ],
 )
 def test_bad_config_files_are_named(

@@ -65,6 +65,9 @@ def add_parser(sub: Any) -> None:
         "model; print the resolved settings as JSON",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    # slime's switch, accepted so that its launch scripts run unchanged: micro-batches are
+    # always packed by --max-tokens-per-gpu here (docs/trainer.md, "Flags").
+    parser.add_argument("--use-dynamic-batch-size", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(handler=_main, sglang_passthrough=True, passthrough_flags=_megatron_flags)
 
 

@@ -25,7 +25,6 @@ from agentenv import ConfigError
 from trainer.config import Flag, Group, GRPOConfig, LossConfig, OptimConfig, flags, nest, setting
 
 __all__ = [
-    "NOT_YET",
     "CheckpointConfig",
     "DataConfig",
     "EngineConfig",
@@ -37,9 +36,6 @@ __all__ = [
     "TrainConfig",
     "flag_table",
 ]
-
-# slime's flags for what is not supported yet, and what to do instead.
-NOT_YET: dict[str, str] = {}
 
 
 class ModelConfig(Group):
@@ -310,10 +306,6 @@ class ParallelismConfig(Group):
         "one runs on Ray); megatron: replicas = GPUs / (TP x PP x CP), torch: data-parallel "
         "replicas", ge=1,
     )  # fmt: skip
-    use_dynamic_batch_size: bool = setting(
-        "--use-dynamic-batch-size", True, "pack micro-batches by --max-tokens-per-gpu "
-        "(always on)",
-    )  # fmt: skip
     max_tokens_per_gpu: int | None = setting(
         "--max-tokens-per-gpu", None, "micro-batch token budget (prompt and completion "
         "tokens); default 4096 on CUDA, 1024 on CPU (where a step's memory follows it and "
@@ -349,11 +341,6 @@ class ParallelismConfig(Group):
 
     @pydantic.model_validator(mode="after")
     def _rules(self) -> Self:
-        if not self.use_dynamic_batch_size:
-            raise ConfigError(
-                "--no-use-dynamic-batch-size: micro-batches are always packed by "
-                "--max-tokens-per-gpu (set it to the batch you want)"
-            )
         megatron = self.backend == "megatron"
         if self.megatron_args and not megatron:
             raise ConfigError(
@@ -523,12 +510,7 @@ class TrainConfig(Group):
 
     @classmethod
     def nest(cls, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Settings in the nested, the flat or a mixed form, as the nested form; slime's
-        flags for what is not supported yet are refused (:data:`NOT_YET`)."""
-        for key in values:
-            flag = "--" + str(key).replace("_", "-")
-            if flag in NOT_YET:
-                raise ConfigError(f"{flag}: {NOT_YET[flag]}")
+        """Settings in the nested, the flat or a mixed form, as the nested form."""
         nested = nest(values, flag_table(), set(cls.model_fields))
         nested.setdefault("data", {})  # its --env is required: say so by the flag's name
         return nested

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import pydantic
 import pytest
+from annotated_types import Ge, Lt
 
-from agentenv.cli import build_parser
-from agentenv.cli._config import add_model_arguments
+from agentenv.cli import Option, add_model_arguments, add_options, build_parser
 
 WIDTH = 100
 
@@ -152,3 +152,36 @@ def test_the_generator_renders_defaults_and_metavars() -> None:
 def test_metavars_for_unknown_fields_are_refused() -> None:
     with pytest.raises(TypeError, match=r"\['sav'\]"):
         add_model_arguments(argparse.ArgumentParser(), Example, metavars={"sav": "DIR"})
+
+
+def test_the_generator_renders_ranges_switches_and_json() -> None:
+    """Every command's flags come from one generator: a range after the doc, a switch
+    that takes no value (and shows no default), ``--x/--no-x`` for a bool, a tuple's
+    default as JSON, and a declared metavar on a JSON-kind value (parsed as text)."""
+    parser = argparse.ArgumentParser(prog="x")
+    add_options(
+        parser,
+        [
+            Option("--rate", "rate", float, 0.5, "the rate", (Ge(0.0), Lt(1.0))),
+            Option("--per-token", "per_token", bool, False, "per token", switch=True),
+            Option("--tis", "tis", bool, True, "truncated IS"),
+            Option("--pair", "pair", tuple[int, int], (1, 2), "two numbers"),
+            Option("--names", "names", list[str], [], "names", metavar="NAME,..."),
+            Option("--must", "must", int, doc="required", required=True),
+        ],
+    )  # fmt: skip
+    helps = {a.dest: (a.help, a.metavar) for a in options(parser) if a.dest != "help"}
+    assert helps == {
+        "rate": ("the rate [>= 0.0, < 1.0] (default: 0.5)", "FLOAT"),
+        "per_token": ("per token", None),
+        "tis": ("truncated IS (default: True)", None),
+        "pair": ("two numbers (default: [1, 2])", "JSON"),
+        "names": ("names (default: [])", "NAME,..."),
+        "must": ("required", "N"),
+    }
+    args = parser.parse_args(["--must", "3", "--per-token", "--no-tis", "--pair", "[3, 4]",
+                              "--names", "a,b"])  # fmt: skip
+    assert vars(args) == {"must": 3, "per_token": True, "tis": False, "pair": [3, 4],
+                          "names": "a,b"}  # fmt: skip
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # --must is required
