@@ -349,3 +349,33 @@ def test_the_environments_sampling_fills_what_was_not_given_once(
     assert caplog.text.count(message) == 1
     again = config.rollout.model_copy(update={"concurrency": 4}).for_env(env)  # run_grpo's
     assert again.sampling == config.rollout.sampling and caplog.text.count(message) == 1
+
+
+def test_the_held_out_evaluation_plays_with_the_rounds_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One episode a task at --eval-temperature and its own seed; the rounds' episode
+    timeout, template arguments and the concurrency it is given."""
+    import agentenv
+    from trainer.run._evaluation import Evaluator
+
+    seen: dict[str, Any] = {}
+
+    async def run_rollouts(env: Any, tasks: Any, policy: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return type("Stats", (), {"reward_mean": 0.5})()
+
+    monkeypatch.setattr(agentenv, "run_rollouts", run_rollouts)
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    argv = ["--env", "x", "--episode-timeout", "7", "--n-samples-per-prompt", "4",
+            "--rollout-temperature", "0.9", "--eval-temperature", "0.2",
+            "--apply-chat-template-kwargs", '{"enable_thinking": false}']  # fmt: skip
+    config = config_from_args(parser.parse_args(argv))
+    evaluate = Evaluator(Answer(), [Task(id="a", prompt="2+2?")], None, config)  # type: ignore[arg-type]
+    assert anyio.run(evaluate, None, 3) == 0.5
+    rollout = seen["config"]
+    assert rollout.n_samples_per_prompt == 1 and rollout.concurrency == 3
+    assert rollout.sampling.temperature == 0.2 and rollout.seed == evaluate.seed
+    assert rollout.limits.timeout_s == 7
+    assert rollout.chat_template_kwargs == {"enable_thinking": False}

@@ -27,25 +27,23 @@ class Evaluator:
     seed: int = 12345  # the same episodes before, during and after training
 
     async def __call__(self, policy: RolloutEngine, concurrency: int) -> float | None:
-        from agentenv import RolloutConfig, run_rollouts
+        from agentenv import run_rollouts
 
         if not self.tasks:
             return None
+        rollout = self.config.rollout
         stats = await run_rollouts(
             self.env,
             self.tasks,
             policy,
             tokenizer=self.tokenizer,
-            config=RolloutConfig(
+            # The rounds' config (template arguments, episode timeout) with one episode a
+            # task, the rollouts' sampling at --eval-temperature and the fixed seed.
+            config=dataclasses.replace(
+                rollout.rollout_config(concurrency),
                 n_samples_per_prompt=1,
-                # The rollouts' sampling (the environment's included) at --eval-temperature.
-                sampling=self.config.rollout.sampling.replace(
-                    temperature=self.config.eval.eval_temperature
-                ),
+                sampling=rollout.sampling.replace(temperature=self.config.eval.eval_temperature),
                 seed=self.seed,
-                concurrency=concurrency,
-                chat_template_kwargs=self.config.rollout.chat_template_kwargs,
-                progress=False,
             ),
         )
         return stats.reward_mean
