@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,9 @@ def test_logprobs_match_the_torch_backend(
 
     samples = _samples()
     exact = TorchBackend(smollm2_shape, device="cuda", precision="fp32").logprobs(samples)
-    mine = MegatronBackend(smollm2_shape, dtype=dtype, attention=attention).logprobs(samples)
+    # Closed: the process group it set up goes with it (test_model.py sets up its own).
+    with closing(MegatronBackend(smollm2_shape, dtype=dtype, attention=attention)) as mega:
+        mine = mega.logprobs(samples)
     diff = gap(mine, exact)
     if dtype == torch.float32:
         print(f"\nlogprob parity fp32 {attention}: max {diff.max():.3g} mean {diff.mean():.3g}")
@@ -119,9 +122,9 @@ def test_loss_gradient_and_update_match_the_torch_backend(smollm2_shape: Path) -
     theirs = torch_side.train_step(samples, adv, old_logprobs=old)
     torch_delta = {k: torch_side.state_dict()[k] - v for k, v in before.items()}
     del torch_side
-    mega = MegatronBackend(smollm2_shape, dtype=torch.float32, optim=optim)
-    mine = mega.train_step(samples, adv, old_logprobs=old)
-    after = mega.state_dict()
+    with closing(MegatronBackend(smollm2_shape, dtype=torch.float32, optim=optim)) as mega:
+        mine = mega.train_step(samples, adv, old_logprobs=old)
+        after = mega.state_dict()
     errors = {
         k: float(
             (after[k] - before[k] - torch_delta[k]).norm() / torch_delta[k].norm().clamp_min(1e-12)
@@ -149,10 +152,10 @@ def test_packed_sequences_match_padded_rows(smollm2_shape: Path) -> None:
     results = {}
     for fmt in ("bshd", "thd"):
         backend = MegatronBackend(smollm2_shape, qkv_format=fmt, max_tokens_per_micro_batch=400)
-        before = backend.logprobs(samples)
-        step = backend.train_step(samples, adv)
-        results[fmt] = (before, step, backend.logprobs(samples))
-        del backend
+        with closing(backend):
+            before = backend.logprobs(samples)
+            step = backend.train_step(samples, adv)
+            results[fmt] = (before, step, backend.logprobs(samples))
     (b0, s0, a0), (b1, s1, a1) = results["bshd"], results["thd"]
     diff = max(float((x - y).abs().max()) for x, y in zip(b0, b1, strict=True))
     after = max(float((x - y).abs().max()) for x, y in zip(a0, a1, strict=True))
