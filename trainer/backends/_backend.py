@@ -109,11 +109,12 @@ def check_temperature(temperature: float) -> None:
         )
 
 
-class _Configured:
-    """The settings every trainer of the GRPO loss holds, set by :meth:`_configure`
-    (subclasses call it): ``optim_config``, ``loss_config``, ``max_tokens`` (the
-    micro-batch token budget), ``entropy_metric``, ``steps``; the subclass sets
-    ``device`` and ``dtype``."""
+class _Trainable(abc.ABC):
+    """A model trained with the GRPO loss, one step at a time: what a backend
+    (:class:`Backend`) and one process's step (:class:`StepCore`) both are -- the step's
+    interface and the settings every one holds, set by :meth:`_configure` (subclasses call
+    it): ``optim_config``, ``loss_config``, ``max_tokens`` (the micro-batch token budget),
+    ``entropy_metric``, ``steps``; the subclass sets ``device`` and ``dtype``."""
 
     device: torch.device
     dtype: torch.dtype
@@ -135,34 +136,6 @@ class _Configured:
         self.entropy_metric = entropy_metric
         self.steps = 0
 
-
-class StepCore(_Configured, abc.ABC):
-    """A model trained with the GRPO loss, one step at a time, in this process: the
-    step's interface and what every implementation of it shares (:meth:`_plan`,
-    :meth:`_micro_loss`, :class:`Tally`). The torch backend
-    (:class:`MicroBatchBackend`) is one; one megatron rank
-    (:class:`~trainer.megatron.MegatronWorker`) is one whose shards the backend's
-    checkpoint gathers.
-
-    The subclass sets ``model``, ``reference`` (a frozen copy when ``loss.kl_coef > 0``,
-    else ``None``) and ``optimizer``, besides :class:`_Configured`'s.
-    """
-
-    model: Any
-    reference: Any
-    optimizer: torch.optim.Optimizer
-
-    def parameters(self) -> Iterable[torch.nn.Parameter]:
-        """The trained parameters."""
-        params: Iterable[torch.nn.Parameter] = self.model.parameters()
-        return params
-
-    def _model_for(self, reference: bool) -> Any:
-        """The trained model, or with ``reference`` the frozen reference model."""
-        if reference and self.reference is None:
-            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
-        return self.reference if reference else self.model
-
     @abc.abstractmethod
     def logprobs(
         self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
@@ -183,9 +156,9 @@ class StepCore(_Configured, abc.ABC):
         lr_step: int | None = None,
         temperature: float = 1.0,
     ) -> dict[str, float]:
-        """One optimizer step on ``samples`` (one per advantage) with the GRPO loss:
-        :meth:`_plan`'s micro-batches, :meth:`_micro_loss` per micro-batch, the gradient
-        norm clipped, a non-finite update skipped; returns the step's metrics.
+        """One optimizer step on ``samples`` (one per advantage) with the GRPO loss: the
+        samples packed into micro-batches, the loss per micro-batch, the gradient norm
+        clipped, a non-finite update skipped; returns the step's metrics.
 
         ``old_logprobs`` default to the current policy's, taken from the step's own training
         forward, detached (the ratio is exactly 1 on fresh data; no extra pass).
@@ -206,10 +179,77 @@ class StepCore(_Configured, abc.ABC):
         the source model's tokenizer, chat template and generation config
         (:func:`trainer._resources.copy_model_files`), loadable wherever the source was."""
 
+
+class StepCore(_Trainable):
+    """A model trained with the GRPO loss, one step at a time, in this process: what every
+    implementation of the step shares. :meth:`logprobs` and :meth:`train_step` check and
+    pack their inputs here (:meth:`_plan`) and hand them to the subclass's
+    :meth:`_logprobs` and :meth:`_step`, which score each micro-batch with
+    :meth:`_micro_loss` and add up its metrics in a :class:`Tally`. The torch backend
+    (:class:`MicroBatchBackend`) is one; one megatron rank
+    (:class:`~trainer.megatron.MegatronWorker`) is one whose shards the backend's
+    checkpoint gathers.
+
+    The subclass sets ``model``, ``reference`` (a frozen copy when ``loss.kl_coef > 0``,
+    else ``None``) and ``optimizer``, besides :class:`_Trainable`'s.
+    """
+
+    model: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
+
+    def parameters(self) -> Iterable[torch.nn.Parameter]:
+        """The trained parameters."""
+        params: Iterable[torch.nn.Parameter] = self.model.parameters()
+        return params
+
+    def _model_for(self, reference: bool) -> Any:
+        """The trained model, or with ``reference`` the frozen reference model."""
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        return self.reference if reference else self.model
+
+    @torch.no_grad()
+    def logprobs(
+        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        check_temperature(temperature)
+        model = self._model_for(reference)
+        items = to_items(samples)
+        groups = pack_by_tokens([len(it.ids) for it in items], self.max_tokens)
+        return self._logprobs(items, groups, model, temperature)
+
+    @abc.abstractmethod
+    def _logprobs(
+        self, items: list[Item], groups: list[list[int]], model: Any, temperature: float
+    ) -> list[torch.Tensor]:
+        """:meth:`logprobs` of ``items`` packed into the micro-batches ``groups`` (lists of
+        item indices), by ``model``, without gradients: float32 on CPU, one per item."""
+
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
+        temperature: float = 1.0,
+    ) -> dict[str, float]:
+        plan = self._plan(samples, advantages, old_logprobs, ref_logprobs, temperature)
+        return self._step(plan, self.optim_config.lr_at(self.steps if lr_step is None else lr_step))
+
+    @abc.abstractmethod
+    def _step(self, plan: StepPlan, lr: float) -> dict[str, float]:
+        """:meth:`train_step` of ``plan`` at the learning rate ``lr``: :meth:`_micro_loss`
+        per micro-batch, the gradient norm clipped, a non-finite update skipped, ``steps``
+        counted; returns the step's metrics."""
+
     def _plan(
         self,
         samples: Sequence[Sample],
         advantages: torch.Tensor | Sequence[float],
+        old_logprobs: Sequence[torch.Tensor] | None,
         ref_logprobs: Sequence[torch.Tensor] | None,
         temperature: float = 1.0,
     ) -> StepPlan:
@@ -238,6 +278,7 @@ class StepCore(_Configured, abc.ABC):
             ref_logprobs=ref_logprobs,
             want_entropy=self.entropy_metric or cfg.entropy_coef > 0,
             temperature=temperature,
+            old_logprobs=old_logprobs,
         )
 
     def _micro_loss(
@@ -274,7 +315,7 @@ class StepCore(_Configured, abc.ABC):
         )
 
 
-class Backend(_Configured, abc.ABC):
+class Backend(_Trainable):
     """A model being trained with the GRPO loss: the interface the loop uses -- the step,
     log-probs, the weights for the engines, checkpoints, memory, closing -- which every
     backend honours whole (:class:`~trainer.TorchBackend`, the ranks on Ray
@@ -293,40 +334,12 @@ class Backend(_Configured, abc.ABC):
         loaded (``loss.kl_coef > 0``)."""
         return self.loss_config.kl_coef > 0
 
-    @abc.abstractmethod
-    def logprobs(
-        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
-    ) -> list[torch.Tensor]:
-        """The current policy's (or, with ``reference``, the frozen reference model's)
-        log-probs, float32 on CPU, of each sample's completion tokens."""
-
-    @abc.abstractmethod
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-        temperature: float = 1.0,
-    ) -> dict[str, float]:
-        """One optimizer step on ``samples`` (:meth:`StepCore.train_step`)."""
-
-    @abc.abstractmethod
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named weights (for an engine's in-process update)."""
-
     def weight_sender(self) -> WeightSender:
         """The end a weight update leaves from (:mod:`trainer.backends._sender`): by default this
         process, reading :meth:`state_dict`; ranks elsewhere send from there."""
         from trainer.backends._sender import LocalSender
 
         return LocalSender(self.state_dict)
-
-    @abc.abstractmethod
-    def save_hf(self, directory: str | os.PathLike[str]) -> None:
-        """The current weights as a complete HF model directory (:meth:`StepCore.save_hf`)."""
 
     @abc.abstractmethod
     def save_checkpoint(self, directory: str | os.PathLike[str], extra: dict[str, Any]) -> None:
@@ -428,15 +441,11 @@ class MicroBatchBackend(StepCore, Backend):
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.steps = int(state["steps"])
 
-    @torch.no_grad()
-    def logprobs(
-        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    def _logprobs(
+        self, items: list[Item], groups: list[list[int]], model: Any, temperature: float
     ) -> list[torch.Tensor]:
-        check_temperature(temperature)
-        model = self._model_for(reference)
-        items = to_items(samples)
         out: list[torch.Tensor | None] = [None] * len(items)
-        for group in pack_by_tokens([len(it.ids) for it in items], self.max_tokens):
+        for group in groups:
             lps, _ = self._forward(
                 [items[i] for i in group], with_entropy=False, model=model, temperature=temperature
             )
@@ -444,21 +453,8 @@ class MicroBatchBackend(StepCore, Backend):
                 out[i] = lp.float().cpu()
         return [t for t in out if t is not None]
 
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-        temperature: float = 1.0,
-    ) -> dict[str, float]:
-        plan = self._plan(samples, advantages, ref_logprobs, temperature)
+    def _step(self, plan: StepPlan, lr: float) -> dict[str, float]:
         t = plan.temperature
-        # Without old log-probs the old policy is the current one: _micro_loss takes them
-        # from the training forward, detached (no separate pass).
-        plan.old_logprobs = old_logprobs
         t1 = time.perf_counter()
         tally = Tally()
         dp = self.data_parallel
@@ -496,7 +492,6 @@ class MicroBatchBackend(StepCore, Backend):
         clip = self.optim_config.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(updated, clip if clip > 0 else float("inf"))
         skipped = not math.isfinite(float(norm))
-        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
         if not skipped:  # a NaN or infinite gradient would ruin the weights: skip the update
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = lr

@@ -33,17 +33,14 @@ from typing import Any
 
 import torch
 
-from agentenv import ConfigError, Sample
-from trainer.algorithm import pack_by_tokens
+from agentenv import ConfigError
 from trainer.backends import (
     Item,
     StepCore,
     StepPlan,
     Tally,
-    check_temperature,
     pad,
     response_positions,
-    to_items,
 )
 from trainer.distributed import Rendezvous
 from trainer.megatron._attention import packed_sequences
@@ -251,15 +248,10 @@ class MegatronWorker(StepCore):
             self._schedule(items, mine, loss_of, model=model, forward_only=True)
         return out
 
-    @torch.no_grad()
-    def logprobs(
-        self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
+    def _logprobs(
+        self, items: list[Item], groups: list[list[int]], model: Any, temperature: float
     ) -> list[torch.Tensor]:
-        check_temperature(temperature)
-        model = self._model_for(reference)
-        items = to_items(samples)
-        mine = self._mine(pack_by_tokens([len(it.ids) for it in items], self.max_tokens))
-        forward = self._forward_only(items, mine, model, temperature)
+        forward = self._forward_only(items, self._mine(groups), model, temperature)
         local = {i: lp.float().cpu() for i, lp in forward.items()}
         found: dict[int, torch.Tensor] = {}
         for part in self._from_last_stages(local):
@@ -267,23 +259,10 @@ class MegatronWorker(StepCore):
         return [found[i] for i in range(len(items))]
 
     # -- training -------------------------------------------------------------------------
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-        temperature: float = 1.0,
-    ) -> dict[str, float]:
+    def _step(self, plan: StepPlan, lr: float) -> dict[str, float]:
         import torch.distributed as dist
 
-        plan = self._plan(samples, advantages, ref_logprobs, temperature)
         mine = self._mine(plan.groups)
-        # Without old log-probs the old policy is the current one: the loss on the last
-        # stage takes them from the training forward, detached (ratio exactly 1).
-        plan.old_logprobs = old_logprobs
         t1 = time.perf_counter()
         tally = Tally()
         self.model.zero_grad_buffer()
@@ -305,7 +284,6 @@ class MegatronWorker(StepCore):
         if dist.get_world_size() > 1:
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         skipped = bool(bad.item())
-        lr = self.optim_config.lr_at(self.steps if lr_step is None else lr_step)
         norm = math.nan
         if not skipped:
             set_lr(self.optimizer, lr, self.optim_config.weight_decay)
@@ -319,10 +297,7 @@ class MegatronWorker(StepCore):
                 self.model.start_param_sync(force_sync=True)
         self.steps += 1
         t3 = time.perf_counter()
-        total = Tally()
-        for part in self._from_last_stages(tally):
-            total.merge(part)
-        return total.metrics(
+        return Tally.of(self._from_last_stages(tally)).metrics(
             skipped_nonfinite=float(skipped),
             grad_norm=norm,
             lr=lr,
