@@ -16,6 +16,7 @@ docs/distributed.md; needs the ``distributed`` extra (``ray``, ``sglang-router``
 
 import typing
 
+from trainer import _lazy
 from trainer.distributed._cluster import connect, node_address
 from trainer.distributed._engine_actor import EngineInfo, EngineSpec
 from trainer.distributed._engine_group import (
@@ -69,14 +70,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # The torch backend's ranks import torch and transformers: only when asked for.
-    if name in ("TorchRank", "TrainerGroup"):
-        from trainer.distributed import _trainer
-
-        return getattr(_trainer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# The torch backend's ranks import torch and transformers: only when asked for.
+__getattr__, __dir__ = _lazy.lazy_names(
+    __name__,
+    {"TorchRank": "trainer.distributed._trainer", "TrainerGroup": "trainer.distributed._trainer"},
+)

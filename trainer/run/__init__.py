@@ -9,8 +9,9 @@ parser do not), so ``trainer.TrainConfig`` and ``agentenv train --help`` stay li
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainer import _lazy
 
 if TYPE_CHECKING:
     from trainer.run._cli import config_from_flags
@@ -68,14 +69,4 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer.run' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.lazy_names(__name__, _MODULES)
