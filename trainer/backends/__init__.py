@@ -7,6 +7,7 @@ the background. The megatron-core backend is :mod:`trainer.megatron`.
 from trainer.backends._backend import (
     Backend,
     Item,
+    RanksBackend,
     StepCore,
     StepPlan,
     Tally,
@@ -29,6 +30,7 @@ __all__ = [
     "Item",
     "LocalSender",
     "Precision",
+    "RanksBackend",
     "StepCore",
     "StepPlan",
     "Tally",

@@ -41,6 +41,7 @@ __all__ = [
     "Backend",
     "Item",
     "MicroBatchBackend",
+    "RanksBackend",
     "StepCore",
     "StepPlan",
     "Tally",
@@ -367,6 +368,39 @@ class Backend(_Trainable):
     def close(self) -> None:
         """End what the backend runs besides the loop's process (its ranks); it cannot be
         used afterwards. Nothing for a backend in this process."""
+
+
+class RanksBackend(Backend):
+    """A backend whose model lives in ranks, each a :class:`StepCore`, that run every
+    step together: the torch backend's data-parallel ranks on Ray
+    (:class:`~trainer.distributed.TrainerGroup`) and megatron's
+    (:class:`~trainer.megatron.MegatronBackend`). The subclass sets ``ranks`` (a
+    :class:`~trainer.distributed.Ranks`); :meth:`train_step` runs on every rank, each
+    counting the step as this does, and :meth:`close` ends them."""
+
+    ranks: Any
+
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        advantages: torch.Tensor | Sequence[float],
+        *,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+        ref_logprobs: Sequence[torch.Tensor] | None = None,
+        lr_step: int | None = None,
+        temperature: float = 1.0,
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = self.ranks.call(
+            StepCore.train_step, list(samples), advantages, old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs, lr_step=lr_step, temperature=temperature,
+        )  # fmt: skip
+        self.steps += 1
+        return metrics
+
+    def close(self) -> None:
+        """End the ranks (and the process groups they set up); the backend cannot be used
+        afterwards."""
+        self.ranks.close()
 
 
 class MicroBatchBackend(StepCore, Backend):

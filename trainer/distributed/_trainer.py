@@ -23,7 +23,7 @@ import torch
 
 from agentenv import Sample
 from trainer._resources import peak_rss_gib
-from trainer.backends import Backend, DataParallel, TorchBackend, resolve_precision
+from trainer.backends import DataParallel, RanksBackend, TorchBackend, resolve_precision
 from trainer.config import LossConfig, OptimConfig
 from trainer.distributed._ranks import RankGroup, Rendezvous
 from trainer.distributed._sender import RankSender
@@ -70,7 +70,7 @@ class TorchRank(TorchBackend):
             dist.destroy_process_group()
 
 
-class TrainerGroup(Backend):
+class TrainerGroup(RanksBackend):
     """The trainer ranks behind the :class:`~trainer.Backend` interface: ``train_step``
     and ``load_checkpoint`` run on every rank; ``logprobs`` splits the samples over the
     ranks; ``state_dict``, ``save_hf`` and ``save_checkpoint`` are rank 0's (every rank
@@ -79,6 +79,8 @@ class TrainerGroup(Backend):
 
     Build one with :meth:`start`; the model lives in the actors.
     """
+
+    ranks: RankGroup[Any]
 
     def __init__(
         self,
@@ -124,10 +126,6 @@ class TrainerGroup(Backend):
         """Data-parallel ranks."""
         return self.ranks.world_size
 
-    def close(self) -> None:
-        """End the ranks; the group cannot be used afterwards."""
-        self.ranks.close()
-
     def logprobs(
         self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
     ) -> list[torch.Tensor]:
@@ -137,23 +135,6 @@ class TrainerGroup(Backend):
         kwargs = {"reference": reference, "temperature": temperature}
         out = self.ranks.call_each(TorchRank.logprobs, [((part,), kwargs) for part in parts])
         return [lp for part in out for lp in part]
-
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-        temperature: float = 1.0,
-    ) -> dict[str, float]:
-        metrics = self.ranks.call(
-            TorchRank.train_step, list(samples), advantages, old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs, lr_step=lr_step, temperature=temperature,
-        )  # fmt: skip
-        self.steps += 1
-        return metrics
 
     def memory_metrics(self) -> dict[str, float]:
         """The largest rank process's peak resident set so far (GiB)."""

@@ -33,7 +33,7 @@ import torch
 
 from agentenv import ConfigError, Sample
 from trainer._resources import replace_dir
-from trainer.backends import Backend
+from trainer.backends import RanksBackend
 from trainer.config import LossConfig, OptimConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
@@ -92,7 +92,7 @@ def ray_launcher(placed: Placed) -> Launcher:
     return launch
 
 
-class MegatronBackend(Backend):
+class MegatronBackend(RanksBackend):
     """Trains a Llama- or Qwen2-architecture HF model on megatron-core (CUDA only).
 
     Args:
@@ -180,11 +180,6 @@ class MegatronBackend(Backend):
         """Rank 0's megatron optimizer (a ChainedOptimizer)."""
         return self._local().optimizer
 
-    def close(self) -> None:
-        """Stop the other ranks and take down the process groups the ranks set up; the
-        backend cannot be used afterwards."""
-        self.ranks.close()
-
     # -- collective: every rank runs these --------------------------------------------------
     def logprobs(
         self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
@@ -192,28 +187,6 @@ class MegatronBackend(Backend):
         return self.ranks.call(
             MegatronWorker.logprobs, samples, reference=reference, temperature=temperature
         )
-
-    def train_step(
-        self,
-        samples: Sequence[Sample],
-        advantages: torch.Tensor | Sequence[float],
-        *,
-        old_logprobs: Sequence[torch.Tensor] | None = None,
-        ref_logprobs: Sequence[torch.Tensor] | None = None,
-        lr_step: int | None = None,
-        temperature: float = 1.0,
-    ) -> dict[str, float]:
-        metrics = self.ranks.call(
-            MegatronWorker.train_step,
-            samples,
-            advantages,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            lr_step=lr_step,
-            temperature=temperature,
-        )
-        self.steps += 1  # as every rank's worker counts
-        return metrics
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights, merged from megatron's layout (vocabulary padding stripped);
