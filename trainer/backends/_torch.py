@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,14 @@ class TorchBackend(MicroBatchBackend):
                 raise ConfigError(f"compile needs a CUDA device, not {device!r}")
             for layer in self.model.get_decoder().layers:
                 layer.compile(dynamic=True)
+            # Tracing a checkpointed layer, dynamo reads .grad of non-leaf tensors and torch
+            # warns about it: nothing of the user's is wrong, and under -W error (pytest's
+            # filterwarnings) the warning would fail the trace itself.
+            warnings.filterwarnings(
+                "ignore",
+                message=r"The \.grad attribute of a Tensor that is not a leaf Tensor",
+                category=UserWarning,
+            )
         self.reference: Any = None
         if loss is not None and loss.kl_coef > 0:
             # A frozen copy of the starting weights for the KL penalty.
