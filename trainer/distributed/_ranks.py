@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["RankGroup", "Ranks", "Rendezvous", "TrainerRankError", "Worker"]
 
 P = ParamSpec("P")
+#: Seconds the other ranks of a failed call get to be reported dead by Ray: a rank whose
+#: peer died fails at once, and the rank that died is then named as the cause. A rank that
+#: failed alone (its peers wait in a collective for it) stops the group this much later.
+PEER_GRACE_S = 30.0
 R = TypeVar("R")
 
 
@@ -303,9 +307,19 @@ class RankGroup(Generic[V]):
                 if isinstance(cause, ConfigError):
                     ray.wait(pending, num_returns=len(pending), timeout=timeout)
                     raise cause from None
+                # A rank whose peer died fails its collective at once (gloo: the connection
+                # closed), often before Ray reports the death: the rank that died is the
+                # cause, so the others get a grace to be reported dead.
+                dead = self._dead_among(pending, rank_of)
                 self._kill()
+                failure = f"{type(cause).__name__}: {cause}"
+                if dead is not None:
+                    raise TrainerRankError(
+                        dead, self.where(dead),
+                        f"died {doing} (rank {rank} failed with it: {failure})",
+                    ) from None  # fmt: skip
                 raise TrainerRankError(
-                    rank, self.where(rank), f"failed {doing}: {type(cause).__name__}: {cause}"
+                    rank, self.where(rank), f"failed {doing}: {failure}"
                 ) from cause
             except RayActorError as e:
                 self._kill()
@@ -313,6 +327,22 @@ class RankGroup(Generic[V]):
                     rank, self.where(rank), f"died {doing} ({type(e).__name__})"
                 ) from None
         return cast("list[Any]", ray.get(refs))
+
+    def _dead_among(self, refs: list[Any], rank_of: dict[Any, int]) -> int | None:
+        """The first rank of ``refs`` (calls still running) whose actor Ray reports dead
+        within :data:`PEER_GRACE_S`; ``None`` if none."""
+        from ray.exceptions import RayActorError
+
+        ray = self._ray
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_GRACE_S) if refs else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return rank_of[ref]
+            except Exception:  # failed in its collective too: not dead
+                continue
+        return None
 
     def exited(self) -> dict[int, int]:
         """The ranks whose actor is gone (status -1: Ray reports that an actor died, not
