@@ -69,17 +69,18 @@ sandbox-host:
 		for i in $$(seq 120); do docker version >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
 		echo "dockerd did not start; see /var/log/agentenv-dockerd.log" >&2; exit 1; }
 
-# The suite runs in one pytest worker per CPU, at most 4 (pytest-xdist): most tests wait on
-# processes, servers or containers, so two workers on two cores keep both busy. The 25
-# slowest tests are listed at the end.
-WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# The suite runs in pytest workers (pytest-xdist), one more than the CPUs, at most 4: most
+# tests wait on processes, servers or containers, so on two cores three workers keep both
+# busy. The 25 slowest tests are listed at the end.
+WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n + 1 : 4 )))
 pytest: $(STAMP) sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
 	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations 25
 
-# The four venvs install side by side (each waits on disk and pip more than on a core).
+# The four venvs install side by side (each waits on disk and pip more than on a core), then
+# the lint and the type check run beside the suite.
 test:
 	$(MAKE) -j4 setup sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
-	$(MAKE) lint typecheck pytest
+	$(MAKE) -j3 lint typecheck pytest
 
 # PrimeIntellect's verifiers in a venv of its own: it pins an older openai than ours (it would
 # downgrade openai 3.57 to 2.54). environments/verifiers.py runs it there, in worker processes
