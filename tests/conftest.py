@@ -19,11 +19,7 @@ LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked ``gpu_test(n)`` is skipped where fewer than ``n`` CUDA GPUs are; the
-    modules with ``slow`` tests run first (each module's tests together, in their order),
-    so that with a worker per CPU the long tests do not end the run on one worker alone."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: modules stay whole
+    """A test marked ``gpu_test(n)`` is skipped where fewer than ``n`` CUDA GPUs are."""
     for item in items:
         need = _gpu.needs(item)
         if need and _gpu.cuda_devices() < need:
