@@ -71,11 +71,13 @@ sandbox-host:
 
 # The suite runs in a pytest worker per CPU, at most 4 (pytest-xdist): most tests wait on
 # processes, servers or containers, so two workers on two cores keep both busy (three ran
-# no faster and tripped the bounds of the tests that wait longest). The 25 slowest tests
-# are listed at the end.
+# no faster and tripped the bounds of the tests that wait longest). The tests on the
+# session's Ray cluster (tests/trainer/distributed) count its resources, so they run after,
+# in one process. The slowest tests are listed at the end of each.
 WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 pytest: $(STAMP) sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
-	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations 25
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations 25 --ignore=tests/trainer/distributed
+	$(BIN)/python -m pytest --durations 10 tests/trainer/distributed
 
 # The four venvs install side by side (each waits on disk and pip more than on a core), then
 # the lint and the type check run beside the suite.
