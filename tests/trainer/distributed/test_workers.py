@@ -254,4 +254,6 @@ def test_workers_the_cluster_cannot_hold_are_refused_before_anything_is_placed(
     config = trainer.TrainConfig(**base, rollout_num_workers=2, rollout_worker_resource="sandbox")
     with pytest.raises(ConfigError, match="--rollout-worker-resource sandbox: the 2 rollout"):
         place_run(config)
-    assert ray_cluster.available_resources().get("CPU") == free  # nothing was placed
+    # Nothing was placed: no CPU more is held (an earlier test's actors may still be
+    # handing theirs back, so the cluster can only have as many free or more).
+    assert ray_cluster.available_resources().get("CPU", 0.0) >= (free or 0.0)
