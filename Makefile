@@ -71,19 +71,28 @@ sandbox-host:
 
 # The suite runs in a pytest worker per CPU, at most 4 (pytest-xdist): most tests wait on
 # processes, servers or containers, so two workers on two cores keep both busy (three ran
-# no faster and tripped the bounds of the tests that wait longest). The tests on the
-# session's Ray cluster (tests/trainer/distributed) count its resources, so they run after,
-# in one process. The slowest tests are listed at the end of each.
+# no faster and tripped the bounds of the tests that wait longest). The tests on a Ray
+# cluster of their own (tests/trainer/distributed) count its resources, so they run in one
+# process beside the workers (their log is printed when they end). The slowest tests are
+# listed at the end of each.
 WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-pytest: $(STAMP) sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
+TEST_DEPS := $(STAMP) sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
+.PHONY: pytest-workers pytest-ray
+pytest: pytest-workers pytest-ray
+
+pytest-workers: $(TEST_DEPS)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations 25 --ignore=tests/trainer/distributed
-	$(BIN)/python -m pytest --durations 10 tests/trainer/distributed
+
+pytest-ray: $(TEST_DEPS)
+	@mkdir -p out && echo "tests/trainer/distributed: running beside the others (log: out/pytest-ray.log)"
+	@$(BIN)/python -m pytest --durations 10 tests/trainer/distributed >out/pytest-ray.log 2>&1; \
+		rc=$$?; echo "== tests/trainer/distributed (exit $$rc) =="; cat out/pytest-ray.log; exit $$rc
 
 # The four venvs install side by side (each waits on disk and pip more than on a core), then
-# the lint and the type check run beside the suite.
+# the lint, the type check and the Ray tests run beside the suite.
 test:
 	$(MAKE) -j4 setup sandbox-host $(VERIFIERS_VENV)/.installed $(OPENENV_VENV)/.installed $(MINISWE_VENV)/.installed
-	$(MAKE) -j3 lint typecheck pytest
+	$(MAKE) -j4 lint typecheck pytest-workers pytest-ray
 
 # PrimeIntellect's verifiers in a venv of its own: it pins an older openai than ours (it would
 # downgrade openai 3.57 to 2.54). environments/verifiers.py runs it there, in worker processes
