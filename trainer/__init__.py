@@ -126,52 +126,9 @@ __all__ = [
     "train",
 ]
 
-# Where each public name lives (the imports above, for the type checker).
-_MODULES = {
-    "AGGREGATIONS": "trainer.config._algorithm",
-    "ESTIMATORS": "trainer.algorithm._advantages",
-    "KL_TYPES": "trainer.config._algorithm",
-    "PRECISIONS": "trainer.backends._precision",
-    "SCHEDULES": "trainer.config._rollout",
-    "Backend": "trainer.backends._backend",
-    "CheckpointConfig": "trainer.run._config",
-    "DataConfig": "trainer.run._config",
-    "DiskSync": "trainer.engines._sync",
-    "DistributedSync": "trainer.engines._sync",
-    "EmbeddedEngine": "trainer.engines._engines",
-    "EngineConfig": "trainer.run._config",
-    "EvalConfig": "trainer.run._config",
-    "GRPOConfig": "trainer.config._rollout",
-    "InProcessSync": "trainer.engines._sync",
-    "LoggingConfig": "trainer.run._config",
-    "LossConfig": "trainer.config._algorithm",
-    "ModelConfig": "trainer.run._config",
-    "OffloadHooks": "trainer.engines._offload",
-    "OptimConfig": "trainer.config._optimizer",
-    "ParallelismConfig": "trainer.run._config",
-    "Precision": "trainer.backends._precision",
-    "RolloutEngine": "trainer.engines._engines",
-    "ServerEngine": "trainer.engines._engines",
-    "StepHooks": "trainer.run._loop",
-    "TensorSync": "trainer.engines._sync",
-    "TorchBackend": "trainer.backends._torch",
-    "TrainConfig": "trainer.run._config",
-    "WeightSync": "trainer.engines._sync",
-    "build_backend": "trainer.run._setup",
-    "compute_advantages": "trainer.algorithm._advantages",
-    "config_from_flags": "trainer.run._cli",
-    "engine_dtypes": "trainer.run._servers",
-    "kl_estimate": "trainer.algorithm._losses",
-    "logprob_temperature": "trainer.config._algorithm",
-    "pack_by_tokens": "trainer.algorithm._batching",
-    "place_run": "trainer.run._setup",
-    "policy_loss": "trainer.algorithm._losses",
-    "rollout_engine": "trainer.run._servers",
-    "run_grpo": "trainer.run._loop",
-    "tempered_logits": "trainer.algorithm._losses",
-    "token_weights": "trainer.algorithm._losses",
-    "train": "trainer.run._train",
-}
-
-
-__getattr__, __dir__ = _lazy.lazy_names(__name__, _MODULES)
+# Each name from the first of these subpackages that exports it (the light ones first).
+__getattr__, __dir__ = _lazy.lazy_names(
+    __name__,
+    __all__,
+    ("trainer.config", "trainer.run", "trainer.algorithm", "trainer.backends", "trainer.engines"),
+)

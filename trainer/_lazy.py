@@ -1,5 +1,5 @@
-"""Public names that load on first use: a package lists the module each of its names
-lives in and takes its module-level ``__getattr__`` and ``__dir__`` from
+"""Public names that load on first use: a package lists its lazy names and the modules
+that define them, and takes its module-level ``__getattr__`` and ``__dir__`` from
 :func:`lazy_names`, so that importing it imports none of those modules (most need torch).
 """
 
@@ -7,30 +7,32 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["lazy_names"]
 
 
 def lazy_names(
-    package: str, modules: Mapping[str, str]
+    package: str, names: Sequence[str], modules: Sequence[str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``package``'s ``__getattr__`` and ``__dir__`` for the names of ``modules`` (each
-    name: the module that defines it). A name is imported at its first lookup and kept in
-    the package's namespace, so later lookups skip ``__getattr__``; any other name is an
+    """``package``'s ``__getattr__`` and ``__dir__`` for ``names``, each taken from the
+    first of ``modules`` whose ``__all__`` lists it (put the light modules first: they are
+    imported on the way). A name is imported at its first lookup and kept in the package's
+    namespace, so later lookups skip ``__getattr__``; any other name is an
     :class:`AttributeError`."""
     namespace = vars(sys.modules[package])
 
     def __getattr__(name: str) -> Any:
-        module = modules.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        namespace[name] = value
-        return value
+        if name in names:
+            for path in modules:
+                module = importlib.import_module(path)
+                if name in module.__all__:
+                    namespace[name] = value = getattr(module, name)
+                    return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *modules})
+        return sorted({*namespace, *names})
 
     return __getattr__, __dir__

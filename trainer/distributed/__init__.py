@@ -72,6 +72,5 @@ __all__ = [
 
 # The torch backend's ranks import torch and transformers: only when asked for.
 __getattr__, __dir__ = _lazy.lazy_names(
-    __name__,
-    {"TorchRank": "trainer.distributed._trainer", "TrainerGroup": "trainer.distributed._trainer"},
+    __name__, ("TorchRank", "TrainerGroup"), ("trainer.distributed._trainer",)
 )

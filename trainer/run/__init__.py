@@ -49,24 +49,9 @@ __all__ = [
     "train",
 ]
 
-_MODULES = {
-    "CheckpointConfig": "trainer.run._config",
-    "DataConfig": "trainer.run._config",
-    "EngineConfig": "trainer.run._config",
-    "EvalConfig": "trainer.run._config",
-    "LoggingConfig": "trainer.run._config",
-    "ModelConfig": "trainer.run._config",
-    "ParallelismConfig": "trainer.run._config",
-    "StepHooks": "trainer.run._loop",
-    "TrainConfig": "trainer.run._config",
-    "build_backend": "trainer.run._setup",
-    "config_from_flags": "trainer.run._cli",
-    "engine_dtypes": "trainer.run._servers",
-    "place_run": "trainer.run._setup",
-    "rollout_engine": "trainer.run._servers",
-    "run_grpo": "trainer.run._loop",
-    "train": "trainer.run._train",
-}
-
-
-__getattr__, __dir__ = _lazy.lazy_names(__name__, _MODULES)
+# Each name from the first of these modules that exports it (the light ones first).
+__getattr__, __dir__ = _lazy.lazy_names(
+    __name__,
+    __all__,
+    tuple(f"trainer.run._{m}" for m in ("config", "cli", "setup", "servers", "train", "loop")),
+)
