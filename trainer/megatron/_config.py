@@ -304,7 +304,8 @@ class MegatronModelConfig:
         """
         import torch.nn.functional as F
 
-        kwargs: dict[str, Any] = {
+        # What the architecture and the layout fix: overrides may not contradict these.
+        fixed: dict[str, Any] = {
             "num_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "ffn_hidden_size": self.ffn_hidden_size,
@@ -312,12 +313,18 @@ class MegatronModelConfig:
             "num_query_groups": self.num_query_groups,
             "kv_channels": self.kv_channels,
             "normalization": "RMSNorm",
-            "layernorm_epsilon": self.norm_epsilon,
             "gated_linear_unit": True,  # SwiGLU: fc1 holds [gate; up]
-            "activation_func": F.silu,
             "add_bias_linear": False,
             "add_qkv_bias": self.qkv_bias,
             "rotary_interleaved": False,  # HF's rotate_half layout
+            "tensor_model_parallel_size": self.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
+            "transformer_impl": self.transformer_impl,
+        }
+        kwargs: dict[str, Any] = {
+            **fixed,
+            "layernorm_epsilon": self.norm_epsilon,
+            "activation_func": F.silu,
             "hidden_dropout": 0.0,
             "attention_dropout": 0.0,
             "bias_activation_fusion": False,
@@ -326,28 +333,6 @@ class MegatronModelConfig:
             "apply_rope_fusion": False,
             "persist_layer_norm": False,
             "gradient_accumulation_fusion": False,
-            "tensor_model_parallel_size": self.tensor_model_parallel_size,
-            "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
-            "transformer_impl": self.transformer_impl,
-        }
-        fixed = {
-            k: kwargs[k]
-            for k in (
-                "num_layers",
-                "hidden_size",
-                "ffn_hidden_size",
-                "num_attention_heads",
-                "num_query_groups",
-                "kv_channels",
-                "normalization",
-                "gated_linear_unit",
-                "add_bias_linear",
-                "add_qkv_bias",
-                "rotary_interleaved",
-                "tensor_model_parallel_size",
-                "pipeline_model_parallel_size",
-                "transformer_impl",
-            )
         }
         clash = {k: (v, fixed[k]) for k, v in overrides.items() if k in fixed and v != fixed[k]}
         if clash:
