@@ -145,13 +145,9 @@ class MegatronBackend(RanksBackend):
             num_gpus=num_gpus, entropy_metric=entropy_metric, seed=seed,
             attention=attention, qkv_format=qkv_format,
         )  # fmt: skip
-        self.options = options
-        self.qkv_format = options.qkv_format
         self.dp_size = options.data_parallel_size
         self.parallel = options.parallel
-        self.attention = options.attention
         self.dtype = options.dtype
-        self.path = options.path
         self.cfg: MegatronModelConfig = options.parallel.model_config(options.path)
         self._configure(optim, loss, max_tokens_per_micro_batch, entropy_metric)
         self.ranks: Ranks[MegatronWorker] = (launcher or launch_ranks)(options)

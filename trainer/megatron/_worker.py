@@ -82,11 +82,9 @@ class MegatronWorker(StepCore):
             raise ConfigError(
                 f"a megatron rank runs on a CUDA device (an index), got {rendezvous.device!r}"
             )
-        self.options = options
         self.qkv_format = options.qkv_format
         self.dp_size = options.data_parallel_size
         self.parallel = options.parallel
-        self.attention = options.attention
         self.dtype = options.dtype
         self.path = options.path
         self.device = torch.device("cuda", rendezvous.device)
@@ -97,7 +95,6 @@ class MegatronWorker(StepCore):
         self.tp_rank = place.tp_rank
         self.pp_rank = place.pp_rank
         self.dp_rank = place.dp_rank
-        self.first_stage = place.first_stage
         self.last_stage = place.last_stage
         self.cfg: MegatronModelConfig = options.parallel.model_config(options.path)
         self.model = build_model(core, options, self.cfg, place, self.device, train=True)
