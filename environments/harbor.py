@@ -45,7 +45,7 @@ import os
 import re
 import time
 import tomllib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,21 +53,15 @@ from typing import Any, ClassVar
 from agentenv import (
     AgentEnvError,
     ConfigError,
-    Environment,
     Episode,
-    EpisodeAborted,
     EpisodeTruncated,
-    HermesParser,
     Message,
+    Rubric,
     Sample,
     State,
-    Status,
     Task,
     Tool,
-    ToolCall,
-    ToolCallError,
-    ToolCallParser,
-    run_tool_calls,
+    ToolEnv,
 )
 from sandboxes import SANDBOX_IMAGE, Container, Limits, Result, SandboxError, build_image
 
@@ -373,7 +367,7 @@ def _reward(value: Any, source: str) -> tuple[float, str]:
     return float(value), f"from {source}"
 
 
-class HarborEnv(Environment):
+class HarborEnv(ToolEnv):
     """Harbor-format tasks, one container per episode, the agent acting through ``bash``.
 
     Args:
@@ -389,7 +383,6 @@ class HarborEnv(Environment):
 
     name = "harbor"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
-    parser: ClassVar[ToolCallParser] = HermesParser()
 
     def __init__(
         self,
@@ -409,7 +402,7 @@ class HarborEnv(Environment):
         if output_chars < 100:
             raise ConfigError(f"output_chars must be at least 100, got {output_chars}")
         self.harbor_tasks = {t.name: t for t in load_tasks(path)}
-        self.max_turns = max_turns
+        self.max_turns = max_turns  # type: ignore[misc]
         self.command_timeout_s = command_timeout_s
         self.output_chars = output_chars
         self.pids = pids
@@ -421,7 +414,9 @@ class HarborEnv(Environment):
         if self.max_containers < 1:
             raise ConfigError(f"max_containers must be at least 1, got {max_containers}")
         self._slots: dict[int, asyncio.Semaphore] = {}
-        self._schema = [self._bash_tool(None).schema]
+        self._sessions: dict[int, TaskSession] = {}  # by id(episode)
+        self._bash = self._bash_tool()
+        self.rubric = Rubric(self.tests_reward)
 
     def tasks(self, split: str = "train") -> list[Task]:
         """Every task (the directory is one split: ``train`` and ``test`` are the same)."""
@@ -435,13 +430,8 @@ class HarborEnv(Environment):
     async def image(self, task: HarborTask) -> str:
         """The task's image, built on first use (once per content hash); a failed build
         raises :class:`HarborBuildError` naming the task, every time it is asked for."""
-        if task.name in self._images:
-            return self._images[task.name]
-        if task.name in self._build_errors:
-            raise HarborBuildError(self._build_errors[task.name])
         key = (id(asyncio.get_running_loop()), task.name)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(key, asyncio.Lock()):
             if task.name in self._images:
                 return self._images[task.name]
             if task.name in self._build_errors:
@@ -506,75 +496,49 @@ class HarborEnv(Environment):
             self._slots[key] = asyncio.Semaphore(self.max_containers)
         return self._slots[key]
 
-    def _bash_tool(self, session: TaskSession | None) -> Tool:
-        timeout = self.command_timeout_s
-        chars = self.output_chars
-
-        async def bash(command: str) -> str:
+    def _bash_tool(self) -> Tool:
+        async def bash(command: str, state: State) -> str:
             """Run a bash command line in the task's machine and return its output.
 
             Args:
                 command: the command line (run with bash -c in the working directory).
             """
-            if session is None:
-                raise RuntimeError("the bash tool is used only inside an episode")
-            return format_output(await session.bash(command, timeout_s=timeout), chars)
+            session = self._sessions[id(state.episode)]
+            result = await session.bash(command, timeout_s=self.command_timeout_s)
+            return format_output(result, self.output_chars)
 
-        return Tool(bash, name="bash", timeout_s=timeout + 60)
+        return Tool(bash, name="bash", timeout_s=self.command_timeout_s + 60)
 
-    def prompt(self, task: Task) -> list[Message]:
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": task.prompt if isinstance(task.prompt, str) else ""},
-        ]
+    def episode_tools(self) -> Sequence[Tool]:
+        return (self._bash,)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [self._bash.schema]
 
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
         name = str(task.info.get("harbor_task", task.id))
         async with self.session(name) as session:
-            transcript = episode.transcript(self.prompt(task), tools=self._schema)
-            state = State(task, transcript, episode)
-            tools = [self._bash_tool(session)]
-            calls_made = errors = 0
-            status, reason = Status.COMPLETED, None
+            self._sessions[id(episode)] = session
             try:
-                while True:
-                    await episode.generate(transcript, max_turns=self.max_turns)
-                    if (
-                        transcript.last_finish is not None
-                        and transcript.last_finish.type == "length"
-                    ):
-                        status, reason = Status.TRUNCATED, "length: hit max_new_tokens"
-                        break
-                    calls = self.parser.parse(state.completion)
-                    if not calls:
-                        break
-                    calls_made += len(calls)
+                return await super().rollout(task, episode)
+            finally:
+                del self._sessions[id(episode)]
 
-                    def count(call: ToolCall | ToolCallError, text: str, ok: bool) -> None:
-                        nonlocal errors
-                        errors += not ok
+    async def respond(self, task: Task, state: State) -> Sequence[Message] | None:
+        """The ``bash`` calls' results; past the task's agent time the episode ends
+        truncated (a turn that reached ``max_turns`` ends on that limit first)."""
+        replies = await super().respond(task, state)
+        session = self._sessions[id(state.episode)]
+        limit = state.episode.limits.max_turns or self.max_turns
+        if replies is not None and state.turns < limit and session.time_left() <= 0:
+            raise EpisodeTruncated(f"agent timeout: {session.task.config.agent_timeout_s:g} s")
+        return replies
 
-                    replies = await run_tool_calls(calls, tools, on_result=count, state=state)
-                    limit = episode.limits.max_turns or self.max_turns
-                    if transcript.turns >= limit:
-                        status, reason = Status.TRUNCATED, f"max_turns: reached {limit} turns"
-                        break
-                    if session.time_left() <= 0:
-                        t = session.task.config.agent_timeout_s
-                        status, reason = Status.TRUNCATED, f"agent timeout: {t:g} s"
-                        break
-                    transcript.add_messages(replies)
-            except EpisodeTruncated as e:
-                status, reason = Status.TRUNCATED, e.reason
-            except EpisodeAborted as e:
-                status, reason = Status.ABORTED, str(e)
-            verdict = await session.verify()
-        metadata = {
-            "harbor_task": name,
-            "tool_calls": calls_made,
-            "tool_errors": errors,
-            "verifier": verdict.to_json(),
-        }
-        return episode.samples(
-            transcript, verdict.reward, status=status, reason=reason, metadata=metadata
-        )
+    async def tests_reward(self, task: Task, state: State) -> float:
+        """The task's tests' reward; their verdict goes to ``metadata["verifier"]``."""
+        verdict = await self._sessions[id(state.episode)].verify()
+        state.info.setdefault("tool_calls", 0)
+        state.info.setdefault("tool_errors", 0)
+        state.info["harbor_task"] = str(task.info.get("harbor_task", task.id))
+        state.info["verifier"] = verdict.to_json()
+        return verdict.reward
