@@ -40,9 +40,9 @@ import dataclasses
 import fcntl
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agentenv._errors import AgentEnvError, ConfigError
 from agentenv._sample import Sample
@@ -137,64 +137,6 @@ class GroupRecord:
     step: int | None = None
     blobs: list[bytes] | None = None  # the samples encoded, when the caller did it already
     offset: int = 0  # where the first blob starts in the sample log, once staged
-
-
-class Store(Protocol):
-    """What the Buffer needs from a store. Methods are synchronous (run off the loop)."""
-
-    def stage(self, records: Sequence[GroupRecord]) -> None:
-        """Write the records' sample bodies where they will live, not yet durable nor
-        indexed. Called on the event loop, possibly while :meth:`commit` of earlier
-        records runs in a thread (so the next puts' bytes go out during its fsync)."""
-        ...
-
-    def commit(
-        self, records: Sequence[GroupRecord], consumed: Sequence[Consumed] = ()
-    ) -> list[bool]:
-        """Store staged records and mark ``consumed`` groups in one transaction, and make it
-        durable; per record, True if it was new (else a duplicate). All or nothing: on
-        failure nothing changes (staged bytes without an index row are dead space, cut
-        off when at the end)."""
-        ...
-
-    @property
-    def blocks(self) -> bool:
-        """Whether :meth:`commit` waits for the disk (then run it off the event loop)."""
-        ...
-
-    def set_state(self, seqs: Sequence[int], state: str, reason: str) -> None:
-        """Record a later decision about ready groups (stale)."""
-        ...
-
-    def rewind(self, step: int) -> list[GroupRecord]:
-        """Groups consumed by steps after ``step`` become ready again; returns them."""
-        ...
-
-    def ready(self) -> list[GroupRecord]:
-        """Every ready group, oldest first (at open)."""
-        ...
-
-    def last_step(self) -> int | None:
-        """The highest step that consumed a group."""
-        ...
-
-    def steps_after(self, step: int) -> dict[int, int]:
-        """Groups consumed per step after ``step``."""
-        ...
-
-    def known_groups(self, group_ids: Sequence[str]) -> set[str]:
-        """Those of ``group_ids`` stored (in any state)."""
-        ...
-
-    def set_note(self, key: str, value: str) -> None:
-        """Keep ``value`` under ``key`` (a consumer's or producer's own record), durably."""
-        ...
-
-    def note(self, key: str) -> str | None:
-        """What :meth:`set_note` kept under ``key``."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class MemoryStore:
@@ -292,15 +234,15 @@ class SampleLog:
 
     def __init__(self, path: Path, *, writable: bool) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        self.fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
-            if os.pread(self._fd, len(LOG_MAGIC), 0) != LOG_MAGIC:
+            if os.pread(self.fd, len(LOG_MAGIC), 0) != LOG_MAGIC:
                 raise ConfigError(
                     f"{str(path)!r} is not an agentenv samples log; refusing to touch it"
                 )
-            self.size = os.fstat(self._fd).st_size
+            self.size = os.fstat(self.fd).st_size
         except BaseException:
-            os.close(self._fd)
+            os.close(self.fd)
             raise
 
     @classmethod
@@ -315,16 +257,13 @@ class SampleLog:
         return cls(path, writable=True)
 
     def read(self, offset: int, length: int) -> bytes:
-        data = os.pread(self._fd, length, offset)
+        data = os.pread(self.fd, length, offset)
         if len(data) != length:
             raise BufferStoreError(
                 f"{str(self.path)!r} ends at byte {self.size}, before the sample indexed at "
                 f"{offset}+{length}: the log was truncated or replaced"
             )
         return data
-
-    def fileno(self) -> int:
-        return self._fd
 
     def append(self, blobs: Sequence[bytes]) -> int:
         """Write ``blobs`` at the end (not synced); returns where they start.
@@ -338,11 +277,11 @@ class SampleLog:
             for i in range(0, len(blobs), 512):
                 chunk = blobs[i : i + 512]
                 size = sum(len(b) for b in chunk)
-                wrote = os.pwritev(self._fd, chunk, start + done)
+                wrote = os.pwritev(self.fd, chunk, start + done)
                 if wrote < size:  # short write: the rest one by one
                     rest = memoryview(b"".join(chunk))
                     while wrote < size:
-                        wrote += os.pwrite(self._fd, rest[wrote:], start + done + wrote)
+                        wrote += os.pwrite(self.fd, rest[wrote:], start + done + wrote)
                 done += size
         except OSError as e:
             self.truncate(start)
@@ -353,17 +292,56 @@ class SampleLog:
     def truncate(self, end: int) -> None:
         """Drop every byte past ``end`` (what an uncommitted put appended)."""
         with contextlib.suppress(OSError):  # best effort: bytes past the index are ignored
-            os.ftruncate(self._fd, end)
+            os.ftruncate(self.fd, end)
             self.size = end
 
     def close(self) -> None:
-        os.close(self._fd)
+        os.close(self.fd)
 
 
-def indexed_end(db: sqlite3.Connection) -> int:
-    """The end of the last sample the index knows (the log's committed length)."""
-    (end,) = db.execute("SELECT MAX(offset + length) FROM samples").fetchone()
-    return int(end) if end is not None else len(LOG_MAGIC)
+_REFUSE = "; refusing to touch it: choose another --path"
+
+
+def _check_magic(file: Path, hint: str = "") -> None:
+    with file.open("rb") as f:
+        if f.read(16) != b"SQLite format 3\x00":
+            raise ConfigError(f"{str(file)!r} is not an agentenv buffer (not a SQLite file){hint}")
+
+
+def _check_format(file: Path, meta: dict[str, str], hint: str = "") -> None:
+    """``meta`` (the ``meta`` table's rows) is an agentenv buffer's, of this version."""
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"{str(file)!r} is a SQLite file but not an agentenv buffer{hint}")
+    if meta.get("version") != VERSION:
+        raise ConfigError(
+            f"{str(file)!r} is buffer format version {meta.get('version')}; this agentenv "
+            f"reads version {VERSION}"
+        )
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection, work: str) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error (nothing half-written);
+    SQLite's and the disk's errors raised as :class:`BufferStoreError`."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
+                db.execute("ROLLBACK")
+            raise
+    except (OSError, sqlite3.Error) as e:
+        raise BufferStoreError(f"buffer {work} failed: {e}") from None
 
 
 class SqliteStore:
@@ -376,23 +354,14 @@ class SqliteStore:
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / FILENAME
         self._sync = durability == "power"
-        self._check_magic()  # before the lock: a foreign directory gets no lock file
+        if self.path.exists() and self.path.stat().st_size > 0:  # before the lock: a
+            _check_magic(self.path, _REFUSE)  # foreign directory gets no lock file
         self._lock = DirectoryLock(root)
         try:
             self._open(root)
         except BaseException:
             self._lock.release()
             raise
-
-    def _check_magic(self) -> None:
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with self.path.open("rb") as f:
-                magic = f.read(16)
-            if magic != b"SQLite format 3\x00":
-                raise ConfigError(
-                    f"{str(self.path)!r} is not an agentenv buffer (not a SQLite file); "
-                    "refusing to touch it: choose another --path"
-                )
 
     def _open(self, root: Path) -> None:
         # Under the lock: nobody else writes here, so what lies past the index is dead.
@@ -401,30 +370,31 @@ class SqliteStore:
             stale.unlink()
         if not (self.path.exists() and self.path.stat().st_size > 0):
             if log_path.exists():
-                raise ConfigError(
-                    f"{str(log_path)!r} exists without its index {FILENAME}; refusing to "
-                    "touch it: choose another --path"
-                )
+                raise ConfigError(f"{str(log_path)!r} exists without its index {FILENAME}{_REFUSE}")
             self._create_index(root)
-        self._check_magic()
+        _check_magic(self.path, _REFUSE)
         try:
             # Read-only first: a foreign file must not be changed at all.
             probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
             try:
-                self._check_format(probe)
+                rows = dict(probe.execute("SELECT key, value FROM meta").fetchall())
+            except sqlite3.DatabaseError:
+                rows = {}
             finally:
                 probe.close()
+            _check_format(self.path, rows, _REFUSE)
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if self._sync else 'NORMAL'}")
         except sqlite3.DatabaseError as e:
             raise ConfigError(
-                f"{str(self.path)!r} cannot be opened as an agentenv buffer: {e}; "
-                "refusing to touch it: choose another --path"
+                f"{str(self.path)!r} cannot be opened as an agentenv buffer: {e}{_REFUSE}"
             ) from None
         try:
-            end = indexed_end(self._db)
+            # The end of the last sample the index knows: the log's committed length.
+            (end,) = self._db.execute("SELECT MAX(offset + length) FROM samples").fetchone()
+            end = len(LOG_MAGIC) if end is None else int(end)
             if not log_path.exists():
                 if end > len(LOG_MAGIC):
                     raise ConfigError(
@@ -463,42 +433,19 @@ class SqliteStore:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()  # the last connection: the WAL is folded in and removed
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, self.path)
-        dir_fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def _check_format(self, db: sqlite3.Connection) -> None:
-        try:
-            rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.DatabaseError:
-            rows = {}
-        if rows.get("format") != FORMAT:
-            raise ConfigError(
-                f"{str(self.path)!r} is a SQLite file but not an agentenv buffer; "
-                "refusing to touch it: choose another --path"
-            )
-        if rows.get("version") != VERSION:
-            raise ConfigError(
-                f"{str(self.path)!r} is buffer format version {rows.get('version')}, "
-                f"this agentenv reads version {VERSION}"
-            )
-
-    def _transaction(self, work: str) -> _Tx:
-        return _Tx(self._db, work)
+        _fsync(root)
 
     @property
     def blocks(self) -> bool:
+        """Whether :meth:`commit` waits for the disk (then run it off the event loop)."""
         return self._sync
 
     def stage(self, records: Sequence[GroupRecord]) -> None:
+        """Write the records' sample bodies to the log, not yet durable nor indexed. Called
+        on the event loop, possibly while :meth:`commit` of earlier records runs in a
+        thread (so the next puts' bytes go out during its fsync)."""
         payload = []
         for r in records:
             if r.blobs is None:
@@ -512,25 +459,19 @@ class SqliteStore:
     def commit(
         self, records: Sequence[GroupRecord], consumed: Sequence[Consumed] = ()
     ) -> list[bool]:
+        """Index staged records and mark ``consumed`` groups in one transaction, durably;
+        per record, True if it was new (else a duplicate). All or nothing: on failure
+        nothing changes (staged bytes without an index row are cut off at the next open)."""
         # The log reaches the disk before the index rows that point into it commit.
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                flags = self._put(records) if records else []
-                if consumed:
-                    self._db.executemany(
-                        "UPDATE groups SET state = 'consumed', step = ? WHERE seq = ?",
-                        [(c.step, seq) for c in consumed for seq in c.seqs],
-                    )
-                if self._sync:
-                    os.fdatasync(self._log.fileno())
-                self._db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
-                    self._db.execute("ROLLBACK")
-                raise
-        except (OSError, sqlite3.Error) as e:
-            raise BufferStoreError(f"buffer put failed: {e}") from None
+        with _transaction(self._db, "put"):
+            flags = self._put(records) if records else []
+            if consumed:
+                self._db.executemany(
+                    "UPDATE groups SET state = 'consumed', step = ? WHERE seq = ?",
+                    [(c.step, seq) for c in consumed for seq in c.seqs],
+                )
+            if self._sync:
+                os.fdatasync(self._log.fd)
         return flags
 
     def _put(self, records: Sequence[GroupRecord]) -> list[bool]:
@@ -592,14 +533,15 @@ class SqliteStore:
         return out
 
     def set_state(self, seqs: Sequence[int], state: str, reason: str) -> None:
-        with self._transaction("update"):
+        with _transaction(self._db, "update"):
             self._db.executemany(
                 "UPDATE groups SET state = ?, reason = ? WHERE seq = ?",
                 [(state, reason, s) for s in seqs],
             )
 
     def rewind(self, step: int) -> list[GroupRecord]:
-        with self._transaction("rewind"):
+        """Groups consumed by steps after ``step`` become ready again; returns them."""
+        with _transaction(self._db, "rewind"):
             seqs = [
                 row[0]
                 for row in self._db.execute(
@@ -674,7 +616,7 @@ class SqliteStore:
 
     def set_note(self, key: str, value: str) -> None:
         # Notes live beside the format rows, under a prefix of their own.
-        with self._transaction("note"):
+        with _transaction(self._db, "note"):
             self._db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (_NOTE + key, value)
             )
@@ -689,6 +631,11 @@ class SqliteStore:
             self._log.close()
         finally:
             self._lock.release()
+
+
+Store = MemoryStore | SqliteStore
+"""Where a Buffer keeps its groups; every method is synchronous (the Buffer runs a durable
+store's off the event loop)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -721,10 +668,7 @@ def open_readonly(path: Path) -> StoreReader:
             f"no Buffer found: {where}; pass the directory given to Buffer(path=...) or "
             "`agentenv buffer serve --path`"
         )
-    with file.open("rb") as f:
-        magic = f.read(16)
-    if magic != b"SQLite format 3\x00":
-        raise ConfigError(f"{str(file)!r} is not an agentenv buffer (not a SQLite file)")
+    _check_magic(file)
     # A Buffer that is open has its write-ahead log beside the file: read alongside it. A
     # closed one is read as immutable, so that not even SQLite's side files are created.
     live = file.with_name(file.name + "-wal").exists()
@@ -734,15 +678,11 @@ def open_readonly(path: Path) -> StoreReader:
         rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.Error as e:
         raise ConfigError(f"{str(file)!r} cannot be read as an agentenv buffer: {e}") from None
-    if rows.get("format") != FORMAT:
+    try:
+        _check_format(file, rows)
+    except ConfigError:
         db.close()
-        raise ConfigError(f"{str(file)!r} is a SQLite file but not an agentenv buffer")
-    if rows.get("version") != VERSION:
-        db.close()
-        raise ConfigError(
-            f"{str(file)!r} is buffer format version {rows.get('version')}; this agentenv "
-            f"reads version {VERSION}"
-        )
+        raise
     db.execute("BEGIN")  # one snapshot for every query, even while the Buffer is served
     try:
         # Opened after the snapshot: every sample it indexes is in the file already.
@@ -751,30 +691,3 @@ def open_readonly(path: Path) -> StoreReader:
         db.close()
         raise ConfigError(f"the Buffer's samples at {str(path)!r} cannot be read: {e}") from None
     return StoreReader(db, log)
-
-
-class _Tx:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error (nothing half-written)."""
-
-    def __init__(self, db: sqlite3.Connection, work: str) -> None:
-        self._db = db
-        self._work = work
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            try:
-                self._db.execute("COMMIT")
-                return
-            except sqlite3.Error as e:
-                self._rollback()
-                raise BufferStoreError(f"buffer {self._work} failed: {e}") from None
-        self._rollback()
-        if isinstance(exc, sqlite3.Error):
-            raise BufferStoreError(f"buffer {self._work} failed: {exc}") from None
-
-    def _rollback(self) -> None:
-        with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
-            self._db.execute("ROLLBACK")
