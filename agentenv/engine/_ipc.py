@@ -259,11 +259,6 @@ class TensorPayload:
         """Each tensor's name and shape, in the payload's order."""
         return {s.name: s.shape for s in self.specs}
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the tensors hold (what :meth:`materialise` reads)."""
-        return sum(_numel(s.shape) * _itemsize(s.dtype) for s in self.specs)
-
     def materialise(self) -> dict[str, Any]:
         """``{name: tensor}``: CPU tensors read into memory of this process, CUDA tensors
         mapped from the sender's; raises :class:`ConfigError` (and holds none of them)

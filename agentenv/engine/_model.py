@@ -460,11 +460,6 @@ class LlamaModel:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.down)
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # enable_gqa: each group of query heads reads its key/value head in place.
-        gqa = self.config.num_heads != self.config.num_kv_heads
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-
     # -- forward passes --------------------------------------------------------------------
     def _rows(self, n: int) -> int:
         """Rows a matrix multiplication runs with for ``n`` real ones: on CPU at least
@@ -658,25 +653,6 @@ class LlamaModel:
         where = torch.tensor(slots + [0] * pad, device=dev)
         length = round_up(longest, KEY_BLOCK)
         return self._decode(tokens, pos, where, pool, length, live=n)[:n]
-
-    @torch.inference_mode()
-    def logprobs_of(self, ids: list[int]) -> list[float]:
-        """Plain forward over ``ids``: ``log p(ids[i] | ids[:i])`` for i >= 1 (a check)."""
-        c = self.config
-        n = len(ids)
-        self._rope_table(n)
-        h = self.embed[torch.tensor(ids, device=self.device)].unsqueeze(0)
-        cos = self._cos[:n].view(1, n, 1, -1)
-        sin = self._sin[:n].view(1, n, 1, -1)
-        for layer in self.layers:
-            q, k, v = self._qkv(layer, h, cos, sin)
-            out = self._causal(q, k, v)
-            h = h + F.linear(out.transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim), layer.o)
-            h = h + self._mlp(layer, h)
-        logits = self._linear(self._rms(h[0], self.norm), self.lm_head).float()
-        lp = torch.log_softmax(logits[:-1], dim=-1)
-        target = torch.tensor(ids[1:], device=self.device)
-        return lp.gather(1, target.unsqueeze(1)).squeeze(1).tolist()
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -107,9 +107,6 @@ class KVPool:
             if refs[s] == 0:
                 free.append(s)
 
-    def refs(self, slot: int) -> int:
-        return self._refs[slot]
-
     def set_row(self, row: int, start: int, slots: list[int]) -> None:
         """Table row ``row``, positions ``start ..``: ``slots``."""
         if slots:

@@ -17,6 +17,7 @@ import torch
 from agentenv import ConfigError, Sample, SamplingParams
 from agentenv.engine import Engine
 from tests._gpu import gpu_test
+from tests.agentenv.engine.plain_forward import plain_logprobs
 from tests.trainer.test_loop import tiny_llama
 from trainer import (
     PRECISIONS,
@@ -120,7 +121,7 @@ async def test_the_engine_samples_from_the_trainers_autocast_numerics(
         samples = await _rollouts(engine)
         # The engine's plain forward (prefill) is the trainer's autocast forward.
         for s, lp in zip(samples, backend.logprobs(samples), strict=True):
-            plain = engine.model.logprobs_of(s.prompt_ids + s.completion_ids)
+            plain = plain_logprobs(engine.model, s.prompt_ids + s.completion_ids)
             want = torch.tensor(plain[len(s.prompt_ids) - 1 :], dtype=torch.float64)
             assert torch.allclose(lp.double(), want, atol=1e-3 if device == "cpu" else 5e-2), (
                 lp,

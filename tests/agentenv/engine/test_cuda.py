@@ -18,6 +18,7 @@ from agentenv import SamplingParams
 from agentenv.engine import Engine
 from benchmarks.cuda_check import NumberTokenizer, tiny_llama
 from tests._gpu import gpu_test
+from tests.agentenv.engine.plain_forward import plain_logprobs
 
 # AGENTENV_TEST_CUDA_DEVICE=cuda:1 runs these on another GPU (graphs must follow it).
 DEVICE = os.environ.get("AGENTENV_TEST_CUDA_DEVICE", "cuda")
@@ -75,7 +76,7 @@ async def test_graphs_match_eager_steps_and_a_plain_forward(tiny: tuple[Path, Pa
         assert len({length for _, length in graphed.model.graphs._graphs}) > 1
         worst = 0.0
         for prompt, c in zip(PROMPTS, with_graphs, strict=True):
-            plain = graphed.model.logprobs_of(prompt + c.output_ids)[len(prompt) - 1 :]
+            plain = plain_logprobs(graphed.model, prompt + c.output_ids)[len(prompt) - 1 :]
             worst = max(worst, max(abs(a - b) for a, b in zip(plain, c.logprobs, strict=True)))
         assert worst < 1e-3, worst
         # Every bucket's graph writes its logits into the one shared buffer (a graph's

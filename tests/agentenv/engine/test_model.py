@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from agentenv.engine._model import LlamaModel
+from tests.agentenv.engine.plain_forward import plain_logits
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,21 +36,6 @@ def _tiny(path: Path, *, tied: bool) -> Path:
     return path
 
 
-def _logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    """The engine's full-sequence logits [T, V] in fp32 (its prefill computation)."""
-    c, n = model.config, len(ids)
-    model._rope_table(n)
-    cos, sin = model._cos[:n].view(1, n, 1, -1), model._sin[:n].view(1, n, 1, -1)
-    with torch.inference_mode():
-        h = model.embed[torch.tensor(ids)].unsqueeze(0)
-        for layer in model.layers:
-            q, k, v = model._qkv(layer, h, cos, sin)
-            out = model._causal(q, k, v).transpose(1, 2).reshape(1, n, c.num_heads * c.head_dim)
-            h = h + F.linear(out, layer.o)
-            h = h + model._mlp(layer, h)
-        return model._linear(model._rms(h[0], model.norm), model.lm_head).float()
-
-
 def _hf_logits(path: Path, dtype: torch.dtype, *, autocast: bool) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
@@ -69,14 +54,14 @@ def test_bf16_matrices_with_an_fp32_residual_compute_what_autocast_computes(
     mixed = LlamaModel.load(path, dtype=torch.bfloat16, residual_dtype=torch.float32)
     assert mixed.embed.dtype == mixed.norm.dtype == mixed.layers[0].ln1.dtype == torch.float32
     assert mixed.layers[0].qkv.dtype == mixed.lm_head.dtype == torch.bfloat16
-    gap = float((_logits(mixed, IDS) - autocast).abs().max())
+    gap = float((plain_logits(mixed, IDS) - autocast).abs().max())
     # All in bf16 (today's bf16 engine) is another computation, far off.
     plain = LlamaModel.load(path, dtype=torch.bfloat16)
-    far = float((_logits(plain, IDS) - autocast).abs().max())
+    far = float((plain_logits(plain, IDS) - autocast).abs().max())
     assert gap <= 1e-3 < 0.05 < far, (gap, far)
     # And the logits of the bf16 engine are those of an HF model in bf16.
     bf16 = _hf_logits(path, torch.bfloat16, autocast=False)
-    assert float((_logits(plain, IDS) - bf16).abs().max()) <= 1e-3
+    assert float((plain_logits(plain, IDS) - bf16).abs().max()) <= 1e-3
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -122,6 +107,6 @@ def test_smollm2_logits_are_transformers_in_each_precision(
     from agentenv.engine import resolve_model
 
     path = resolve_model("smollm2-135m")
-    ours = _logits(LlamaModel.load(path, dtype=dtype, residual_dtype=residual), IDS)
+    ours = plain_logits(LlamaModel.load(path, dtype=dtype, residual_dtype=residual), IDS)
     gap = float((ours - _hf_logits(path, hf_dtype, autocast=autocast)).abs().max())
     assert gap <= 1e-3, gap
