@@ -30,9 +30,12 @@ import anyio
 import anyio.abc
 import torch
 
+from agentenv import ConfigError
+
 __all__ = [
     "CheckpointWriter",
     "WriteCheckpoint",
+    "checkpoint_meta",
     "checkpoint_step",
     "cpu_copy",
     "kept_checkpoints",
@@ -134,6 +137,23 @@ def checkpoint_step(directory: str | os.PathLike[str]) -> int | None:
         return int(meta["extra"]["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def checkpoint_meta(directory: str | os.PathLike[str], identity: dict[str, Any]) -> dict[str, Any]:
+    """``directory``'s ``checkpoint.json``, refused (naming what differs) unless its model
+    is ``identity``."""
+    root = Path(directory)
+    try:
+        meta: dict[str, Any] = json.loads((root / "checkpoint.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{str(root)!r} is not a trainer checkpoint: {e}") from None
+    saved = meta.get("model") or {}
+    if saved != identity:
+        diff = {k: (saved.get(k), v) for k, v in identity.items() if saved.get(k) != v}
+        raise ConfigError(
+            f"checkpoint {str(root)!r} is from another model or layout (checkpoint vs this: {diff})"
+        )
+    return meta
 
 
 def kept_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:

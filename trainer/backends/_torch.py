@@ -302,25 +302,12 @@ class TorchBackend(MicroBatchBackend):
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore :meth:`save_checkpoint`'s state; returns its ``extra``. A checkpoint of
         another model is refused with what differs."""
-        import json
-
         from safetensors.torch import load_file
 
+        from trainer.backends._checkpoints import checkpoint_meta
+
         root = Path(directory)
-        try:
-            meta = json.loads((root / "checkpoint.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{str(root)!r} is not a trainer checkpoint: {e}") from None
-        mine = self._identity()
-        if meta.get("model") != mine:
-            diff = {
-                k: (meta.get("model", {}).get(k), v)
-                for k, v in mine.items()
-                if meta.get("model", {}).get(k) != v
-            }
-            raise ConfigError(
-                f"checkpoint {str(root)!r} is from another model (checkpoint vs this: {diff})"
-            )
+        meta = checkpoint_meta(root, self._identity())
         weights: dict[str, torch.Tensor] = {}
         for f in sorted((root / "model").glob("*.safetensors")):
             weights.update(load_file(str(f)))

@@ -34,6 +34,7 @@ import torch
 from agentenv import ConfigError, Sample
 from trainer._resources import replace_dir
 from trainer.backends import RanksBackend
+from trainer.backends._checkpoints import checkpoint_meta
 from trainer.config import LossConfig, OptimConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
@@ -229,15 +230,7 @@ class MegatronBackend(RanksBackend):
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         root = Path(directory)
-        try:
-            meta = json.loads((root / "checkpoint.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{str(root)!r} is not a trainer checkpoint: {e}") from None
-        if meta.get("model") != self._identity():
-            raise ConfigError(
-                f"checkpoint {str(root)!r} is from another model or layout "
-                f"(checkpoint: {meta.get('model')}, this: {self._identity()})"
-            )
+        meta = checkpoint_meta(root, self._identity())
         state = torch.load(root / "trainer_state.pt", weights_only=False)
         torch.set_rng_state(state["torch_rng"])
         steps = int(state["steps"])
