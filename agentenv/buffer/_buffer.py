@@ -197,7 +197,6 @@ class Buffer:
         self._pending: list[_Entry] = []
         self._committing = False
         self._closed = False
-        self._admitted = 0  # groups reserved since start (admission control)
         try:
             for record in self._store.ready():
                 self._ready.append(self._group(record))
@@ -514,10 +513,6 @@ class Buffer:
         self._stats.stale_dropped += 1
         return "stale", "stale"
 
-    def _set_version(self, version: int) -> None:
-        self._stats.policy_version = version
-        self._notify()
-
     async def set_policy_version(self, version: int) -> None:
         """The trainer's current policy version (its step); staleness is measured from it."""
         self._stats.policy_version = version
@@ -580,7 +575,6 @@ class Buffer:
             changed = self._changed
             await changed.wait()
             self._check_open()
-        self._admitted += prompts
         self._stats.in_flight += prompts
 
     async def release(self, prompts: int = 1) -> None:
@@ -593,7 +587,6 @@ class Buffer:
                 f"put ({self._stats.in_flight}): release only what reserve took and no "
                 "put_group followed"
             )
-        self._admitted = max(0, self._admitted - prompts)
         self._stats.in_flight = max(0, self._stats.in_flight - prompts)
         self._notify()
 
@@ -638,7 +631,7 @@ class Buffer:
                 f"got {lease_s!r}"
             )
         if policy_version is not None:
-            self._set_version(policy_version)
+            await self.set_policy_version(policy_version)
         with anyio.fail_after(None if timeout is None or math.isinf(timeout) else timeout):
             while True:
                 self._expire_leases()
@@ -689,45 +682,33 @@ class Buffer:
         self._stats.ready = len(self._ready)
         self._notify()
 
-    def _reclaim(self, batch_id: str) -> Batch | None:
-        """An expired batch back to its consumer, if none of its groups has left the ready
-        queue meanwhile (handed to another consumer, or dropped as stale)."""
+    def _handed_batch(self, batch_id: str) -> Batch:
+        """The handed-out batch ``batch_id``; an expired one is handed back to its consumer
+        if none of its groups has left the ready queue meanwhile (handed to another
+        consumer, or dropped as stale)."""
+        self._expire_leases()
+        if batch_id in self._handed:
+            return self._handed[batch_id]
         batch = self._expired.get(batch_id)
         if batch is None:
-            return None
+            raise UnknownBatchError(
+                f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
+                "acknowledged or released"
+            )
         seqs = {g.seq for g in batch.groups}
         if sum(g.seq in seqs for g in self._ready) != len(seqs):
-            return None
+            raise LeaseExpiredError(
+                f"the lease of batch {batch_id!r} ran out (no renewal within {batch.lease_s} "
+                "s) and its groups were handed to another consumer or dropped meanwhile: do "
+                "not commit the step that trained on it (renew leases while a step runs: "
+                "BufferClient does it in the background)"
+            )
         del self._expired[batch_id]
         self._ready = collections.deque(g for g in self._ready if g.seq not in seqs)
         self._handed[batch_id] = batch
         self._stats.ready = len(self._ready)
         self._stats.handed += len(batch.groups)
         return batch
-
-    def _settle(self, batch_id: str) -> Batch:
-        """Take ``batch_id`` out of the handed-out batches (to acknowledge or release it)."""
-        self._expire_leases()
-        taken = self._handed.pop(batch_id, None) or self._reclaim_settled(batch_id)
-        self._leases.pop(batch_id, None)
-        return taken
-
-    def _reclaim_settled(self, batch_id: str) -> Batch:
-        batch = self._reclaim(batch_id)
-        if batch is not None:
-            return self._handed.pop(batch_id)
-        if batch_id in self._expired:
-            lease = self._expired[batch_id].lease_s
-            raise LeaseExpiredError(
-                f"the lease of batch {batch_id!r} ran out (no renewal within {lease} s) and "
-                "its groups were handed to another consumer or dropped meanwhile: do not "
-                "commit the step that trained on it (renew leases while a step runs: "
-                "BufferClient does it in the background)"
-            )
-        raise UnknownBatchError(
-            f"unknown batch {batch_id!r}: not handed out by this Buffer, or already "
-            "acknowledged or released"
-        )
 
     async def renew(self, batch: Batch | str) -> None:
         """Extend a leased batch's lease by its ``lease_s`` from now.
@@ -737,11 +718,7 @@ class Buffer:
         """
         self._check_open()
         batch_id = batch if isinstance(batch, str) else batch.id
-        self._expire_leases()
-        taken = self._handed.get(batch_id)
-        if taken is None:
-            taken = self._reclaim_settled(batch_id)
-            self._handed[batch_id] = taken
+        taken = self._handed_batch(batch_id)
         if taken.lease_s is not None:
             self._leases[batch_id] = anyio.current_time() + taken.lease_s
 
@@ -785,7 +762,9 @@ class Buffer:
         deadline = self._leases.get(batch_id)
         # Out of the handed batches while the commit runs: its lease cannot run out (and
         # hand its groups to another consumer) halfway, and a second ack finds nothing.
-        taken = self._settle(batch_id)
+        taken = self._handed_batch(batch_id)
+        del self._handed[batch_id]
+        self._leases.pop(batch_id, None)
         try:
             # Joins the group commit: one transaction and fsync with the puts waiting then.
             await self._commit([], [Consumed([g.seq for g in taken.groups], step)])
