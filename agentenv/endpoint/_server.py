@@ -33,6 +33,7 @@ from agentenv._generator import Generator, SamplingParams
 from agentenv._http import (
     AiohttpTransport,
     ClientLimit,
+    ErrorShape,
     HTTPError,
     Request,
     Response,
@@ -92,15 +93,18 @@ class _API:
     stream: Callable[[ChatCall, ChatReply, str, str], Iterable[bytes]]
     prefix: str
     error: Callable[[ChatError], Response] = ChatError.to_response
+    refusal: ErrorShape | None = None  # the HTTP layer's refusals (default: its own shape)
 
 
 _CHAT = _API(parse_chat, completion_body, stream_chunks, "chatcmpl-")
 _RESPONSES = _API(parse_responses, response_body, response_events, "")
-_MESSAGES = _API(parse_messages, message_body, message_events, "msg_", anthropic_error)
+_MESSAGES = _API(
+    parse_messages, message_body, message_events, "msg_", anthropic_error, anthropic_refusal
+)
 
 
 async def _answer(
-    request: Request, recorder: EpisodeRecorder, model: str, api: _API = _CHAT
+    request: Request, recorder: EpisodeRecorder, model: str, api: _API
 ) -> Response | StreamingResponse:
     """One call through ``recorder``, as a response or an SSE stream."""
     recorder.calls += 1
@@ -127,18 +131,49 @@ async def _answer(
     return Response.json(api.body(call, reply, cid, name))
 
 
-async def _count_tokens(request: Request, recorder: EpisodeRecorder) -> Response:
-    """``POST /v1/messages/count_tokens``: the prompt's tokens, nothing generated or
-    recorded (not a call: it is not counted in ``recorder.calls``)."""
-    try:
+def _routes(
+    router: Router, recorder: Callable[[Request], EpisodeRecorder], model: str, prefix: str
+) -> None:
+    """The routes of :func:`chat_routes`, each call through ``recorder(request)`` (a
+    :class:`ChatError` from it is the answer, in the route's shape)."""
+
+    def route(path: str, api: _API) -> None:
+        async def handler(request: Request) -> Response | StreamingResponse:
+            try:
+                found = recorder(request)
+            except ChatError as e:
+                return api.error(e)
+            return await _answer(request, found, model, api)
+
+        router.add("POST", f"{prefix}/v1/{path}", handler, long_poll=True, errors=api.refusal)
+
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's prompt tokens, nothing generated or recorded (not a call: it is
+        not counted in ``recorder.calls``)."""
         try:
-            body = request.json()
-        except HTTPError as e:
-            raise ChatError(400, e.message) from None
-        n = await recorder.count_tokens(parse_count_tokens(body))
-    except ChatError as e:
-        return anthropic_error(e)
-    return Response.json({"input_tokens": n})
+            found = recorder(request)
+            try:
+                body = request.json()
+            except HTTPError as e:
+                raise ChatError(400, e.message) from None
+            n = await found.count_tokens(parse_count_tokens(body))
+        except ChatError as e:
+            return anthropic_error(e)
+        return Response.json({"input_tokens": n})
+
+    async def models(request: Request) -> Response:
+        try:
+            recorder(request)
+        except ChatError as e:
+            return e.to_response()
+        return Response.json(models_body([model]))
+
+    route("chat/completions", _CHAT)
+    route("responses", _RESPONSES)
+    route("messages", _MESSAGES)
+    count = f"{prefix}/v1/messages/count_tokens"
+    router.add("POST", count, count_tokens, errors=anthropic_refusal)
+    router.add("GET", f"{prefix}/v1/models", models)
 
 
 def chat_routes(
@@ -152,27 +187,7 @@ def chat_routes(
     Anthropic's ``POST {prefix}/v1/messages`` (and ``/v1/messages/count_tokens``) and
     ``GET {prefix}/v1/models`` on ``router``, each call through a fresh ``recorder()``
     (one episode per call)."""
-
-    async def chat(request: Request) -> Response | StreamingResponse:
-        return await _answer(request, recorder(), model)
-
-    async def responses(request: Request) -> Response | StreamingResponse:
-        return await _answer(request, recorder(), model, _RESPONSES)
-
-    async def messages(request: Request) -> Response | StreamingResponse:
-        return await _answer(request, recorder(), model, _MESSAGES)
-
-    async def count_tokens(request: Request) -> Response:
-        return await _count_tokens(request, recorder())
-
-    async def models(request: Request) -> Response:
-        return Response.json(models_body([model]))
-
-    router.add("POST", f"{prefix}/v1/chat/completions", chat, long_poll=True)
-    router.add("POST", f"{prefix}/v1/responses", responses, long_poll=True)
-    router.add("POST", f"{prefix}/v1/messages", messages, long_poll=True, errors=anthropic_refusal)
-    router.add("POST", f"{prefix}/v1/messages/count_tokens", count_tokens, errors=anthropic_refusal)
-    router.add("GET", f"{prefix}/v1/models", models)
+    _routes(router, lambda request: recorder(), model, prefix)
 
 
 class _SharedTransport(httpx.AsyncBaseTransport):
@@ -383,15 +398,8 @@ class AgentServer:
         self._task: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        router = Router()
-        router.add("POST", f"{_PREFIX}{{key}}/v1/chat/completions", self._chat, long_poll=True)
-        router.add("POST", f"{_PREFIX}{{key}}/v1/responses", self._responses, long_poll=True)
-        messages = f"{_PREFIX}{{key}}/v1/messages"
-        count = f"{messages}/count_tokens"
-        router.add("POST", messages, self._messages, long_poll=True, errors=anthropic_refusal)
-        router.add("POST", count, self._count_tokens, errors=anthropic_refusal)
-        router.add("GET", f"{_PREFIX}{{key}}/v1/models", self._models)
-        self._router = router
+        self._router = Router()
+        _routes(self._router, self._recorder, model, f"{_PREFIX}{{key}}")
 
     @property
     def http_client(self) -> httpx.AsyncClient:
@@ -476,41 +484,6 @@ class AgentServer:
                 code="episode_ended",
             )
         return recorder
-
-    async def _chat(self, request: Request) -> Response | StreamingResponse:
-        try:
-            recorder = self._recorder(request)
-        except ChatError as e:
-            return e.to_response()
-        return await _answer(request, recorder, self.model)
-
-    async def _responses(self, request: Request) -> Response | StreamingResponse:
-        try:
-            recorder = self._recorder(request)
-        except ChatError as e:
-            return e.to_response()
-        return await _answer(request, recorder, self.model, _RESPONSES)
-
-    async def _messages(self, request: Request) -> Response | StreamingResponse:
-        try:
-            recorder = self._recorder(request)
-        except ChatError as e:
-            return anthropic_error(e)
-        return await _answer(request, recorder, self.model, _MESSAGES)
-
-    async def _count_tokens(self, request: Request) -> Response:
-        try:
-            recorder = self._recorder(request)
-        except ChatError as e:
-            return anthropic_error(e)
-        return await _count_tokens(request, recorder)
-
-    async def _models(self, request: Request) -> Response:
-        try:
-            self._recorder(request)
-        except ChatError as e:
-            return e.to_response()
-        return Response.json(models_body([self.model]))
 
     # -- lifetime: running while an episode holds an endpoint ------------------------------
     def _state_lock(self) -> asyncio.Lock:
