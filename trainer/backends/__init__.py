@@ -16,7 +16,12 @@ from trainer.backends._backend import (
     response_positions,
     to_items,
 )
-from trainer.backends._checkpoints import CheckpointWriter, checkpoint_step, link_model
+from trainer.backends._checkpoints import (
+    CheckpointWriter,
+    checkpoint_meta,
+    checkpoint_step,
+    link_model,
+)
 from trainer.backends._data_parallel import DataParallel
 from trainer.backends._precision import PRECISIONS, Precision, resolve_precision
 from trainer.backends._sender import LocalSender, TensorMeta, Transport, WeightSender, sender_of
@@ -39,6 +44,7 @@ __all__ = [
     "Transport",
     "WeightSender",
     "check_temperature",
+    "checkpoint_meta",
     "checkpoint_step",
     "link_model",
     "pad",

@@ -33,8 +33,7 @@ import torch
 
 from agentenv import ConfigError, Sample
 from trainer._resources import replace_dir
-from trainer.backends import RanksBackend
-from trainer.backends._checkpoints import checkpoint_meta
+from trainer.backends import RanksBackend, checkpoint_meta
 from trainer.config import LossConfig, OptimConfig
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
