@@ -14,7 +14,6 @@ log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -162,13 +161,6 @@ class TorchBackend(MicroBatchBackend):
             master_weights = self.precision.master
         self._make_optimizer(master_weights=master_weights)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast for ``bf16-autocast`` (the forward only: the backward replays the
-        dtypes autograd recorded), else nothing."""
-        if not self.precision.autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
-
     # -- forward -------------------------------------------------------------------------
     def _forward(
         self,
@@ -178,14 +170,16 @@ class TorchBackend(MicroBatchBackend):
         model: Any = None,
         temperature: float = 1.0,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Per item: log-probs of its completion tokens (and their entropies)."""
-        with self._autocast():
-            return self._forward_in(
-                batch, with_entropy=with_entropy, model=model, temperature=temperature
-            )
+        """Per item: log-probs of its completion tokens (and their entropies); under bf16
+        autocast for ``bf16-autocast`` (the forward only: the backward replays the dtypes
+        autograd recorded)."""
+        if self.precision.autocast:
+            with torch.autocast(self.device.type, dtype=self.compute_dtype):
+                return self._forward_in(batch, with_entropy, model, temperature)
+        return self._forward_in(batch, with_entropy, model, temperature)
 
     def _forward_in(
-        self, batch: Sequence[Item], *, with_entropy: bool, model: Any, temperature: float
+        self, batch: Sequence[Item], with_entropy: bool, model: Any, temperature: float
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         model = model if model is not None else self.model
         ids, attention = pad(batch, multiple=8 if self.compile else 1)
