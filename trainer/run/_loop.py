@@ -194,7 +194,8 @@ async def run_grpo(
             stored = (await buffer.statistics()).store_s  # the store's seconds so far
             for step in range(first, config.num_rollout):
                 writer.check()  # a checkpoint written in the background failed: stop
-                _reset_peak_memory(backend.device)
+                if backend.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(backend.device)
                 t0 = time.perf_counter()
                 batch = await _take_batch(config, producer, buffer, step, ahead, replay.get(step))
                 rounds = producer.take_stats()
@@ -387,17 +388,12 @@ def _lone_error() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out
+        lone: BaseException = group
+        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
+            lone = lone.exceptions[0]
+        if isinstance(lone, BaseExceptionGroup):
+            raise
+        raise lone from None
 
 
 async def _fill_then_set(
@@ -475,11 +471,6 @@ def _rollout_metrics(step: int, rounds: RoundStats, samples: list[Sample]) -> di
         # Games: per-role reward, win/draw/loss and invalid-move rates of the batch.
         **game_metrics(samples),
     }
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 #: The peak resident set of the run's processes (GiB); per role under ``RSS/ROLE``.
