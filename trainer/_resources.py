@@ -1,9 +1,9 @@
 """Local resources: directories written whole or not at all (checkpoints, weight
 exports), what an exported HF model directory takes from the model it was trained from
 (tokenizer, chat template, generation config), a free loopback port (servers and
-process groups started for a run), and how much memory the processes of a run have held at
-most, read from ``/proc`` (Linux): one reading for the driver, the trainer ranks, the
-engines and the rollout workers alike."""
+process groups started for a run), and how much memory the processes of a run hold and
+have held at most, read from ``/proc`` (Linux): one reading for the driver, the trainer
+ranks, the engines and the rollout workers alike."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["MODEL_FILES", "copy_model_files", "free_port", "peak_rss_gib", "replace_dir"]
+__all__ = ["MODEL_FILES", "copy_model_files", "free_port", "peak_rss_gib", "replace_dir", "rss_mib"]
 
 #: The files of an HF model directory besides its weights and ``config.json`` that
 #: tokenizers, chat templates and generation defaults are read from (transformers'
@@ -62,10 +62,10 @@ def copy_model_files(source: str | os.PathLike[str], directory: str | os.PathLik
             shutil.copyfile(src / name, dst / name)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
@@ -78,14 +78,19 @@ def peak_rss_gib(pid: int | None = None, *, descendants: bool = False) -> float:
     pids = [os.getpid() if pid is None else pid]
     if descendants:
         pids += _descendants(pids[0])
-    return max(_vm_hwm_kib(p) for p in pids) / 2**20
+    return max(_status_kib(p, "VmHWM") for p in pids) / 2**20
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def rss_mib() -> float:
+    """This process's resident set now (``VmRSS``), in MiB."""
+    return _status_kib(os.getpid(), "VmRSS") / 1024
+
+
+def _status_kib(pid: int, field: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (OSError, ValueError):
         pass

@@ -20,6 +20,7 @@ from typing import Literal
 import anyio
 
 from agentenv import ConfigError
+from trainer.distributed._cluster import node_address
 
 __all__ = ["EngineActor", "EngineInfo", "EngineSpec"]
 
@@ -105,7 +106,6 @@ class EngineActor:
         self._task: asyncio.Task[None] | None = None
         self._stop = anyio.Event()
         self._process: anyio.abc.Process | None = None
-        self._output = ""
         self._launcher: object | None = None
 
     async def start(self, spec: EngineSpec, gpu_ids: tuple[str, ...] | None = None) -> EngineInfo:
@@ -119,9 +119,9 @@ class EngineActor:
         if self._task is not None:
             raise ConfigError("this engine actor has started its server already")
         context = ray.get_runtime_context()
-        node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        node_ip = node_address()
         host = spec.host or node_ip
-        port = free_port() if host == "127.0.0.1" else _free_port_on(host)
+        port = free_port(host)
         url = f"http://{host}:{port}"
         env = dict(spec.env)
         if gpu_ids is None:
@@ -182,12 +182,3 @@ class EngineActor:
         self._stop.set()
         if self._task is not None:
             await self._task
-
-
-def _free_port_on(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port

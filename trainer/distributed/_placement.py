@@ -193,10 +193,10 @@ def _where() -> tuple[str, str, tuple[int, ...]]:
     """Inside a bundle: its node and GPUs, as Ray assigned them."""
     import ray
 
-    ctx = ray.get_runtime_context()
+    from trainer.distributed._cluster import node_address
+
     gpus = tuple(sorted(int(g) for g in ray.get_gpu_ids()))
-    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    return ctx.get_node_id(), ip, gpus
+    return ray.get_runtime_context().get_node_id(), node_address(), gpus
 
 
 def _measure(ray: Any, group: Any, placement: Placement, timeout: float) -> tuple[Bundle, ...]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from agentenv import AgentEnvError, ClosedResourceError, ConfigError
+from trainer.distributed._cluster import node_address
 
 if TYPE_CHECKING:
     from trainer.distributed._placement import Bundle, Placed
@@ -120,12 +121,9 @@ class RankActor:
 
     def address(self) -> tuple[str, int]:
         """This node's address and a port free on it (rank 0 publishes these)."""
-        import ray
-
         from trainer._resources import free_port
 
-        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return ip, free_port()
+        return node_address(), free_port()
 
     def start(self, factory: Callable[[Any, Rendezvous], Any], spec: Any, rdv: Rendezvous) -> None:
         if isinstance(rdv.device, int):

@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 
 from agentenv import ConfigError, RolloutConfig, RolloutStats, Sample, Status, Task
+from trainer.distributed._cluster import node_address
 
 __all__ = ["PlayResult", "RolloutWorkers", "WorkerSpec", "check_worker_room"]
 
@@ -117,9 +118,7 @@ class RolloutWorker:
 
         if self.error is not None:
             raise self.error
-
-        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return ray.get_runtime_context().get_node_id(), ip, os.getpid()
+        return ray.get_runtime_context().get_node_id(), node_address(), os.getpid()
 
     async def play(self, tasks: list[Task], config: RolloutConfig) -> _Part:
         from agentenv import run_rollouts
@@ -135,10 +134,10 @@ class RolloutWorker:
             stats = await run_rollouts(
                 self.env, tasks, policy, tokenizer=self.tokenizer, sink=sink, config=config
             )
-        from trainer._resources import peak_rss_gib
+        from trainer._resources import peak_rss_gib, rss_mib
 
         wall_s = time.perf_counter() - start
-        return _Part(stats, sink.put, sink.roles, wall_s, _rss_mb(), peak_rss_gib())
+        return _Part(stats, sink.put, sink.roles, wall_s, rss_mib(), peak_rss_gib())
 
 
 @contextlib.asynccontextmanager
@@ -172,14 +171,6 @@ class _CountingSink:
         self.roles = max(self.roles, len({s.role for s in samples if s.role is not None}))
         await self.inner.put_group(samples)
         self.put += 1
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -249,12 +240,10 @@ class RolloutWorkers:
     @contextlib.asynccontextmanager
     async def serving(self, buffer: Any) -> AsyncIterator[RolloutWorkers]:
         """Serve ``buffer`` to the workers and start them; end both on the way out."""
-        import ray
-
         from agentenv.buffer import BufferServer
 
         self._buffer = buffer
-        host = self.buffer_host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        host = self.buffer_host or node_address()
         refused: ConfigError | None = None
         async with BufferServer(buffer, token=self._token, host=host, port=0) as server:
             self._buffer_url = server.url
