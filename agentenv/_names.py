@@ -5,18 +5,47 @@ factory): the object one names, resolved by the standard library's
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import pkgutil
+import sys
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agentenv._errors import ConfigError
 
-__all__ = ["close_names", "resolve_name"]
+__all__ = ["did_you_mean", "import_file", "no_attribute", "resolve_name"]
 
 
-def close_names(name: str, candidates: Iterable[str]) -> str:
-    """The names in ``candidates`` closest to ``name`` ("A or B"), or "" when none is."""
-    return " or ".join(difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6))
+def did_you_mean(name: str, candidates: Iterable[str], form: str = "; did you mean {}?") -> str:
+    """``form`` holding the names in ``candidates`` closest to ``name`` ("A or B"), or ""
+    when none is."""
+    close = " or ".join(difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6))
+    return form.format(close) if close else ""
+
+
+def no_attribute(what: str, spec: str, owner: str, attr: str, names: Iterable[str]) -> ConfigError:
+    """The error for ``owner`` (of ``spec``) lacking ``attr``, naming its closest public
+    ``names``."""
+    public = [n for n in names if not n.startswith("_")]
+    return ConfigError(
+        f"{what} {spec!r}: {owner!r} has no attribute {attr!r}" + did_you_mean(attr, public)
+    )
+
+
+def import_file(path: Path, module: str, what: str) -> ModuleType:
+    """The Python file ``path`` imported as module ``module`` (registered in
+    ``sys.modules``, as an imported module is), or a :class:`ConfigError` naming ``what``."""
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r}: no such file")
+    spec = importlib.util.spec_from_file_location(module, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{what} {str(path)!r}: cannot import it")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def resolve_name(spec: str, *, what: str, kind: str = "name") -> Any:
@@ -42,8 +71,4 @@ def resolve_name(spec: str, *, what: str, kind: str = "name") -> Any:
         pass
     owner_spec, _, last = spec.rpartition(".") if "." in (attr or spec) else (module, "", attr)
     owner = pkgutil.resolve_name(owner_spec)  # resolved a moment ago, up to ``last``
-    close = close_names(last, [n for n in dir(owner) if not n.startswith("_")])
-    raise ConfigError(
-        f"{what} {spec!r}: {owner_spec!r} has no attribute {last!r}"
-        + (f"; did you mean {close}?" if close else "")
-    ) from None
+    raise no_attribute(what, spec, owner_spec, last, dir(owner)) from None

@@ -21,13 +21,13 @@ else ``smollm2-135m``.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agentenv._errors import ConfigError
 from agentenv._generator import Generator
+from agentenv._names import import_file
 from agentenv._scripted import ScriptedModel
 from agentenv._tokenizer import ChatTokenizer, Tokenizer
 
@@ -37,11 +37,7 @@ DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def _load_script_module(path: Path, tokenizer: Tokenizer) -> ScriptedModel:
-    spec = importlib.util.spec_from_file_location(f"agentenv_script_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import script {str(path)!r}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file(path, f"agentenv_script_{path.stem}", "script")
     fn = getattr(module, "reply", None)
     if not callable(fn):
         raise ConfigError(f"script {str(path)!r} must define reply(ctx) -> str")

@@ -11,7 +11,6 @@ hints before it is called.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import inspect
 import os
 import sys
@@ -23,7 +22,7 @@ import pydantic
 
 from agentenv._environment import Environment
 from agentenv._errors import ConfigError
-from agentenv._names import close_names, resolve_name
+from agentenv._names import did_you_mean, import_file, no_attribute, resolve_name
 
 if TYPE_CHECKING:
     from agentenv._rewards import Rubric
@@ -60,31 +59,18 @@ def available_environments() -> list[str]:
 
 def _import(spec: str) -> Any:
     module_name, _, attr = spec.rpartition(":")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ConfigError(f"environment file {module_name!r} does not exist")
-        loaded = importlib.util.spec_from_file_location(path.stem, path)
-        if loaded is None or loaded.loader is None:
-            raise ConfigError(f"cannot import environment file {module_name!r}")
-        module = importlib.util.module_from_spec(loaded)
-        sys.modules[path.stem] = module
-        # The file's own folder is importable, as when running `python file.py`.
-        sys.path.insert(0, str(path.resolve().parent))
-        loaded.loader.exec_module(module)
-    else:
+    if not module_name.endswith(".py"):
         # Modules in the working directory are importable, as with `python -m`.
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         return resolve_name(spec, what="environment", kind="Class")
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        close = close_names(attr, [n for n in vars(module) if not n.startswith("_")])
-        raise ConfigError(
-            f"environment {spec!r}: {module_name!r} has no attribute {attr!r}"
-            + (f"; did you mean {close}?" if close else "")
-        ) from None
+    path = Path(module_name)
+    # The file's own folder is importable, as when running `python file.py`.
+    sys.path.insert(0, str(path.resolve().parent))
+    module = import_file(path, path.stem, "environment file")
+    if not hasattr(module, attr):
+        raise no_attribute("environment", spec, module_name, attr, vars(module))
+    return getattr(module, attr)
 
 
 def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,10 +87,9 @@ def _check_kwargs(cls: type[Environment], kwargs: Mapping[str, Any]) -> dict[str
     named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
         if key not in params and not takes_any:
-            close = close_names(key, named)
             raise ConfigError(
                 f"{cls.__name__} has no argument {key!r}"
-                + (f" (did you mean {close}?)" if close else "")
+                + did_you_mean(key, named, " (did you mean {}?)")
                 + f"; its arguments: {named or 'none'}"
             )
     try:
@@ -157,10 +142,9 @@ def environment_class(spec: str) -> type[Environment]:
         eps = _entry_points()
         if spec not in eps:
             names = available_environments()
-            close = close_names(spec, names)
             raise ConfigError(
                 f"unknown environment {spec!r}"
-                + (f" (did you mean {close}?)" if close else "")
+                + did_you_mean(spec, names, " (did you mean {}?)")
                 + f"; registered: {names} (or pass module:Class or path/to/file.py:Class)"
             )
         cls = eps[spec].load()

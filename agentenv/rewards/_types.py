@@ -3,7 +3,6 @@ function (``--custom-rm-path``), as a :class:`~agentenv.Rubric`."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentenv._errors import ConfigError
-from agentenv._names import close_names, resolve_name
+from agentenv._names import did_you_mean, import_file, no_attribute, resolve_name
 from agentenv._rewards import Rubric, trl_style
 from agentenv._sample import JSONValue
 from agentenv.rewards import _rules
@@ -38,11 +37,10 @@ def check_rm_type(rm_type: str) -> None:
     base = rm_type.removeprefix(_BOXED)
     if base in RM_TYPES and not (base == "remote_rm" and rm_type != base):
         return
-    close = close_names(rm_type, RM_TYPES)
     raise ConfigError(
         f"--rm-type {rm_type!r} is not a reward type; known: {', '.join(RM_TYPES)} (and "
         f"boxed_ before a rule type, e.g. boxed_f1), or --custom-rm-path module:function"
-        + (f"; did you mean {close}?" if close else "")
+        + did_you_mean(rm_type, RM_TYPES)
     )
 
 
@@ -112,30 +110,16 @@ class RuleReward:
         self.verifier.close()
 
 
-def _load_file_function(module_path: str, attr: str, what: str) -> Any:
-    path = Path(module_path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {module_path!r}: no such file")
-    spec = importlib.util.spec_from_file_location(f"_agentenv_reward_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{what} {module_path!r}: cannot import it")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, attr):
-        close = close_names(attr, [n for n in vars(module) if not n.startswith("_")])
-        raise ConfigError(
-            f"{what} {module_path}:{attr}: the file has no {attr!r}"
-            + (f"; did you mean {close}?" if close else "")
-        )
-    return getattr(module, attr)
-
-
 def load_reward_function(spec: str, *, what: str = "--custom-rm-path") -> Callable[..., Any]:
     """The function ``spec`` names: ``package.module:function`` or
     ``path/to/file.py:function``."""
     module, _, attr = spec.rpartition(":")
     if module.endswith(".py") and attr:
-        fn = _load_file_function(module, attr, what)
+        path = Path(module)
+        loaded = import_file(path, f"_agentenv_reward_{path.stem}", what)
+        if not hasattr(loaded, attr):
+            raise no_attribute(what, spec, module, attr, vars(loaded))
+        fn = getattr(loaded, attr)
     else:
         fn = resolve_name(spec, what=what, kind="function")
     if not callable(fn):
