@@ -14,7 +14,7 @@ import json
 import math
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,7 @@ __all__ = [
     "FrameLimitError",
     "decode_sample",
     "decode_samples",
-    "decode_samples_keeping",
     "encode_sample",
-    "encode_samples",
     "join_frames",
     "split_frames",
 ]
@@ -86,12 +84,6 @@ def encode_sample(s: Sample) -> bytes:
         # Finite since the Sample was built (the decoder checks again).
         parts.append(_raw(logprob_array(lp, n, check=False)))
     return b"".join(parts)
-
-
-def _check_finite(values: array.array[float]) -> None:
-    if values and not np.isfinite(np.frombuffer(values, np.float64)).all():
-        culprit = next(x for x in values if not math.isfinite(x))
-        raise SampleError(f"rollout_logprobs must all be finite, got {culprit}")
 
 
 _ONE_ID = array.array("I", [0])
@@ -178,7 +170,9 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     if lp is not None:
         if not _LITTLE:
             lp.byteswap()
-        _check_finite(lp)
+        if lp and not np.isfinite(np.frombuffer(lp, np.float64)).all():
+            culprit = next(x for x in lp if not math.isfinite(x))
+            raise SampleError(f"rollout_logprobs must all be finite, got {culprit}")
     if not _LITTLE:
         ids.byteswap()
     # The constructor checks every scalar rule (reward, status, reason, episode, ...); the
@@ -251,17 +245,6 @@ def split_frames(
     return out
 
 
-def encode_samples(samples: Sequence[Sample]) -> bytes:
-    """Several samples, each length-prefixed."""
-    return join_frames(encode_sample(s) for s in samples)
-
-
 def decode_samples(data: bytes | memoryview) -> list[Sample]:
-    """Inverse of :func:`encode_samples`."""
+    """Samples each after its u32 length (:func:`join_frames` of their encodings)."""
     return [decode_sample(frame) for frame in split_frames(data)]
-
-
-def decode_samples_keeping(data: bytes | memoryview) -> tuple[list[Sample], list[bytes]]:
-    """:func:`decode_samples`, and each sample's encoding (to store or send on as is)."""
-    blobs = [bytes(frame) for frame in split_frames(data)]
-    return [decode_sample(blob) for blob in blobs], blobs

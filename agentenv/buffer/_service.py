@@ -168,6 +168,11 @@ def _message(e: BaseException) -> str:
     return str(e.args[0]) if len(e.args) == 1 else str(e)
 
 
+def _error_json(e: BaseException) -> dict[str, str]:
+    """A Buffer exception as one entry of a ``{"errors": [...]}`` answer."""
+    return {"type": _classify(e)[0], "message": _message(e)}
+
+
 # -- wire messages ------------------------------------------------------------------------
 class _Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -292,12 +297,6 @@ def decode_batch(data: bytes) -> Batch:
         return Batch(meta["id"], tuple(groups), meta["policy_version"], meta.get("lease_s"))
     except (ValueError, KeyError, TypeError, struct.error, SampleError) as e:
         raise BufferServiceError(f"malformed batch from the Buffer service: {e}") from None
-
-
-def _stats_to_json(stats: BufferStats) -> dict[str, Any]:
-    d = stats.to_dict()
-    d.pop("pass_rate", None)  # a property, recomputed by the client
-    return d
 
 
 def _stats_from_json(data: Mapping[str, Any]) -> BufferStats:
@@ -558,25 +557,22 @@ class BufferServer:
 
     async def _put_groups(self, request: Request) -> Response:
         with self._put_request():
-            return await self._put_many(request)
+            groups = self._decode_groups(request.body, grouped=True)
+            errors: list[dict[str, str] | None] = [None] * len(groups)
+            todo = iter(enumerate(groups))
 
-    async def _put_many(self, request: Request) -> Response:
-        groups = self._decode_groups(request.body, grouped=True)
-        errors: list[dict[str, str] | None] = [None] * len(groups)
-        todo = iter(enumerate(groups))
+            async def put() -> None:
+                for k, (samples, blobs) in todo:
+                    try:
+                        await self.buffer._put_encoded(samples, blobs)
+                    except _KNOWN as e:
+                        errors[k] = _error_json(e)
 
-        async def put() -> None:
-            for k, (samples, blobs) in todo:
-                try:
-                    await self.buffer._put_encoded(samples, blobs)
-                except _KNOWN as e:
-                    errors[k] = {"type": _classify(e)[0], "message": _message(e)}
-
-        # Concurrently, so that a durable Buffer commits them together; by a bounded pool
-        # of tasks, each taking the next group when its last is stored.
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(len(groups), _PUT_WORKERS)):
-                tg.start_soon(put)
+            # Concurrently, so that a durable Buffer commits them together; by a bounded
+            # pool of tasks, each taking the next group when its last is stored.
+            async with anyio.create_task_group() as tg:
+                for _ in range(min(len(groups), _PUT_WORKERS)):
+                    tg.start_soon(put)
         return Response.json({"errors": errors})
 
     async def _get_batch(self, request: Request) -> Response:
@@ -608,7 +604,7 @@ class BufferServer:
                 await self.buffer.renew(batch_id)
                 errors.append(None)
             except UnknownBatchError as e:
-                errors.append({"type": _classify(e)[0], "message": _message(e)})
+                errors.append(_error_json(e))
         return Response.json({"errors": errors})
 
     async def _ack(self, request: Request) -> Response:
@@ -621,7 +617,9 @@ class BufferServer:
         return Response.empty()
 
     async def _statistics(self, request: Request) -> Response:
-        return Response.json(_stats_to_json(await self.buffer.statistics()))
+        stats = (await self.buffer.statistics()).to_dict()
+        del stats["pass_rate"]  # a property, recomputed by the client
+        return Response.json(stats)
 
     async def _prompts_to_start(self, request: Request) -> Response:
         groups = _parse(_PromptsQuery, request).groups
@@ -771,12 +769,7 @@ class BufferClient:
 
     async def _renew(self, batch_ids: list[str]) -> list[BaseException | None]:
         response = await self._call("POST", "renew", json_body={"batches": batch_ids})
-        errors = response.json()["errors"]
-        if len(errors) != len(batch_ids):
-            raise BufferServiceError(
-                f"the Buffer service answered {len(errors)} results for {len(batch_ids)} leases"
-            )
-        return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
+        return _errors(response, len(batch_ids), "leases")
 
     def _hold(self, batch: Batch) -> None:
         if batch.lease_s is not None:
@@ -904,13 +897,7 @@ class BufferClient:
             except Exception as e:
                 return [e]
             return [None]
-        response = await self._put_call("put_groups", join_frames(blobs))
-        errors = response.json()["errors"]
-        if len(errors) != len(blobs):
-            raise BufferServiceError(
-                f"the Buffer service answered {len(errors)} results for {len(blobs)} groups"
-            )
-        return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
+        return _errors(await self._put_call("put_groups", join_frames(blobs)), len(blobs), "groups")
 
     async def reserve(self, prompts: int = 1) -> None:
         """:meth:`Buffer.reserve <agentenv.buffer.Buffer.reserve>`: wait for admission."""
@@ -1025,6 +1012,16 @@ class _QueuedPut:
 def _exception(kind: str, message: str) -> BaseException:
     cls = _RAISE.get(kind)
     return cls(message) if cls is not None else BufferServiceError(message, type=kind)
+
+
+def _errors(response: httpx.Response, n: int, what: str) -> list[BaseException | None]:
+    """The exceptions of a ``{"errors": [...]}`` answer for ``n`` items (None: it worked)."""
+    errors = response.json()["errors"]
+    if len(errors) != n:
+        raise BufferServiceError(
+            f"the Buffer service answered {len(errors)} results for {n} {what}"
+        )
+    return [None if e is None else _exception(e["type"], e["message"]) for e in errors]
 
 
 def _raise(response: httpx.Response, url: str, name: str) -> NoReturn:

@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentenv import Sample, Status
+from agentenv.buffer._codec import encode_sample, join_frames
+
+
+def encode_samples(samples: Sequence[Sample]) -> bytes:
+    """Several samples, each after its u32 length: a put_group body."""
+    return join_frames(encode_sample(s) for s in samples)
 
 
 def group(

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from agentenv import Sample, SampleError
-from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample, encode_samples
-from tests.agentenv.buffer._groups import group
+from agentenv.buffer._codec import decode_sample, decode_samples, encode_sample
+from tests.agentenv.buffer._groups import encode_samples, group
 
 
 def test_codec_round_trip_is_bit_exact() -> None:

@@ -21,9 +21,8 @@ from agentenv.buffer import (
     RewardStdFilter,
     UnknownBatchError,
 )
-from agentenv.buffer._codec import encode_samples
 from agentenv.buffer._service import BufferClient, BufferServer, BufferServiceError
-from tests.agentenv.buffer._groups import group
+from tests.agentenv.buffer._groups import encode_samples, group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -13,9 +13,8 @@ import httpx
 import pytest
 
 from agentenv.buffer import Buffer, BufferClient, BufferConfig
-from agentenv.buffer._codec import encode_samples
 from agentenv.buffer._service import BufferServer, decode_batch
-from tests.agentenv.buffer._groups import group
+from tests.agentenv.buffer._groups import encode_samples, group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

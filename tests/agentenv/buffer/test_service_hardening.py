@@ -16,9 +16,9 @@ import pytest
 
 from agentenv import Sample
 from agentenv.buffer import Buffer, BufferConfig
-from agentenv.buffer._codec import encode_samples, join_frames
+from agentenv.buffer._codec import join_frames
 from agentenv.buffer._service import BufferClient, BufferServer
-from tests.agentenv.buffer._groups import group
+from tests.agentenv.buffer._groups import encode_samples, group
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
