@@ -157,6 +157,19 @@ Version = Annotated[
 """A weight version field, checked by :func:`_version` under the field's name."""
 
 
+def _load_format(value: str | None) -> str | None:
+    if value not in (None, "auto"):
+        raise _invalid(
+            f"load_format {value!r} is not supported here; send the tensors as they are "
+            "(load_format null)"
+        )
+    return value
+
+
+LoadFormat = Annotated[str | None, pydantic.AfterValidator(_load_format)]
+"""SGLang's ``load_format`` of a weight update: only the tensors as they are."""
+
+
 def _strings(value: Any, where: str) -> list[str]:
     items = value if isinstance(value, list) else [value]
     for i, s in enumerate(items):
@@ -423,7 +436,7 @@ class UpdateFromDistributedBody(Body):
     shapes: list[list[int]]
     group_name: str = DEFAULT_GROUP_NAME
     weight_version: Version | None = None
-    load_format: str | None = None
+    load_format: LoadFormat = None
     abort_all_requests: bool = False
 
 
@@ -432,7 +445,7 @@ class UpdateFromTensorBody(Body):
     this machine (:mod:`agentenv.engine._ipc`), one payload per tensor-parallel rank."""
 
     serialized_named_tensors: list[str]
-    load_format: str | None = None
+    load_format: LoadFormat = None
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: Version | None = None

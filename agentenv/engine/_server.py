@@ -59,7 +59,7 @@ import dataclasses
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -111,6 +111,35 @@ __all__ = ["EngineServer"]
 
 def _failure(message: str) -> Response:
     return Response.json({"success": False, "message": message}, status=400)
+
+
+def _updated(message: str, version: str | None, **more: Any) -> Response:
+    """A weight update's success, as SGLang answers it."""
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return Response.json({"success": True, "message": message, **more})
+
+
+Handler = Callable[["EngineServer", Request], Awaitable[Response]]
+
+
+def _weight_route(prefix: str) -> Callable[[Handler], Handler]:
+    """A weight route answers its refusals as SGLang does: ``{"success": false,
+    "message": prefix + reason}`` with 400, for every AgentEnvError but a closed engine's."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def answer(self: EngineServer, request: Request) -> Response:
+            try:
+                return await handler(self, request)
+            except ClosedResourceError:
+                raise
+            except AgentEnvError as e:
+                return _failure(f"{prefix}{e}")
+
+        return answer
+
+    return wrap
 
 
 def _bad(message: str) -> HTTPError:
@@ -524,27 +553,21 @@ class EngineServer:
             )
         return Response.text("Cache flushed.\nPlease check backend logs for more details.")
 
+    @_weight_route("Failed to update weights: ")
     async def _update_from_disk(self, request: Request) -> Response:
-        try:
-            body = parse(UpdateFromDiskBody, request)
-        except ConfigError as e:
-            return _failure(f"Failed to update weights: {e}")
-        version = body.weight_version
+        body = parse(UpdateFromDiskBody, request)
         if body.abort_all_requests:
             self.engine.abort(all=True)
+        version = body.weight_version
         try:
             await self.engine.update_weights_from_disk(body.model_path, weight_version=version)
-        except ClosedResourceError:
+        except AgentEnvError:
             raise
-        except AgentEnvError as e:
-            return _failure(f"Failed to update weights: {e}")
         except Exception as e:  # unreadable, corrupt or foreign files: the model is unchanged
             return _failure(f"Failed to update weights: {type(e).__name__}: {e}")
-        message = "Succeeded to update model weights."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return Response.json({"success": True, "message": message, "num_paused_requests": 0})
+        return _updated("Succeeded to update model weights.", version, num_paused_requests=0)
 
+    @_weight_route("Failed to update weights: ")
     async def _update_from_tensor(self, request: Request) -> Response:
         """SGLang's same-machine handover: the payload holds handles to the sender's
         tensors (CUDA IPC on a GPU, shared memory on CPU). It is described and checked
@@ -552,49 +575,31 @@ class EngineServer:
         tensor is read (CPU) or mapped (CUDA), then all are installed at once; a payload
         refused at any step leaves the model as it was. The sender keeps its tensors
         alive until this answers."""
-        try:
-            body = parse(UpdateFromTensorBody, request)
-            if body.load_format not in (None, "auto"):
-                raise ConfigError(
-                    f"load_format {body.load_format!r} is not supported here; send the "
-                    "tensors as they are (load_format null)"
-                )
-            cuda = self.engine.device.startswith("cuda")
-            describe = functools.partial(
-                describe_named_tensors, body.serialized_named_tensors[0], cuda=cuda
-            )
-            payload = await anyio.to_thread.run_sync(describe)  # a large pickle takes a while
-            problem = weight_mismatch(payload.shapes, self.engine.weight_shapes())
-            if problem is not None:
-                raise ConfigError(f"{problem}; the model is unchanged")
-            tensors = await anyio.to_thread.run_sync(payload.materialise)
-        except ConfigError as e:
-            return _failure(f"Failed to update weights: {e}")
+        body = parse(UpdateFromTensorBody, request)
+        cuda = self.engine.device.startswith("cuda")
+        describe = functools.partial(
+            describe_named_tensors, body.serialized_named_tensors[0], cuda=cuda
+        )
+        payload = await anyio.to_thread.run_sync(describe)  # a large pickle takes a while
+        problem = weight_mismatch(payload.shapes, self.engine.weight_shapes())
+        if problem is not None:
+            raise ConfigError(f"{problem}; the model is unchanged")
+        tensors = await anyio.to_thread.run_sync(payload.materialise)
         if body.abort_all_requests:
             self.engine.abort(all=True)
         version = body.weight_version
         try:
             await self.engine.update_weights(tensors, weight_version=version, partial=True)
-        except ClosedResourceError:
-            raise
-        except AgentEnvError as e:
-            return _failure(f"Failed to update weights: {e}")
         finally:
             tensors.clear()  # CUDA: the sender's memory is its own again
-        message = "Succeeded to update model weights."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return Response.json({"success": True, "message": message})
+        return _updated("Succeeded to update model weights.", version)
 
+    @_weight_route("Failed to update weight version: ")
     async def _update_version(self, request: Request) -> Response:
-        try:
-            body = parse(UpdateVersionBody, request)
-        except ConfigError as e:
-            return _failure(f"Failed to update weight version: {e}")
+        body = parse(UpdateVersionBody, request)
         if body.abort_all_requests:
             self.engine.abort(all=True)
-        version = body.new_version
-        self.engine.weight_version = version
+        version = self.engine.weight_version = body.new_version
         return Response.json(
             {
                 "success": True,
@@ -617,107 +622,80 @@ class EngineServer:
         return Response.json(None)
 
     # -- distributed weight updates --------------------------------------------------------
+    @_weight_route("Failed to initialize custom process group: ")
     async def _init_group(self, request: Request) -> Response:
-        fail = "Failed to initialize custom process group: "
-        try:
-            body = parse(InitGroupBody, request)
-        except ConfigError as e:
-            return _failure(f"{fail}{e}")
-        args: dict[str, Any] = dict(
-            master_address=body.master_address, master_port=body.master_port,
-            rank=body.rank_offset, world_size=body.world_size, name=body.group_name,
-            backend=body.backend, timeout=body.timeout,
-        )  # fmt: skip
-        name = body.group_name
+        body = parse(InitGroupBody, request)
+        name, backend, device = body.group_name, body.backend, self.engine.device
         if name in self._groups or name in self._forming:
-            return _failure(
-                f"{fail}group {name!r} already exists on this server; destroy it first "
+            raise ConfigError(
+                f"group {name!r} already exists on this server; destroy it first "
                 "(/destroy_weights_update_group) or use another group_name"
             )
-        device = self.engine.device
-        if args["backend"] == "nccl" and not device.startswith("cuda"):
-            return _failure(
-                f"{fail}backend nccl needs the engine on a CUDA device, this server runs on "
+        if backend == "nccl" and not device.startswith("cuda"):
+            raise ConfigError(
+                f"backend nccl needs the engine on a CUDA device, this server runs on "
                 f"{device} (use backend gloo)"
             )
         self._forming.add(name)
         try:
             # Over within the timeout and cancellable (the server stops while a rank is
             # missing): a join abandoned so destroys the group if it forms after all.
-            group = await join_within(**args)
-            receive_on = device if args["backend"] == "nccl" else "cpu"
-            self._groups[name] = _ServedGroup(group, receive_on)
-        except (ConfigError, TimeoutError) as e:
-            return _failure(f"{fail}{e}")
+            group = await join_within(
+                body.master_address, body.master_port, rank=body.rank_offset,
+                world_size=body.world_size, name=name, backend=backend, timeout=body.timeout,
+            )  # fmt: skip
+            self._groups[name] = _ServedGroup(group, device if backend == "nccl" else "cpu")
+        except TimeoutError as e:
+            raise ConfigError(str(e)) from None
         finally:
             self._forming.discard(name)
         return Response.json(
             {"success": True, "message": "Succeeded to initialize custom process group."}
         )
 
+    @_weight_route("Failed to update weights: ")
     async def _update_from_distributed(self, request: Request) -> Response:
-        try:
-            body = parse(UpdateFromDistributedBody, request)
-        except ConfigError as e:  # nothing is received: the request says nothing usable
-            return _failure(f"Failed to update weights: {e}")
+        body = parse(UpdateFromDistributedBody, request)  # refused: nothing is received
         name = body.group_name
         served = self._groups.get(name)
         if served is None:
-            return _failure(
-                f"Failed to update weights: group {name!r} is not one of this server's "
-                f"weight update groups {sorted(self._groups)}; call "
-                "/init_weights_update_group first"
+            raise ConfigError(
+                f"group {name!r} is not one of this server's weight update groups "
+                f"{sorted(self._groups)}; call /init_weights_update_group first"
             )
-        try:
-            bucket = _bucket(body)
-            if body.load_format not in (None, "auto"):
-                raise ConfigError(
-                    f"load_format {body.load_format!r} is not supported here; broadcast the "
-                    "tensors as they are (load_format null)"
-                )
-        except ConfigError as e:  # nothing is received: the request says nothing usable
-            return _failure(f"Failed to update weights: {e}")
+        bucket = _bucket(body)
         # Checked now, refused after the bucket is received: the trainer is broadcasting it.
         problem = weight_mismatch({n: shape for n, _, shape in bucket}, self.engine.weight_shapes())
         if body.abort_all_requests:
             self.engine.abort(all=True)
         async with served.lock:
             if served.destroyed:
-                return _failure(f"Failed to update weights: group {name!r} was destroyed")
+                raise ConfigError(f"group {name!r} was destroyed")
             try:
                 tensors = await anyio.to_thread.run_sync(_receive, served, bucket)
             except (RuntimeError, ConfigError) as e:
-                return _failure(
-                    f"Failed to update weights: receiving the bucket over group {name!r} "
-                    f"failed: {e}. Destroy the group and initialise a new one."
-                )
+                raise ConfigError(
+                    f"receiving the bucket over group {name!r} failed: {e}. Destroy the "
+                    "group and initialise a new one."
+                ) from None
             finally:
                 if served.destroyed:  # destroyed while receiving (gloo: not ended by the abort)
                     await anyio.to_thread.run_sync(served.group.destroy)
         if problem is not None:
-            return _failure(
-                f"Failed to update weights: {problem}; the bucket was received and dropped, "
-                "the model is unchanged"
+            raise ConfigError(
+                f"{problem}; the bucket was received and dropped, the model is unchanged"
             )
         version = body.weight_version
-        try:
-            await self.engine.update_weights(
-                {n: t for (n, _, _), t in zip(bucket, tensors, strict=True)},
-                weight_version=version,
-                partial=True,
-            )
-        except AgentEnvError as e:
-            return _failure(f"Failed to update weights: {e}")
-        message = "Succeeded to update parameter online from distributed."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return Response.json({"success": True, "message": message})
+        await self.engine.update_weights(
+            {n: t for (n, _, _), t in zip(bucket, tensors, strict=True)},
+            weight_version=version,
+            partial=True,
+        )
+        return _updated("Succeeded to update parameter online from distributed.", version)
 
+    @_weight_route("Failed to destroy the group: ")
     async def _destroy_group(self, request: Request) -> Response:
-        try:
-            name = parse(DestroyGroupBody, request).group_name
-        except ConfigError as e:
-            return _failure(f"Failed to destroy the group: {e}")
+        name = parse(DestroyGroupBody, request).group_name
         if name not in self._groups:
             return _failure(f"The group to be destroyed does not exist: {name!r}.")
         await self._leave(name)
