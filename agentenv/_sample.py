@@ -308,27 +308,14 @@ class Sample:
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, JSONValue]:
-        """A plain dict of JSON types."""
-        return {
-            "prompt_ids": list(self.prompt_ids),
-            "completion_ids": list(self.completion_ids),
-            "reward": self.reward,
-            "loss_mask": list(self.loss_mask or ()),
-            "rollout_logprobs": None
-            if self.rollout_logprobs is None
-            else list(self.rollout_logprobs),
-            "group_id": self.group_id,
-            "role": self.role,
-            "id": self.id,
-            "task_id": self.task_id,
-            "episode": self.episode,
-            "weight_versions": list(self.weight_versions),
-            "status": self.status.value,
-            "reason": self.reason,
-            "error_type": self.error_type,
-            "advantage_scale": self.advantage_scale,
-            "metadata": self.metadata,
-        }
+        """A plain dict of JSON types, a key per field in field order."""
+        out: dict[str, JSONValue] = {f.name: getattr(self, f.name) for f in _FIELDS}
+        for key in ("prompt_ids", "completion_ids", "loss_mask", "weight_versions"):
+            out[key] = list(out[key] or ())
+        if self.rollout_logprobs is not None:
+            out["rollout_logprobs"] = list(self.rollout_logprobs)
+        out["status"] = self.status.value
+        return out
 
     def to_json(self) -> str:
         """One line of JSON; ``Sample.from_json(s.to_json()) == s`` exactly."""
@@ -339,7 +326,7 @@ class Sample:
         """Build and validate a Sample from :meth:`to_dict` output (unknown keys are errors)."""
         if not isinstance(data, Mapping):
             raise SampleError(f"a sample must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in _FIELDS}
         unknown = set(data) - known
         if unknown:
             raise SampleError(f"unknown sample fields {sorted(unknown)}; expected {sorted(known)}")
@@ -362,9 +349,6 @@ class Sample:
             kwargs["rollout_logprobs"] = [float(v) for v in lp]
         # The remaining fields are not checked by the constructor; a wrong JSON type here
         # (e.g. "weight_versions": "v1") would otherwise slip into a "valid" sample.
-        episode = kwargs.get("episode")
-        if episode is not None and type(episode) is not int:
-            raise SampleError(f"episode must be an integer or null, got {type(episode).__name__}")
         for key in ("group_id", "role", "id", "task_id", "reason", "error_type"):
             value = kwargs.get(key)
             if value is not None and not isinstance(value, str):
@@ -376,13 +360,6 @@ class Sample:
             raise SampleError(
                 f"metadata must be a JSON object, got {type(kwargs['metadata']).__name__}"
             )
-        if "status" in kwargs:
-            try:
-                kwargs["status"] = Status(kwargs["status"])
-            except ValueError:
-                raise SampleError(
-                    f"status must be one of {[s.value for s in Status]}, got {kwargs['status']!r}"
-                ) from None
         return cls(**kwargs)
 
     @classmethod
@@ -395,3 +372,6 @@ class Sample:
         except RecursionError:
             raise SampleError("sample is not valid JSON: it is nested too deeply") from None
         return cls.from_dict(data)
+
+
+_FIELDS = dataclasses.fields(Sample)
