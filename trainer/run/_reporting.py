@@ -14,10 +14,15 @@ from agentenv import ConfigError
 if TYPE_CHECKING:
     from trainer.run._config import TrainConfig
 
-__all__ = ["Reporter", "completed", "plot", "plot_run", "record", "summary"]
+__all__ = ["Reporter", "completed", "plot", "plot_run", "record", "say", "summary"]
 
 #: Where a run records its result, once complete (``SAVE/summary.json``).
 SUMMARY = "summary.json"
+
+
+def say(message: str) -> None:
+    """A line for the user, on stderr (stdout is for ``--json``)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 class Reporter:
@@ -40,10 +45,8 @@ class Reporter:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
                 except ImportError:
-                    print(
-                        "no TensorBoard: the tensorboard package is not installed "
-                        "(agentenv[train])",
-                        file=sys.stderr,
+                    say(
+                        "no TensorBoard: the tensorboard package is not installed (agentenv[train])"
                     )
                 else:
                     self.writer = SummaryWriter(str(save / "tensorboard"))
@@ -68,7 +71,7 @@ class Reporter:
             self.bar.set_postfix_str(f"reward {m['reward_mean']:.3f}  {split}{flat}")
         else:
             line = f"step {step + 1}/{self.total}  reward {m['reward_mean']:.3f}  {split}{flat}"
-            print(line, file=sys.stderr, flush=True)
+            say(line)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps(m) + "\n")
             self.metrics_file.flush()
@@ -81,20 +84,18 @@ class Reporter:
     def backend(self, backend: Any) -> None:
         """Say what makes the first steps slow (the compilation of the decoder layers)."""
         if getattr(backend, "compile", False):
-            print(
+            say(
                 "compiling the decoder layers (torch.compile): the first steps take longer "
-                "(about a minute for a 135M model); --no-compile skips it",
-                file=sys.stderr,
-                flush=True,
+                "(about a minute for a 135M model); --no-compile skips it"
             )
 
     def held_out(self, when: str, reward: float | None, n_eval: int) -> None:
         """The held-out reward before or after training (once, when there is none)."""
         if reward is not None:
-            print(f"held-out reward {when}: {reward}", file=sys.stderr, flush=True)
+            say(f"held-out reward {when}: {reward}")
         elif when == "before":
             why = "--n-eval 0" if n_eval == 0 else "the environment has no test tasks"
-            print(f"held-out reward: skipped ({why})", file=sys.stderr, flush=True)
+            say(f"held-out reward: skipped ({why})")
 
     def batch(self, step: int, batch: Any) -> None:
         """What step ``step`` trained on, once acknowledged: a line of ``batches.jsonl``
@@ -151,9 +152,9 @@ def plot(
             )
         )  # fmt: skip
     except ImportError:
-        print("no plot: matplotlib is not installed (agentenv[train])", file=sys.stderr)
+        say("no plot: matplotlib is not installed (agentenv[train])")
         return None
-    print(f"plot: {path}", file=sys.stderr)
+    say(f"plot: {path}")
     return path
 
 
@@ -227,12 +228,10 @@ def completed(config: TrainConfig) -> dict[str, Any] | None:
         return None
     before, after = result.get("eval_reward_before"), result.get("eval_reward_after")
     held_out = f"; held-out reward {before} -> {after}" if after is not None else ""
-    print(
+    say(
         f"the run in {save} is complete: {steps} steps trained{held_out}; nothing to do "
         f"(its result: {path}). A larger --num-rollout continues it; another --save "
-        "starts a new run.",
-        file=sys.stderr,
-        flush=True,
+        "starts a new run."
     )
     return result
 

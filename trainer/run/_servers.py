@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer._resources import free_port
+from trainer.run._reporting import say
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,7 @@ async def rollout_engine(
             command = server_command(model, port=port, program=program, extra=extra)
         else:
             command = server_command(model, port=port, extra=engine.sglang_command_args())
-        print(f"starting {' '.join(command)}", file=sys.stderr, flush=True)
+        say(f"starting {' '.join(command)}")
         # agentenv serve reads the key from its environment (kept out of the process list);
         # SGLang has it among its flags already (--sglang-api-key).
         env = {"AGENTENV_API_KEY": api_key} if api_key and engine.rollout_engine == "serve" else {}
@@ -120,11 +121,7 @@ async def _engine_actors(
         for bundles in placed.engines
     ]
     engine = config.engine
-    print(
-        f"starting {len(slots)} engine actor(s) ({spec.kind}) behind sglang-router",
-        file=sys.stderr,
-        flush=True,
-    )
+    say(f"starting {len(slots)} engine actor(s) ({spec.kind}) behind sglang-router")
     router_host = "127.0.0.1"
     if config.placement.rollout_num_workers:  # rollout workers on other nodes reach it
         from trainer.distributed import node_address
@@ -187,12 +184,10 @@ def rollout_workers(
         num_cpus=p.rollout_num_cpus_per_worker, resources=resources,
         max_worker_rss_mb=p.rollout_worker_max_rss_mb,
     )  # fmt: skip
-    print(
+    say(
         f"starting {p.rollout_num_workers} rollout worker(s) on Ray "
         f"({p.rollout_num_cpus_per_worker:g} CPU each"
-        f"{', 1 ' + p.rollout_worker_resource if p.rollout_worker_resource else ''})",
-        file=sys.stderr,
-        flush=True,
+        f"{', 1 ' + p.rollout_worker_resource if p.rollout_worker_resource else ''})"
     )
     return RolloutWorkers(
         spec, p.rollout_num_workers, max_task_retries=p.rollout_worker_retries,
@@ -256,20 +251,16 @@ async def server_sync(
         yield DiskSync([client], weights_dir)
         return
     if engine.weight_sync == "tensor":
-        print(
+        say(
             "weight sync: handed to the server by handle on the trainer's device "
-            "(/update_weights_from_tensor)",
-            file=sys.stderr,
-            flush=True,
+            "(/update_weights_from_tensor)"
         )
         yield TensorSync([client], api_key=engine.api_key())
         return
     backend = config.weight_sync_backend()
-    print(
+    say(
         f"weight sync: {backend} broadcast to the server in buckets of "
-        f"{engine.update_weight_buffer_size / 2**20:g} MiB",
-        file=sys.stderr,
-        flush=True,
+        f"{engine.update_weight_buffer_size / 2**20:g} MiB"
     )
     async with DistributedSync(
         [client],
