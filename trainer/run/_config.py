@@ -274,16 +274,12 @@ class EngineConfig(Group):
         """Whether the rollouts run on the embedded engine (this process's)."""
         return self.rollout_url is None and self.rollout_engine == "embedded"
 
-    def sglang_base_gpu(self) -> str | None:
-        """``--base-gpu-id`` among the ``--sglang-*`` flags, if given."""
-        return self.sglang_flag("--base-gpu-id")
-
     def sglang_command_args(self) -> list[str]:
         """The flags of a launched SGLang server: the ``--sglang-*`` ones, the GPU that
         ``--rollout-device`` names and the GPUs of ``--rollout-num-gpus-per-engine``."""
         extra = list(self.sglang_args)
-        gpu = self.rollout_device
-        if gpu is not None and gpu.startswith("cuda:") and self.sglang_base_gpu() is None:
+        gpu = self.rollout_device or ""
+        if gpu.startswith("cuda:") and self.sglang_flag("--base-gpu-id") is None:
             extra += ["--base-gpu-id", gpu.removeprefix("cuda:")]  # SGLang's GPU choice
         if self.rollout_num_gpus_per_engine > 1 and self.sglang_flag("--tp-size") is None:
             extra += ["--tp-size", str(self.rollout_num_gpus_per_engine)]
@@ -367,11 +363,6 @@ class ParallelismConfig(Group):
         from trainer.megatron import parse_megatron_flags
 
         return parse_megatron_flags(self.megatron_args)
-
-    @property
-    def trainer_gpus(self) -> int:
-        """The GPUs (ranks) the trainer takes on one node."""
-        return self.actor_num_gpus_per_node
 
 
 class PlacementConfig(Group):
@@ -681,7 +672,7 @@ class TrainConfig(Group):
                 flag for flag, on in (
                     ("--rollout-device", engine.rollout_device is not None),
                     ("--rollout-url", engine.rollout_url is not None),
-                    ("--sglang-base-gpu-id", engine.sglang_base_gpu() is not None),
+                    ("--sglang-base-gpu-id", engine.sglang_flag("--base-gpu-id") is not None),
                     ("--weight-sync distributed", engine.weight_sync == "distributed"),
                 ) if on
             ]  # fmt: skip
@@ -702,7 +693,7 @@ class TrainConfig(Group):
         if self.weight_sync_backend() != "nccl":
             return
         first = int(_gpu(self.model.device).removeprefix("cuda:"))
-        gpus = self.parallel.trainer_gpus
+        gpus = self.parallel.actor_num_gpus_per_node
         trainer = {f"cuda:{first + i}" for i in range(gpus)}
         server = self.server_device()
         assert server is not None  # launched: known
@@ -726,7 +717,7 @@ class TrainConfig(Group):
             return None
         if engine.rollout_engine == "sglang":
             # --sglang-base-gpu-id, else --rollout-device's GPU, else SGLang's default 0.
-            chosen = engine.sglang_base_gpu()
+            chosen = engine.sglang_flag("--base-gpu-id")
             if chosen is not None:
                 return f"cuda:{chosen}"
             return engine.rollout_device or "cuda:0"
