@@ -4,18 +4,13 @@ see docs/benchmarks.md). Run ``agentenv bench BENCH --help`` for a bench's flags
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
+from agentenv.cli._config import add_command
 from agentenv.cli._plugins import add_plugins
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "bench",
-        help="benchmarks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "bench", "benchmarks", __doc__)
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     add_plugins(kinds, "agentenv.benches")

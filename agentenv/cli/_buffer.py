@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import gc
+import itertools
 import json
 import math
 import os
@@ -36,7 +38,7 @@ import anyio
 import pydantic
 
 from agentenv._errors import ConfigError
-from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.cli._config import add_command, add_model_arguments, build_config
 
 if TYPE_CHECKING:  # the Buffer (numpy, httpx) loads only in the command that uses it
     from agentenv.buffer import BufferConfig, StoreReader
@@ -110,12 +112,7 @@ class ServeConfig(pydantic.BaseModel):
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "buffer",
-        help="serve, inspect or export a Data Buffer",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "buffer", "serve, inspect or export a Data Buffer", __doc__)
     actions = parser.add_subparsers(dest="buffer_command", required=True, metavar="ACTION")
     serve = actions.add_parser(
         "serve",
@@ -184,17 +181,8 @@ def read_token(path: Path) -> str:
 def buffer_config(cfg: ServeConfig) -> BufferConfig:
     from agentenv.buffer import BufferConfig, RewardStdFilter
 
-    return BufferConfig(
-        n_samples_per_prompt=cfg.n_samples_per_prompt,
-        min_group_size=cfg.min_group_size,
-        on_failed=cfg.on_failed,
-        filters=[RewardStdFilter()] if cfg.drop_zero_std else [],
-        capacity=cfg.capacity,
-        max_staleness=cfg.max_staleness,
-        on_stale=cfg.on_stale,
-        rollout_batch_size=cfg.rollout_batch_size,
-        durability=cfg.durability,
-    )
+    own = cfg.model_dump(include={f.name for f in dataclasses.fields(BufferConfig)})
+    return BufferConfig(filters=[RewardStdFilter()] if cfg.drop_zero_std else [], **own)
 
 
 async def serve(cfg: ServeConfig) -> None:
@@ -290,6 +278,7 @@ def summarise(store: StoreReader) -> dict[str, Any]:
     prompt_tokens = completion_tokens = 0
     oldest: dict[int, int] = {}  # group seq -> oldest integer weight version
     versions: collections.Counter[str] = collections.Counter()
+    integers: set[int] = set()
     non_integer = 0
     for seq, offset, length in db.execute("SELECT seq, offset, length FROM samples"):
         h = _header(store.blob(offset, length))
@@ -306,13 +295,13 @@ def summarise(store: StoreReader) -> dict[str, Any]:
             except ValueError:
                 non_integer += 1
                 continue
+            integers.add(n)
             oldest[seq] = min(n, oldest.get(seq, n))
     lags: collections.Counter[int] = collections.Counter()
     for seq, version in oldest.items():
         state, step = group_info.get(seq, ("", None))
         if state == "consumed" and step is not None:
             lags[step - version] += 1
-    integer_versions = sorted(int(v) for v in versions if _is_int(v))
     (last_step,) = db.execute("SELECT MAX(step) FROM groups").fetchone()
     n_samples = sum(status.values())
     mean_reward = math.fsum(rewards) / len(rewards) if rewards else None
@@ -326,8 +315,8 @@ def summarise(store: StoreReader) -> dict[str, Any]:
         "completion_tokens": completion_tokens,
         "last_step": last_step,
         "weight_versions": {
-            "min": integer_versions[0] if integer_versions else None,
-            "max": integer_versions[-1] if integer_versions else None,
+            "min": min(integers, default=None),
+            "max": max(integers, default=None),
             "distinct": len(versions),
             "non_integer_tokens": non_integer,
         },
@@ -344,14 +333,6 @@ def summarise(store: StoreReader) -> dict[str, Any]:
             "histogram": _histogram(rewards),
         },
     }
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _bar(n: int, most: int, width: int = 40) -> str:
@@ -472,10 +453,7 @@ def rows(store: StoreReader, state: str) -> Iterator[dict[str, Any]]:
         query + " ORDER BY g.seq, s.pos", params
     ):
         row = decode_sample(store.blob(offset, length)).to_dict()
-        row["group_seq"] = seq
-        row["group_state"] = group_state
-        row["group_step"] = step
-        row["group_reason"] = reason
+        row.update(group_seq=seq, group_state=group_state, group_step=step, group_reason=reason)
         yield row
 
 
@@ -488,10 +466,15 @@ def export_jsonl(store: StoreReader, state: str, out: IO[str]) -> int:
     return n
 
 
-def _parquet_schema() -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped, import-not-found, unused-ignore]
-
-    return pa.schema(
+def export_parquet(store: StoreReader, state: str, out: Path, chunk: int = 4096) -> int:
+    try:
+        import pyarrow as pa  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError:
+        raise ConfigError(
+            "--format parquet needs pyarrow: pip install pyarrow (or use --format jsonl)"
+        ) from None
+    schema = pa.schema(
         [
             ("prompt_ids", pa.list_(pa.int64())),
             ("completion_ids", pa.list_(pa.int64())),
@@ -515,30 +498,14 @@ def _parquet_schema() -> Any:
             ("group_reason", pa.string()),
         ]
     )
-
-
-def export_parquet(store: StoreReader, state: str, out: Path, chunk: int = 4096) -> int:
-    try:
-        import pyarrow as pa  # type: ignore[import-untyped, import-not-found, unused-ignore]
-        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError:
-        raise ConfigError(
-            "--format parquet needs pyarrow: pip install pyarrow (or use --format jsonl)"
-        ) from None
-    schema = _parquet_schema()
     n = 0
     tmp = out.with_name(out.name + ".partial")
+    todo = rows(store, state)
     try:
         with pq.ParquetWriter(tmp, schema) as writer:
-            batch: list[dict[str, Any]] = []
-            for row in rows(store, state):
-                row["metadata"] = json.dumps(row["metadata"], separators=(",", ":"))
-                batch.append(row)
-                if len(batch) == chunk:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-                    n += len(batch)
-                    batch = []
-            if batch:
+            while batch := list(itertools.islice(todo, chunk)):
+                for row in batch:
+                    row["metadata"] = json.dumps(row["metadata"], separators=(",", ":"))
                 writer.write_table(pa.Table.from_pylist(batch, schema=schema))
                 n += len(batch)
         os.replace(tmp, out)  # a reader never sees half a file

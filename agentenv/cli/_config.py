@@ -235,6 +235,15 @@ def build_config(model: type[M], namespace: argparse.Namespace) -> M:
         _usage_error(problems)
 
 
+def add_command(sub: Any, name: str, help: str, doc: str | None) -> argparse.ArgumentParser:
+    """Sub-command ``name`` of the sub-parsers ``sub``; its ``--help`` shows ``doc`` (the
+    command's module docstring) as written."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser
+
+
 def command_parser(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> argparse.ArgumentParser:

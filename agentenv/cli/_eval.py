@@ -32,7 +32,7 @@ from agentenv._policies import open_policy
 from agentenv._registry import load_environment
 from agentenv._runner import JsonlSink, ListSink, RolloutConfig, SampleSink, run_rollouts
 from agentenv._text_model import TextGenerator
-from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.cli._config import add_command, add_model_arguments, build_config
 from agentenv.games import GameEnv, ModelPlayer, TallySink
 
 
@@ -93,12 +93,7 @@ class EvalConfig(pydantic.BaseModel):
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "eval",
-        help="evaluate an environment",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "eval", "evaluate an environment", __doc__)
     add_model_arguments(
         parser,
         EvalConfig,

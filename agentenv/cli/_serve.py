@@ -26,7 +26,7 @@ import anyio
 import pydantic
 
 from agentenv._http import MAX_BODY_BYTES
-from agentenv.cli._config import add_model_arguments, build_config
+from agentenv.cli._config import add_command, add_model_arguments, build_config
 
 __all__ = ["add_parser"]
 
@@ -90,12 +90,7 @@ class ServeConfig(pydantic.BaseModel):
 
 
 def add_parser(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "serve",
-        help="serve a model over SGLang's HTTP API",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(sub, "serve", "serve a model over SGLang's HTTP API", __doc__)
     add_model_arguments(
         parser,
         ServeConfig,
