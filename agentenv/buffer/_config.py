@@ -90,14 +90,13 @@ class BufferConfig:
                 f"min_group_size must be in [1, n_samples_per_prompt "
                 f"({self.n_samples_per_prompt})], got {self.min_group_size}"
             )
-        if self.on_failed not in ("drop_samples", "drop_group"):
-            raise ConfigError(
-                f"on_failed must be 'drop_samples' or 'drop_group', got {self.on_failed!r}"
-            )
-        if self.durability not in ("power", "process"):
-            raise ConfigError(f"durability must be 'power' or 'process', got {self.durability!r}")
-        if self.on_stale not in ("drop", "recycle"):
-            raise ConfigError(f"on_stale must be 'drop' or 'recycle', got {self.on_stale!r}")
+        for name, allowed in (
+            ("on_failed", ("drop_samples", "drop_group")),
+            ("durability", ("power", "process")),
+            ("on_stale", ("drop", "recycle")),
+        ):
+            if (value := getattr(self, name)) not in allowed:
+                raise ConfigError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {value!r}")
         if self.capacity < 1:
             raise ConfigError(f"capacity must be at least 1 group, got {self.capacity}")
         if self.max_staleness is not None and self.max_staleness < 0:
