@@ -332,15 +332,17 @@ class TaskSession:
             output_bytes=1 << 16,
         )
         await box.kill_all()
-        output = (r.stdout + r.stderr)[-2000:]
         if r.timed_out:
-            why = f"test.sh timed out after {cfg.verifier_timeout_s:g} s"
-            return Verdict(
-                reward=0.0, reason=why, exit_code=r.exit_code, timed_out=True, output=output
-            )
-        reward, reason = await self._read_reward()
+            reward, reason = 0.0, f"test.sh timed out after {cfg.verifier_timeout_s:g} s"
+        else:
+            reward, reason = await self._read_reward()
+        output = (r.stdout + r.stderr)[-2000:]
         return Verdict(
-            reward=reward, reason=reason, exit_code=r.exit_code, timed_out=False, output=output
+            reward=reward,
+            reason=reason,
+            exit_code=r.exit_code,
+            timed_out=r.timed_out,
+            output=output,
         )
 
     async def _read_reward(self) -> tuple[float, str]:

@@ -33,9 +33,7 @@ that crashes for any other reason is a failed sample naming its error.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -44,6 +42,7 @@ from typing import Any
 
 from agentenv import AgentEnv, ConfigError, Episode, Rubric, Sample, State, Task
 from agentenv.endpoint import Endpoint
+from environments._process import LineProcess
 from environments.harbor import DEFAULT_TASKS, HarborEnv, TaskSession, Verdict
 from sandboxes import Result
 
@@ -68,12 +67,7 @@ class HarnessResult:
     error: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "exit_status": self.exit_status,
-            "submission": self.submission,
-            "n_calls": self.n_calls,
-            "error": self.error,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(slots=True)
@@ -235,34 +229,14 @@ class MiniSweEnv(AgentEnv):
 
     async def _drive(self, session: TaskSession, base_url: str, instruction: str) -> HarnessResult:
         """Run the harness on ``instruction``; execute its commands in ``session``."""
-        proc = await asyncio.create_subprocess_exec(
-            str(self.python),
-            str(DRIVER),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        harness = await LineProcess.start(
+            [str(self.python), str(DRIVER)],
             env=self._environ(),
-            limit=MAX_LINE_BYTES,
+            line_limit=MAX_LINE_BYTES,
+            tail_lines=40,  # litellm may log a lot: the last lines only
         )
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
-        tail: collections.deque[str] = collections.deque(maxlen=40)
-
-        async def drain() -> None:  # litellm may log a lot: keep the last lines only
-            async for line in stderr:
-                tail.append(line.decode(errors="replace").rstrip())
-
-        drainer = asyncio.ensure_future(drain())
-
-        async def send(message: dict[str, Any]) -> None:
-            try:
-                stdin.write(json.dumps(message).encode() + b"\n")
-                await stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # it died: its stdout ends next, and its exit status is the reason
-
         try:
-            await send(
+            await harness.send(
                 {
                     "base_url": base_url,
                     "api_key": "agentenv",
@@ -272,16 +246,7 @@ class MiniSweEnv(AgentEnv):
                     "command_timeout_s": self.command_timeout_s,
                 }
             )
-            while True:
-                line = await stdout.readline()
-                if not line:
-                    await proc.wait()
-                    await asyncio.wait_for(drainer, timeout=5)
-                    raise RuntimeError(
-                        f"mini-swe-agent exited with status {proc.returncode} before it "
-                        "finished; its last output:\n" + "\n".join(tail)
-                    )
-                message = json.loads(line)
+            while (message := await harness.read()) is not None:
                 if "done" in message:
                     done = message["done"]
                     return HarnessResult(
@@ -292,9 +257,10 @@ class MiniSweEnv(AgentEnv):
                     )
                 timeout = min(float(message.get("timeout_s") or 0) or 1e9, self.command_timeout_s)
                 result = await session.bash(str(message["exec"]), timeout_s=timeout)
-                await send(_observation(result))
+                await harness.send(_observation(result))
+            raise RuntimeError(
+                f"mini-swe-agent exited with status {await harness.exit_code()} before it "
+                "finished; its last output:\n" + "\n".join(harness.stderr)
+            )
         finally:
-            if proc.returncode is None:
-                proc.kill()
-            await asyncio.shield(proc.wait())
-            drainer.cancel()
+            await harness.aclose()

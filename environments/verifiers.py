@@ -33,8 +33,6 @@ that episode only, with verifiers' error as the reason.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import json
 import os
@@ -45,6 +43,7 @@ from typing import Any, ClassVar
 
 from agentenv import AgentEnvError, ConfigError, Environment, Episode, Sample, Status, Task
 from agentenv.endpoint import AgentServer
+from environments._process import LineProcess
 
 __all__ = ["DEFAULT_PYTHON", "VerifiersEnv", "VerifiersError"]
 
@@ -67,49 +66,18 @@ class _Result:
     error: str | None
 
 
-class _Worker:
-    """One worker process and the episodes it has in flight."""
+class _Worker(LineProcess):
+    """One worker process and the episodes it has in flight (a dead worker's broken pipe
+    is left to its reader, which fails those episodes with the exit code and stderr)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
+    def __init__(self, proc: asyncio.subprocess.Process, tail_lines: int) -> None:
+        super().__init__(proc, tail_lines)
         self.pending: dict[int, asyncio.Future[_Result]] = {}
-        self.stderr: collections.deque[str] = collections.deque(maxlen=200)
         self.reader: asyncio.Task[None] | None = None
-        self.drain: asyncio.Task[None] | None = None
 
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None and self.reader is not None and not self.reader.done()
-
-    def stderr_tail(self) -> str:
-        return "".join(self.stderr)[-_STDERR_TAIL:].strip()
-
-    def write(self, line: dict[str, Any]) -> None:
-        """Queue one protocol line; a dead worker's broken pipe is left to the reader,
-        which fails its episodes with the exit code and stderr."""
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-            self.proc.stdin.write((json.dumps(line) + "\n").encode())
-
-    async def send(self, line: dict[str, Any]) -> None:
-        """:meth:`write`, then wait until the pipe has room again."""
-        self.write(line)
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-            await self.proc.stdin.drain()
-
-
-async def _exit_code(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> int:
-    """The exit code of a worker whose stdout has closed: no answer can come, so one still
-    alive after ``grace_s`` is killed. Not killed at once: a kill first polls the process
-    (``Popen.send_signal``), which reaps one that has just exited behind asyncio's child
-    watcher, and the watcher then reports 255 instead of its code."""
-    try:
-        return await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        return await asyncio.shield(proc.wait())
 
 
 def _local_config(env: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -255,47 +223,33 @@ class VerifiersEnv(Environment):
     # --- the worker pool --------------------------------------------------------------------
 
     async def _start_worker(self) -> _Worker:
-        proc = await asyncio.create_subprocess_exec(
-            str(self.python),
-            "-P",  # not the script's folder first: environments/verifiers.py is not verifiers
-            str(_WORKER),
-            self._settings(listing=False),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        worker = await _Worker.start(
+            # -P: not the script's folder first: environments/verifiers.py is not verifiers
+            [str(self.python), "-P", str(_WORKER), self._settings(listing=False)],
             env=self._process_env(),
-            limit=_LINE_LIMIT,
+            line_limit=_LINE_LIMIT,
+            tail_lines=200,
         )
-        worker = _Worker(proc)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        worker.drain = asyncio.create_task(self._drain(worker, proc.stderr))
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), self.start_timeout_s)
+            first = await asyncio.wait_for(worker.read(), self.start_timeout_s) or {}
         except TimeoutError:
-            proc.kill()
+            worker.kill()
             raise self._load_error(
                 f"loading took over start_timeout_s={self.start_timeout_s} s"
             ) from None
-        first = json.loads(line) if line.strip() else {}
         if not first.get("ready"):
-            await proc.wait()
+            code = await worker.exit_code()
             raise self._load_error(
                 first.get("fatal")
-                or f"the worker exited with code {proc.returncode}: {worker.stderr_tail()}"
+                or f"the worker exited with code {code}: {worker.stderr_tail(_STDERR_TAIL)}"
             )
-        worker.reader = asyncio.create_task(self._read(worker, proc.stdout))
+        worker.reader = asyncio.create_task(self._read(worker))
         return worker
 
     @staticmethod
-    async def _drain(worker: _Worker, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            worker.stderr.append(line.decode(errors="replace"))
-
-    @staticmethod
-    async def _read(worker: _Worker, stream: asyncio.StreamReader) -> None:
+    async def _read(worker: _Worker) -> None:
         try:
-            while line := await stream.readline():
-                answer = json.loads(line)
+            while (answer := await worker.read()) is not None:
                 future = worker.pending.pop(int(answer["id"]), None)
                 if future is not None and not future.done():
                     future.set_result(
@@ -309,17 +263,13 @@ class VerifiersEnv(Environment):
         except asyncio.CancelledError:
             # The run's event loop is closing: its workers end with it (a new loop starts
             # new ones), and their in-flight episodes were cancelled with their callers.
-            with contextlib.suppress(ProcessLookupError):
-                worker.proc.kill()
+            worker.kill()
             raise
         finally:
-            code = await _exit_code(worker.proc)
-            if worker.drain is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(worker.drain, 5)
+            code = await worker.exit_code()
             error = VerifiersError(
                 f"the verifiers worker (pid {worker.proc.pid}) died with exit code {code} "
-                f"mid-episode; its stderr ends: {worker.stderr_tail() or '(empty)'}"
+                f"mid-episode; its stderr ends: {worker.stderr_tail(_STDERR_TAIL) or '(empty)'}"
             )
             for future in worker.pending.values():
                 if not future.done():
@@ -347,8 +297,7 @@ class VerifiersEnv(Environment):
         if self._loop is not loop:
             # A new event loop (a new run): the old loop's processes cannot be awaited here.
             for old in self._pool:
-                with contextlib.suppress(ProcessLookupError):
-                    old.proc.kill()
+                old.kill()
             self._pool, self._loop = [], loop
             self._slots = asyncio.Semaphore(self.workers * self.max_concurrency)
             self._start_lock = asyncio.Lock()
