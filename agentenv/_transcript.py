@@ -32,6 +32,7 @@ now renders it, so every sample holds exactly the ids a model conditioned on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -152,22 +153,16 @@ class Transcript:
         self.role = role
         self.context_length = context_length
         self.on_history_rewrite: HistoryPolicy = on_history_rewrite
-        msgs = validate_messages(messages)
-        if not msgs:
-            raise TemplateError("a transcript needs at least one message")
         self.tools: Sequence[Mapping[str, Any]] | None = tools or None
-        if tools and not tokenizer.supports_tools:
-            msgs = _with_tool_prompt(msgs, tools)
-            self._render_tools: Sequence[Mapping[str, Any]] | None = None
-        else:
-            self._render_tools = self.tools
-        self.messages: list[Message] = msgs
+        # Tools the template cannot render are described in the system message instead.
+        self._render_tools = self.tools if tokenizer.supports_tools else None
+        self.messages: list[Message] = self._conversation(messages)
         self.segments: list[Segment] = []
         self.last_finish: FinishReason | None = None
         self._seen = _SeenText("")
         self._end: str | None = None
         self._accepted_ends: tuple[str, ...] = ()
-        self._start_segment(self._render(msgs, add_generation_prompt=True))
+        self._start_segment(self._render(self.messages, add_generation_prompt=True))
 
     # -- views -----------------------------------------------------------------------
     @property
@@ -274,12 +269,17 @@ class Transcript:
         segment whose prompt is the new conversation, or :class:`HistoryRewriteError`).
         Returns the ids appended (or the new segment's prompt ids).
         """
+        return self._continue(self._conversation(messages), generation_prompt)
+
+    def _conversation(self, messages: Iterable[Mapping[str, Any]] | str) -> list[Message]:
+        """``messages`` checked, with the tools described in them when the template
+        cannot render tools."""
         conversation = validate_messages(messages)
         if not conversation:
             raise TemplateError("a transcript needs at least one message")
         if self.tools and not self.tokenizer.supports_tools:
             conversation = _with_tool_prompt(conversation, self.tools)
-        return self._continue(conversation, generation_prompt)
+        return conversation
 
     def _continue(self, conversation: list[Message], generation_prompt: bool) -> list[int]:
         full = self._render(conversation, add_generation_prompt=generation_prompt)
@@ -361,15 +361,11 @@ class Transcript:
 
     # -- internals -------------------------------------------------------------------
     def _render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-        if self.chat_template_kwargs is None:  # tokenizers without template arguments work
-            return self.tokenizer.render(
-                messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt
-            )
+        # Passed only when set: tokenizers without template arguments work.
+        kwargs = self.chat_template_kwargs
+        extra = {} if kwargs is None else {"chat_template_kwargs": kwargs}
         return self.tokenizer.render(
-            messages,
-            tools=self._render_tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template_kwargs=self.chat_template_kwargs,
+            messages, tools=self._render_tools, add_generation_prompt=add_generation_prompt, **extra
         )
 
     def _turn_end(self, full: str) -> str | None:
@@ -485,22 +481,17 @@ def _cached_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
     return prompt
 
 
-_SYSTEM_WITH_TOOLS: dict[tuple[str, str], str] = {}
+@functools.lru_cache(maxsize=256)
+def _system_with(system: str, prompt: str) -> str:
+    # One string per (system prompt, tools), shared by every episode that uses them.
+    return f"{system}\n\n{prompt}"
 
 
 def _with_tool_prompt(msgs: list[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
     prompt = _cached_tool_prompt(tools)
     if msgs[0]["role"] != "system":
         return [{"role": "system", "content": prompt}, *msgs]
-    # One string per (system prompt, tools), shared by every episode that uses them.
-    key = (msgs[0]["content"], prompt)
-    content = _SYSTEM_WITH_TOOLS.get(key)
-    if content is None:
-        content = f"{key[0]}\n\n{prompt}"
-        if len(_SYSTEM_WITH_TOOLS) >= 256:
-            _SYSTEM_WITH_TOOLS.clear()
-        _SYSTEM_WITH_TOOLS[key] = content
-    first: Message = {"role": "system", "content": content}
+    first: Message = {"role": "system", "content": _system_with(msgs[0]["content"], prompt)}
     return [first, *msgs[1:]]
 
 
