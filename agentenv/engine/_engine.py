@@ -181,15 +181,49 @@ class Engine:
         self.residual_dtype = residual_dtype or self.dtype
         self._thread = ModelThread()
         try:
-            self._setup(
-                max_running,
-                context_length,
-                weight_version,
-                tokenizer,
-                cuda_graphs,
-                max_total_tokens,
-                mem_fraction_static,
+            # First on the model thread: its torch threads, before any work starts their team.
+            self._thread.call(use_torch_threads, "engine")
+            if torch.device(device).index is not None:  # cuda:N: the model thread's device
+                self._thread.call(torch.cuda.set_device, torch.device(device))
+            path, dtype, residual = self.model_path, self.dtype, self.residual_dtype
+            self.model = self._thread.call(
+                lambda: LlamaModel.load(path, dtype=dtype, device=device, residual_dtype=residual)
             )
+            config = self.model.config
+            context = min(
+                context_length or config.max_position_embeddings, config.max_position_embeddings
+            )
+            per_token = bytes_per_token(config, self.dtype)
+            tokens = max_total_tokens
+            if tokens is None:  # more than every row at the full context would stay unused
+                tokens = min(
+                    self._pool_budget(per_token, mem_fraction_static), max_running * context
+                )
+            if context_length is not None and tokens < context:
+                raise ConfigError(
+                    f"the key/value pool holds {tokens} tokens ({tokens * per_token / 2**20:.0f} "
+                    f"MiB at {per_token} bytes a token), fewer than one request of the context "
+                    f"length {context}: raise max_total_tokens (--max-total-tokens) to at least "
+                    f"{context}, or lower context_length (--context-length) to {tokens} or less"
+                )
+            self.context_length = min(context, tokens)
+            self.max_total_tokens = tokens
+            self.bytes_per_token = per_token
+            self._pool_rows = max(max_running, MIN_ROWS)
+            self.pool = self._thread.call(self._new_pool)
+            self.tree = RadixCache(self.pool)
+            self._thread.call(self.model._rope_table, round_up(self.context_length, KEY_BLOCK))
+            self.max_running = max_running
+            self.weight_version = weight_version
+            if tokenizer is None:
+                from tokenizers import Tokenizer
+
+                tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
+            self.tokenizer = tokenizer
+            if cuda_graphs and self.model.device.type == "cuda":
+                from agentenv.engine._graphs import DecodeGraphs
+
+                self.model.graphs = DecodeGraphs(self.model, max_running, self.context_length)
         except BaseException:
             self._thread.close()
             raise
@@ -217,60 +251,6 @@ class Engine:
         self._retracted: list[_Request] = []  # out of the batch, back to the queue next
         self.prefill_computed = 0  # prompt tokens whose keys and values were computed
         self.prefill_cached = 0  # prompt tokens taken from the prefix cache or a group copy
-
-    def _setup(
-        self,
-        max_running: int,
-        context_length: int | None,
-        weight_version: str,
-        tokenizer: Any,
-        cuda_graphs: bool,
-        max_total_tokens: int | None,
-        mem_fraction_static: float | None,
-    ) -> None:
-        device = self.device
-        # First on the model thread: its torch threads, before any work starts their team.
-        self._thread.call(use_torch_threads, "engine")
-        if torch.device(device).index is not None:  # cuda:N: the model thread's device
-            self._thread.call(torch.cuda.set_device, torch.device(device))
-        self.model = self._thread.call(
-            lambda: LlamaModel.load(
-                self.model_path, dtype=self.dtype, device=device, residual_dtype=self.residual_dtype
-            )
-        )
-        config = self.model.config
-        context = min(
-            context_length or config.max_position_embeddings, config.max_position_embeddings
-        )
-        per_token = bytes_per_token(config, self.dtype)
-        tokens = max_total_tokens
-        if tokens is None:  # more than every row at the full context would stay unused
-            tokens = min(self._pool_budget(per_token, mem_fraction_static), max_running * context)
-        if context_length is not None and tokens < context:
-            raise ConfigError(
-                f"the key/value pool holds {tokens} tokens ({tokens * per_token / 2**20:.0f} "
-                f"MiB at {per_token} bytes a token), fewer than one request of the context "
-                f"length {context}: raise max_total_tokens (--max-total-tokens) to at least "
-                f"{context}, or lower context_length (--context-length) to {tokens} or less"
-            )
-        self.context_length = min(context, tokens)
-        self.max_total_tokens = tokens
-        self.bytes_per_token = per_token
-        self._pool_rows = max(max_running, MIN_ROWS)
-        self.pool = self._thread.call(self._new_pool)
-        self.tree = RadixCache(self.pool)
-        self._thread.call(self.model._rope_table, round_up(self.context_length, KEY_BLOCK))
-        self.max_running = max_running
-        self.weight_version = weight_version
-        if tokenizer is None:
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
-        self.tokenizer = tokenizer
-        if cuda_graphs and self.model.device.type == "cuda":
-            from agentenv.engine._graphs import DecodeGraphs
-
-            self.model.graphs = DecodeGraphs(self.model, max_running, self.context_length)
 
     def _pool_budget(self, per_token: int, fraction: float | None) -> int:
         """Tokens of the default pool: :data:`CPU_POOL_TOKENS` on CPU; on CUDA what
@@ -702,7 +682,9 @@ class Engine:
         Invariant: a running request's pool slots hold every position but its last
         token's, which the next decode feeds in.
         """
-        self._finish_aborted_running()
+        for r in self._running:
+            if r.aborted and r.finish is None:
+                r.finish = FinishReason("abort", message=r.aborted)
         gone = [r for r in self._running if r.finish is not None]
         if gone:  # aborted: their memory is free for this step's newcomers
             self._dropped.extend(gone)
@@ -1027,11 +1009,6 @@ class Engine:
         if n >= p.max_new_tokens or req.length >= self.context_length:
             return FinishReason("length", length=n)
         return None
-
-    def _finish_aborted_running(self) -> None:
-        gone = [r for r in self._running if r.aborted and r.finish is None]
-        for r in gone:
-            r.finish = FinishReason("abort", message=r.aborted)
 
     def _finish_aborted(self, reqs: list[_Request]) -> None:
         for r in reqs:
