@@ -41,7 +41,7 @@ class HTTPError(AgentEnvError):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type or _phrase(status).replace(" ", "")
+        self.type = type or _PHRASES.get(status, "").replace(" ", "")
         self.headers = headers or []
         self.code = code  # a machine-readable reason (OpenAI's ``code``), when there is one
 
@@ -296,7 +296,3 @@ class Router:
 
 
 _PHRASES: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}
-
-
-def _phrase(status: int) -> str:
-    return _PHRASES.get(status, "")

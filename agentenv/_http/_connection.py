@@ -56,16 +56,10 @@ class Connections:
         if not self.open:
             self.all_closed.set()
 
-    def opened(self, conn: Connection) -> None:
-        self.open.add(conn)
-
     def lost(self, conn: Connection) -> None:
         self.open.discard(conn)
         if self.closing and not self.open:
             self.all_closed.set()
-
-    def begin(self) -> None:
-        self.busy += 1
 
     def end(self) -> None:
         self.busy -= 1
@@ -101,7 +95,7 @@ class Connection(RequestHandler):
     # -- the connection's life --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.server.opened(self)
+        self.server.open.add(self)
         self.server.slots.idle(self, self.close_now)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -141,7 +135,7 @@ class Connection(RequestHandler):
         self._body = body
         self._stop_head_timer()
         self.server.slots.busy(self)
-        self.server.begin()
+        self.server.busy += 1
 
     def end(self) -> None:
         """The request is answered: the connection waits for the next one."""

@@ -156,16 +156,6 @@ def raw_error(
     return head.encode() + body
 
 
-def busy_response(cap: int) -> bytes:
-    """The whole 503 a connection beyond the cap gets."""
-    return raw_error(
-        503,
-        "ServiceUnavailable",
-        f"the server holds its maximum of {cap} connections; retry shortly",
-        [("retry-after", "1")],
-    )
-
-
 class Slots:
     """The server's connections, counted against ``cap`` (plus ``reserve`` for probes),
     and which of them are idle (no request, or its head incomplete), the longest first."""
@@ -257,7 +247,8 @@ class Slots:
         """Answer ``client`` 503 and close it, without waiting."""
         try:
             client.setblocking(False)
-            client.send(busy_response(self.cap))
+            busy = f"the server holds its maximum of {self.cap} connections; retry shortly"
+            client.send(raw_error(503, "ServiceUnavailable", busy, [("retry-after", "1")]))
             client.shutdown(socket.SHUT_WR)
         except OSError:
             pass

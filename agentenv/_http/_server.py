@@ -113,12 +113,16 @@ class HTTPServer:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {port}")
-        for name, value in (
-            ("max_header_bytes", max_header_bytes),
-            ("max_body_bytes", max_body_bytes),
+        if max_connections is None:
+            max_connections = default_max_connections()
+        for name, value, least in (
+            ("max_header_bytes", max_header_bytes, 1),
+            ("max_body_bytes", max_body_bytes, 1),
+            ("max_connections", max_connections, 1),
+            ("reserve_connections", reserve_connections, 0),
         ):
-            if value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+            if value < least:
+                raise ConfigError(f"{name} must be at least {least}, got {value}")
         for name, seconds in (
             ("keepalive_timeout", keepalive_timeout),
             ("head_timeout", head_timeout),
@@ -128,12 +132,6 @@ class HTTPServer:
                 raise ConfigError(f"{name} must be > 0 seconds, got {seconds}")
         if not shutdown_grace >= 0:
             raise ConfigError(f"shutdown_grace must be >= 0 seconds, got {shutdown_grace}")
-        if max_connections is None:
-            max_connections = default_max_connections()
-        if max_connections < 1:
-            raise ConfigError(f"max_connections must be at least 1, got {max_connections}")
-        if reserve_connections < 0:
-            raise ConfigError(f"reserve_connections must be at least 0, got {reserve_connections}")
         self.router = router
         self.host = host
         self._port = port
