@@ -19,7 +19,7 @@ from agentenv._environment import Environment, Episode, Task
 from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, ToolCallError
 from agentenv._mcp import MCPServer
 from agentenv._messages import Message
-from agentenv._rewards import Rubric, State
+from agentenv._rewards import NO_RUBRIC, Rubric, State, check_rubric
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tools import (
     HermesParser,
@@ -30,11 +30,6 @@ from agentenv._tools import (
 )
 
 __all__ = ["MultiTurnEnv", "SingleTurnEnv", "ToolEnv"]
-
-
-# The rubric of an environment that set none. Running one is refused (every sample would
-# score 0); an environment that means to give no reward sets ``rubric = Rubric()`` itself.
-_NO_RUBRIC = Rubric()
 
 
 class MultiTurnEnv(Environment):
@@ -54,21 +49,14 @@ class MultiTurnEnv(Environment):
 
     system_prompt: ClassVar[str | None] = None
     max_turns: ClassVar[int] = 10
-    rubric: Rubric = _NO_RUBRIC
+    rubric: Rubric = NO_RUBRIC
     _async_methods: ClassVar[tuple[str, ...]] = (*Environment._async_methods, "respond")
 
     def check(self) -> None:
         super().check()
         # ToolEnv's rollout opens its MCP servers around this one: it scores the same way.
-        if self.rubric is _NO_RUBRIC and type(self).rollout in (
-            MultiTurnEnv.rollout,
-            ToolEnv.rollout,
-        ):
-            raise ConfigError(
-                f"{type(self).__name__} has no rubric, so every sample would score 0; set "
-                "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
-                "or rubric = Rubric() to run without a reward on purpose"
-            )
+        if type(self).rollout in (MultiTurnEnv.rollout, ToolEnv.rollout):
+            check_rubric(self)
 
     def prompt(self, task: Task) -> list[Message]:
         """The opening messages of ``task`` (default: system prompt + ``task.prompt``)."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from agentenv._messages import Message
     from agentenv._transcript import Transcript
 
-__all__ = ["GroupRewardFn", "RewardFn", "Rubric", "State", "reward"]
+__all__ = ["NO_RUBRIC", "GroupRewardFn", "RewardFn", "Rubric", "State", "check_rubric", "reward"]
 
 RewardFn = Callable[["Task", "State"], float | Awaitable[float]]
 GroupRewardFn = Callable[["Task", Sequence[Sample]], Sequence[float] | Awaitable[Sequence[float]]]
@@ -303,3 +303,18 @@ class Rubric:
             limiter = anyio.CapacityLimiter(self.max_threads)
             self._threads.set(limiter)
             return limiter
+
+
+# The rubric of an environment that set none. Running one is refused (every sample would
+# score 0); an environment that means to give no reward sets ``rubric = Rubric()`` itself.
+NO_RUBRIC = Rubric()
+
+
+def check_rubric(env: Any) -> None:
+    """Refuse ``env`` (an environment scored by its ``rubric``) when it set none."""
+    if env.rubric is NO_RUBRIC:
+        raise ConfigError(
+            f"{type(env).__name__} has no rubric, so every sample would score 0; set "
+            "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
+            "or rubric = Rubric() to run without a reward on purpose"
+        )

@@ -16,7 +16,7 @@ import anyio
 
 from agentenv._environment import Environment, Episode, Task
 from agentenv._errors import ConfigError, short_repr
-from agentenv._rewards import Rubric, State
+from agentenv._rewards import NO_RUBRIC, Rubric, State, check_rubric
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._tools import HermesParser, ToolCallParser
 from agentenv.endpoint._server import (
@@ -28,8 +28,6 @@ from agentenv.endpoint._server import (
 )
 
 __all__ = ["AgentEnv"]
-
-_NO_RUBRIC = Rubric()
 
 
 class AgentEnv(Environment):
@@ -65,7 +63,7 @@ class AgentEnv(Environment):
             :class:`~agentenv.endpoint.AgentServer`).
     """
 
-    rubric: Rubric = _NO_RUBRIC
+    rubric: Rubric = NO_RUBRIC
     model: ClassVar[str] = "policy"
     max_turns: ClassVar[int | None] = None
     timeout_s: ClassVar[float | None] = None
@@ -79,12 +77,7 @@ class AgentEnv(Environment):
 
     def check(self) -> None:
         super().check()
-        if self.rubric is _NO_RUBRIC:
-            raise ConfigError(
-                f"{type(self).__name__} has no rubric, so every sample would score 0; set "
-                "rubric = Rubric(my_reward) on the class (a function (task, state) -> float), "
-                "or rubric = Rubric() to run without a reward on purpose"
-            )
+        check_rubric(self)
         if self.client_kind not in ("openai", "anthropic", "base_url", "endpoint"):
             raise ConfigError(
                 "client_kind must be 'openai', 'anthropic', 'base_url' or 'endpoint', got "
