@@ -18,7 +18,6 @@ import contextlib
 import re
 import string
 from collections import Counter
-from collections.abc import Callable
 
 from agentenv._sample import JSONValue
 from agentenv.rewards._extract import after_thinking, last_boxed, last_number, normalize_text
@@ -155,6 +154,3 @@ def f1(response: str, label: JSONValue) -> Verdict:
         return Verdict(0.0, joined_pred, None if pred else "empty response")
     precision, recall = same / len(pred), same / len(gold)
     return Verdict(2 * precision * recall / (precision + recall), joined_pred)
-
-
-RuleFn = Callable[[str, JSONValue], Verdict]

@@ -178,9 +178,4 @@ def reward_rubric(
         remote = RemoteReward(
             rm_url, reward_key=reward_key, **{k: v for k, v in bounds.items() if v is not None}
         )
-    elif rm_type == "remote_rm":
-        raise ConfigError(
-            "--rm-type remote_rm needs --rm-url, the reward service's URL "
-            "(e.g. http://127.0.0.1:8000/reward)"
-        )
     return Rubric(RuleReward(rm_type, remote=remote, verifier=verifier))
