@@ -40,6 +40,7 @@ import base64
 import binascii
 import dataclasses
 import io
+import math
 import os
 import pickle
 import re
@@ -263,7 +264,27 @@ class TensorPayload:
         """``{name: tensor}``: CPU tensors read into memory of this process, CUDA tensors
         mapped from the sender's; raises :class:`ConfigError` (and holds none of them)
         when any cannot be read in full."""
-        return _materialise(self.specs)
+        out: dict[str, Any] = {}
+        opened: dict[int, tuple[int, str]] = {}  # storage record -> its file (open), its name
+        try:
+            for spec in self.specs:
+                storage = spec.storage
+                if isinstance(storage, _ShmStorage):
+                    if spec.key not in opened:
+                        opened[spec.key] = (_open_shm(storage), storage.name)
+                    out[spec.name] = _read(opened[spec.key][0], storage.name, spec)
+                else:
+                    out[spec.name] = _map_cuda(spec, storage)
+        except BaseException:
+            out.clear()
+            raise
+        finally:
+            for fd, name in opened.values():
+                try:
+                    _release(fd, name)
+                finally:
+                    os.close(fd)
+        return out
 
 
 def describe_named_tensors(payload: str, *, cuda: bool = False) -> TensorPayload:
@@ -344,15 +365,8 @@ def _tensor(name: str, call: _Call, cuda: bool) -> _TensorSpec:
                 f"the storage must be a shared-memory file (rebuild_storage_filename), got "
                 f"{_kind(untyped)}: send CPU tensors with torch's file_system sharing strategy"
             )
-        spec = _TensorSpec(
-            name,
-            _dtype(dtype),
-            _ints(_size(size), "size"),
-            _ints(stride, "stride"),
-            _int(offset, "offset"),
-            _shm(untyped),
-            id(untyped),
-        )
+        where: _ShmStorage | _CudaStorage = _shm(untyped)
+        key = id(untyped)
     elif call.fn == "rebuild_cuda_tensor":
         if not cuda:
             raise ConfigError(
@@ -381,28 +395,23 @@ def _tensor(name: str, call: _Call, cuda: bool) -> _TensorSpec:
         storage_bytes = _int(nbytes, "storage_size_bytes")
         if storage_bytes == 0:
             raise ConfigError("the CUDA storage is empty (no memory behind the handle)")
-        cuda_storage = _CudaStorage(
+        where = _CudaStorage(
             _int(device, "device"), handle, storage_bytes, _int(offset_bytes, "storage offset"),
             ref_counter, ref_offset, event, sync,
         )  # fmt: skip
-        spec = _TensorSpec(
-            name,
-            _dtype(dtype),
-            _ints(_size(size), "size"),
-            _ints(stride, "stride"),
-            _int(offset, "offset"),
-            cuda_storage,
-            id(call),
-        )
+        key = id(call)
     else:
         raise ConfigError(
             f"a tensor must be rebuild_tensor(...) or rebuild_cuda_tensor(...), got {call!r}"
         )
+    spec = _TensorSpec(
+        name, _dtype(dtype), _ints(_size(size), "size"), _ints(stride, "stride"),
+        _int(offset, "offset"), where, key,
+    )  # fmt: skip
     if len(spec.stride) != len(spec.shape):
         raise ConfigError(f"size {spec.shape} and stride {spec.stride} differ in length")
     span = _span(spec.shape, spec.stride)
-    numel = _numel(spec.shape)
-    if span > max(numel, 1):
+    if span > max(math.prod(spec.shape), 1):
         raise ConfigError(
             f"size {spec.shape} with stride {spec.stride} leaves gaps between its elements; "
             "send a contiguous tensor"
@@ -464,43 +473,12 @@ def _shm(call: _Call) -> _ShmStorage:
     return _ShmStorage(name.decode("ascii"), _int(nbytes, "the storage size"))
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _itemsize(dtype: str) -> int:
     return {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}[dtype]
 
 
 # -- step 3: materialise -----------------------------------------------------------------------
 _RELEASE = threading.Lock()  # the reference counts in the files: one release at a time
-
-
-def _materialise(specs: tuple[_TensorSpec, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    opened: dict[int, tuple[int, str]] = {}  # storage record -> its file (open), its name
-    try:
-        for spec in specs:
-            storage = spec.storage
-            if isinstance(storage, _ShmStorage):
-                if spec.key not in opened:
-                    opened[spec.key] = (_open_shm(storage), storage.name)
-                out[spec.name] = _read(opened[spec.key][0], storage.name, spec)
-            else:
-                out[spec.name] = _map_cuda(spec, storage)
-    except BaseException:
-        out.clear()
-        raise
-    finally:
-        for fd, name in opened.values():
-            try:
-                _release(fd, name)
-            finally:
-                os.close(fd)
-    return out
 
 
 def _open_shm(storage: _ShmStorage) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -242,13 +243,8 @@ class LlamaModel:
     ) -> LlamaModel:
         directory = Path(directory)
         model = cls(ModelConfig.load(directory), dtype, device, residual_dtype)
-        model.load_weights(directory)
+        model.set_weights(read_safetensors(directory))
         return model
-
-    def load_weights(self, directory: str | Path) -> None:
-        """(Re)load every weight from ``directory``'s safetensors files, in place."""
-        shapes = self.weight_shapes() if self.has_weights else None
-        self.set_weights(read_safetensors(directory, shapes))
 
     @property
     def has_weights(self) -> bool:
@@ -284,31 +280,20 @@ class LlamaModel:
                 raise ConfigError(f"the weights have no tensor {name!r}") from None
             return t.to(device=self.device, dtype=dtype or self.dtype)
 
-        res = self.residual_dtype
+        def cat(*names: str) -> torch.Tensor:  # a fused weight: the HF ones' rows in order
+            return torch.cat([take(name) for name in names])
 
+        res = self.residual_dtype
         new: list[tuple[object, str, torch.Tensor]] = []
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            new.append(
-                (layer, "qkv", torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-            )
+            attn, mlp = p + "self_attn.", p + "mlp."
+            new.append((layer, "qkv", cat(*(f"{attn}{n}_proj.weight" for n in "qkv"))))
             if c.attention_bias:
-                new.append(
-                    (
-                        layer,
-                        "qkv_bias",
-                        torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]),
-                    )
-                )
-            new.append((layer, "o", take(p + "self_attn.o_proj.weight")))
-            new.append(
-                (
-                    layer,
-                    "gate_up",
-                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                )
-            )
-            new.append((layer, "down", take(p + "mlp.down_proj.weight")))
+                new.append((layer, "qkv_bias", cat(*(f"{attn}{n}_proj.bias" for n in "qkv"))))
+            new.append((layer, "o", take(attn + "o_proj.weight")))
+            new.append((layer, "gate_up", cat(mlp + "gate_proj.weight", mlp + "up_proj.weight")))
+            new.append((layer, "down", take(mlp + "down_proj.weight")))
             new.append((layer, "ln1", take(p + "input_layernorm.weight", res)))
             new.append((layer, "ln2", take(p + "post_attention_layernorm.weight", res)))
         new.append((self, "embed", take("model.embed_tokens.weight", res)))
@@ -745,10 +730,7 @@ def _safetensors_header(
                 f"{', '.join(_SAFETENSORS_DTYPES)}"
             )
         begin, end = offsets
-        numel = 1
-        for d in shape:
-            numel *= d
-        nbytes = numel * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if end - begin != nbytes or base + end > size:
             raise ConfigError(
                 f"{what} ({entry['dtype']} {shape}) claims bytes {begin}..{end} of a data "
