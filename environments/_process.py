@@ -1,9 +1,4 @@
-"""A child process spoken to in JSON lines (the verifiers workers, the mini-swe-agent harness).
-
-Its stdin and stdout carry one JSON object per line; its stderr is read all along (the
-child may log a lot, and a full pipe would stall it) and its last lines kept for the
-error that names why it died.
-"""
+"""A child process spoken to in JSON lines (the verifiers workers, the mini-swe-agent harness)."""
 
 from __future__ import annotations
 
@@ -18,7 +13,8 @@ _GONE = (BrokenPipeError, ConnectionResetError, RuntimeError)
 
 
 class LineProcess:
-    """A started child: :meth:`send` it a line, :meth:`read` its next one."""
+    """A started child: :meth:`send` it a line, :meth:`read` its next one. Its stderr is
+    read all along (a full pipe would stall it), its last ``tail_lines`` kept."""
 
     def __init__(self, proc: asyncio.subprocess.Process, tail_lines: int) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

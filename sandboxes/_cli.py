@@ -41,10 +41,6 @@ def add_parser(sub: Any) -> None:
     )
     _common(ex)
     ex.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="wall-clock seconds (10)"
-    )
-    ex.add_argument("--memory", type=int, default=512, metavar="MB", help="memory in MB (512)")
-    ex.add_argument(
         "--file",
         action="append",
         default=[],
@@ -60,10 +56,6 @@ def add_parser(sub: Any) -> None:
     batch.add_argument(
         "--concurrency", type=int, metavar="N", help="jobs at once (default: CPU count)"
     )
-    batch.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="default per-job timeout"
-    )
-    batch.add_argument("--memory", type=int, default=512, metavar="MB", help="default memory in MB")
     batch.set_defaults(handler=_batch)
 
 
@@ -73,6 +65,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "docker", "bwrap"],
         default="auto",
         help="auto: docker when a daemon answers, else bwrap",
+    )
+    # In a batch, a job's "timeout" and "memory" fields override these.
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a job's wall-clock seconds (10)",
+    )
+    parser.add_argument(
+        "--memory", type=int, default=512, metavar="MB", help="a job's memory in MB (512)"
     )
 
 

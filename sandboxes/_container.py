@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandboxes._docker import IMAGE, LABEL, DockerBackend, docker_available
+from sandboxes._docker import IMAGE, LABEL, docker_available, ensure_image
 from sandboxes._protocol import run_command
 from sandboxes._types import Limits, Result, SandboxError, SandboxUnavailable
 
@@ -56,7 +56,7 @@ async def build_image(context: str | Path, tag: str, *, timeout_s: float = 600.0
     with contextlib.suppress(SandboxError):
         await run_command("docker", "image", "inspect", tag, limit_s=30)
         return tag
-    await DockerBackend()._ensure_image()
+    await ensure_image()
     try:
         await run_command("docker", "build", "-q", "-t", tag, str(context), limit_s=timeout_s)
     except SandboxError as e:

@@ -42,7 +42,7 @@ from sandboxes._protocol import (
 )
 from sandboxes._types import Job, Limits, Result, SandboxError, SandboxUnavailable
 
-__all__ = ["DockerBackend", "docker_available"]
+__all__ = ["DockerBackend", "docker_available", "ensure_image"]
 
 IMAGE = "agentenv-sandbox:2"
 LABEL = "agentenv.sandbox"
@@ -62,6 +62,14 @@ async def docker_available(docker: str = "docker", limit_s: float = 10.0) -> str
     except SandboxError as e:
         return str(e)
     return None
+
+
+async def ensure_image(docker: str = "docker") -> None:
+    """Make the default image unless it exists."""
+    with contextlib.suppress(SandboxError):
+        await run_command(docker, "image", "inspect", IMAGE, limit_s=30)
+        return
+    await run_command(docker, "import", "-", IMAGE, stdin=_rootfs(), limit_s=120)
 
 
 def _rootfs() -> bytes:
@@ -250,7 +258,7 @@ class DockerBackend:
         if problem is not None:
             raise SandboxUnavailable(f"no Docker daemon answers ({problem}); {_START_HINT}")
         if self.image == IMAGE:
-            await self._ensure_image()
+            await ensure_image(self.docker)
         limits = warm or Limits()
         containers = [_Container(self, limits) for _ in range(self.size)]
         self._count += len(containers)
@@ -263,14 +271,6 @@ class DockerBackend:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and not self._idle:
             raise errors[0]
-
-    async def _ensure_image(self) -> None:
-        try:
-            await run_command(self.docker, "image", "inspect", IMAGE, limit_s=30)
-            return
-        except SandboxError:
-            pass
-        await run_command(self.docker, "import", "-", IMAGE, stdin=_rootfs(), limit_s=120)
 
     async def run(self, job: Job) -> Result:
         if self._closed:
@@ -321,15 +321,12 @@ class DockerBackend:
             self._count -= 1
             self._changed.notify()
 
-    async def _back(self, container: _Container) -> None:
-        async with self._changed:
-            self._idle.append(container)
-            self._changed.notify()
-
     def _release_after_cleanup(self, container: _Container) -> None:
         async def back() -> None:
             if await container.wait_ready() and not self._closed:
-                await self._back(container)
+                async with self._changed:
+                    self._idle.append(container)
+                    self._changed.notify()
             else:
                 await container.kill()
                 await self._gone()

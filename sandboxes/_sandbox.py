@@ -6,7 +6,7 @@ import asyncio
 import logging
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 from sandboxes._bwrap import BwrapBackend
 from sandboxes._docker import DockerBackend, docker_available
@@ -18,16 +18,6 @@ __all__ = ["Sandbox"]
 log = logging.getLogger("sandboxes")
 
 BackendName = Literal["auto", "docker", "bwrap"]
-
-
-class _Backend(Protocol):
-    name: str
-
-    async def start(self, warm: Limits | None = None) -> None: ...
-
-    async def run(self, job: Job) -> Result: ...
-
-    async def aclose(self) -> None: ...
 
 
 class Sandbox:
@@ -67,7 +57,7 @@ class Sandbox:
         self.size = size or max(1, cpu_count())
         self.limits = limits or Limits()
         self.image = image
-        self._backend: _Backend | None = None
+        self._backend: DockerBackend | BwrapBackend | None = None
         self._starting = asyncio.Lock()
 
     @property
@@ -99,11 +89,11 @@ class Sandbox:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        backend: _Backend
-        if name == "docker":
-            backend = DockerBackend(size=self.size, image=self.image)
-        else:
-            backend = BwrapBackend(size=self.size)
+        backend = (
+            DockerBackend(size=self.size, image=self.image)
+            if name == "docker"
+            else BwrapBackend(size=self.size)
+        )
         await backend.start(self.limits)
         self._backend = backend
         log.info("sandbox backend %s, %d at once", name, self.size)
@@ -142,6 +132,4 @@ class Sandbox:
 
     async def run_many(self, jobs: Iterable[Job]) -> list[Result]:
         """Run every job (``size`` at a time); results in the jobs' order."""
-        if self._backend is None:
-            await self.start()
         return list(await asyncio.gather(*(self.run(j) for j in jobs)))
