@@ -88,9 +88,11 @@ class Limits:
             raise ConfigError(f"timeout_s must be a positive number, got {self.timeout_s}")
 
 
-def _turn_seed(seed: int, role: str | None, turn: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{role}:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+def derive_seed(*parts: object, size: int = 4) -> int:
+    """A seed of ``size`` bytes from ``parts``, the same in every process (unlike ``hash()``
+    of a str), so runs are reproducible."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=size).digest()
+    return int.from_bytes(digest, "little")
 
 
 class Episode:
@@ -198,7 +200,8 @@ class Episode:
         params = self.sampling.replace(**sampling) if sampling else self.sampling
         if params.seed is None and self.seed is not None:
             # Each turn of each seeded episode draws its own reproducible random numbers.
-            params = params.replace(seed=_turn_seed(self.seed, transcript.role, transcript.turns))
+            seed = derive_seed(self.seed, transcript.role, transcript.turns) & 0x7FFFFFFF
+            params = params.replace(seed=seed)
         budget = self.limits.context_length
         if budget is not None:
             room = budget - transcript.num_tokens

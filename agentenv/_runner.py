@@ -12,7 +12,6 @@ Cancelling the caller cancels every episode.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import os
 import sys
@@ -27,7 +26,14 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio
 
-from agentenv._environment import Environment, Episode, Limits, Task, resolve_sampling
+from agentenv._environment import (
+    Environment,
+    Episode,
+    Limits,
+    Task,
+    derive_seed,
+    resolve_sampling,
+)
 from agentenv._errors import (
     AgentEnvError,
     ClosedResourceError,
@@ -322,12 +328,6 @@ def _limit_samples(episode: Episode, status: Status, reason: str) -> list[Sample
     return out
 
 
-def _episode_seed(seed: int, task_id: str, index: int) -> int:
-    # Stable across processes (unlike hash() of a str), so runs are reproducible.
-    digest = hashlib.blake2b(f"{seed}:{task_id}:{index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
-
-
 async def play_episode(env: Environment, episode: Episode) -> list[Sample]:
     """Run one episode; every outcome, including errors, comes back as samples."""
     timeout = episode.limits.timeout_s
@@ -491,7 +491,7 @@ async def run_rollouts(
                 limits=config.limits,
                 group_id=group.group_id,
                 index=i,
-                seed=_episode_seed(config.seed, group.task.id, i),
+                seed=derive_seed(config.seed, group.task.id, i),
                 on_history_rewrite=config.on_history_rewrite,
                 chat_template_kwargs=template_kwargs,
             )

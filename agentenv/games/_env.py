@@ -24,13 +24,12 @@ role), so a GRPO baseline computed per Buffer group is per role.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv._environment import Environment, Episode, Task
+from agentenv._environment import Environment, Episode, Task, derive_seed
 from agentenv._errors import (
     ConfigError,
     EpisodeAborted,
@@ -54,8 +53,7 @@ _SPLIT_SEEDS = {"train": 1, "test": 2}
 
 
 def _derive_seed(*parts: object) -> int:
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+    return derive_seed(*parts, size=8) & 0x7FFFFFFF
 
 
 @dataclasses.dataclass(slots=True)
