@@ -1,15 +1,7 @@
-"""The Data Buffer: finished groups in, batches for the trainer out.
+"""The Data Buffer: finished groups in, batches for the trainer out (docs/buffer.md).
 
-Producers (the rollout runner, remote workers) ``put_group`` every finished group; the
-Buffer applies the failed-sample policy and the filters, bounds memory (``put_group``
-waits while ``capacity`` groups are ready), and hands the trainer batches of groups that
-are fresh enough for its policy version. A batch counts as consumed only when the trainer
-acknowledges its step. With ``path=``, everything that matters is on disk before the call
-that changed it returns: a killed run resumes with no acknowledged group lost and no group
-handed to a committed step twice. One process per directory: the Buffer holds its lock
-until closed (share it between processes with ``agentenv buffer serve``). A batch may be
-leased (``get_batch(lease_s=...)``; the service always does it): unless renewed, its groups
-go back to the ready queue when the lease runs out, so a consumer that died loses nothing.
+A batch counts as consumed only when the trainer acknowledges its step; with ``path=``,
+everything that matters is on disk before the call that changed it returns.
 
     async with Buffer(BufferConfig(n_samples_per_prompt=8, rollout_batch_size=32),
                       path="runs/exp1/buffer") as buffer:

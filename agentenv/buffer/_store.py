@@ -1,36 +1,18 @@
-"""Where the Buffer keeps its groups: in memory, or crash-safe on disk.
+"""Where the Buffer keeps its groups: in memory, or crash-safe on disk (the guarantees:
+docs/buffer.md, "Durability").
 
 The store records what must survive a crash -- every group put (kept or dropped, with
 its samples), and which groups a trainer step consumed -- and nothing about in-flight
-state: a batch handed out but not acknowledged is simply still ``ready`` on disk, so it
-is handed out again after a restart.
+state: a batch handed out but not acknowledged is simply still ``ready`` on disk.
 
-On disk, a directory holds two files. ``samples.log`` is an append-only file of encoded
-samples; ``buffer.sqlite`` (SQLite in WAL mode) indexes them -- each sample's id, group
-and place in the log -- and holds the groups' states. A put appends its samples to the
-log first, then commits their index rows: a sample is stored exactly when its row is
-committed, and bytes appended by a put that never committed (a crash in between) lie past
-the last indexed byte and are cut off at the next open. Keeping the ~10 KB sample bodies
-out of SQLite halves the bytes written per sample (SQLite writes each page twice: to its
-write-ahead log, then back into the database file).
-
-Beside the groups, the ``meta`` table keeps notes: a producer's or consumer's own small
-records (a training loop's task-stream position and the rounds it started), committed in
-order with the puts, so a put's commit implies every note set before it.
-
-One process per directory: opening takes an exclusive lock on the directory itself
-(``flock`` on its inode, held until the store is closed; the kernel drops it when the
-process dies, even by ``kill -9``); ``buffer.lock`` only names the holder's pid, and
-removing it unlocks nothing. A second opener -- which would cut off a put the
-first has written but not yet indexed -- is refused with :class:`BufferLockedError`.
-Readers (:func:`open_readonly`) take no lock: they change nothing.
-
-With ``durability="power"`` the log is fsynced before the commit and SQLite runs with
-``synchronous=FULL``: a put is on disk when it returns, surviving power loss. With
-``"process"`` both stay in the OS page cache, which survives a killed process (``kill
--9``) but not a kernel crash or power cut. Either way a process killed at any instant
-leaves the last committed state. One transaction per group commit (several puts at once),
-so durability costs one or two fsyncs per batch of puts, not per sample.
+On disk, ``samples.log`` holds the encoded samples back to back and ``buffer.sqlite``
+(SQLite, WAL) indexes them and holds the groups' states and the notes (``meta``). A put
+appends to the log first, then commits its index rows: a sample is stored exactly when
+its row is committed, and bytes past the last indexed one (a put that never committed)
+are cut off at the next open -- which is why a second opener, who would cut off a put
+the first has written but not yet indexed, is refused (:class:`DirectoryLock`). With
+``durability="power"`` the log is fsynced before the commit and SQLite runs with
+``synchronous=FULL``; with ``"process"`` both stay in the OS page cache.
 """
 
 from __future__ import annotations
