@@ -35,7 +35,7 @@ import functools
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any, Literal
 
 import torch
@@ -348,21 +348,21 @@ def _late(
     )
 
 
-def _sockets() -> set[int]:
-    """The inodes of this process's sockets (Linux; empty elsewhere)."""
-    found = set()
+def _sockets() -> dict[int, int]:
+    """This process's sockets: inode -> descriptor (Linux; empty elsewhere)."""
+    found = {}
     with contextlib.suppress(OSError):
         for fd in os.listdir("/proc/self/fd"):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 link = os.readlink(f"/proc/self/fd/{fd}")
                 if link.startswith("socket:["):
-                    found.add(int(link[8:-1]))
+                    found[int(link[8:-1])] = int(fd)
     return found
 
 
 def _unblock(
     thread: threading.Thread,
-    before: set[int],
+    before: Container[int],
     address: str,
     port: int,
     handed: list[WeightUpdateGroup | BaseException],
@@ -378,22 +378,19 @@ def _unblock(
     except OSError:
         hosts = set()  # the join cannot have connected either
     while thread.is_alive():
-        with contextlib.suppress(OSError):
-            for fd in os.listdir("/proc/self/fd"):
-                with contextlib.suppress(OSError, ValueError):
-                    link = os.readlink(f"/proc/self/fd/{fd}")
-                    if not link.startswith("socket:[") or int(link[8:-1]) in before:
-                        continue
-                    with socket.socket(fileno=os.dup(int(fd))) as s:
-                        if s.family not in (socket.AF_INET, socket.AF_INET6):
-                            continue
-                        peer = s.getpeername()
-                        host = peer[0].removeprefix("::ffff:")  # an IPv4 peer of an IPv6 socket
-                        # Still the socket listed (a number may be reused), to the master.
-                        if os.fstat(s.fileno()).st_ino == int(link[8:-1]) and (
-                            peer[1] == port and (host in hosts or peer[0] in hosts)
-                        ):
-                            s.shutdown(socket.SHUT_RDWR)
+        for inode, fd in _sockets().items():
+            if inode in before:
+                continue
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as s:
+                if s.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                peer = s.getpeername()
+                host = peer[0].removeprefix("::ffff:")  # an IPv4 peer of an IPv6 socket
+                # Still the socket listed (a number may be reused), to the master.
+                if os.fstat(s.fileno()).st_ino == inode and (
+                    peer[1] == port and (host in hosts or peer[0] in hosts)
+                ):
+                    s.shutdown(socket.SHUT_RDWR)
         thread.join(UNBLOCK_INTERVAL)
 
 

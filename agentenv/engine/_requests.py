@@ -107,10 +107,10 @@ def _invalid(message: str) -> PydanticCustomError:
     return PydanticCustomError("invalid", message)
 
 
-def _vocab(info: pydantic.ValidationInfo) -> int | None:
-    context = info.context or {}
-    vocab = context.get("vocab")
-    return vocab if isinstance(vocab, int) else None
+def _context(info: pydantic.ValidationInfo, key: str, default: int | None = None) -> int | None:
+    """An int that :func:`parse` was given for the checks (``vocab``, ``max_prompts``)."""
+    value = (info.context or {}).get(key)
+    return value if isinstance(value, int) else default
 
 
 def _token_ids(value: Any, where: str, vocab: int | None, *, empty: bool = True) -> list[int]:
@@ -125,14 +125,9 @@ def _token_ids(value: Any, where: str, vocab: int | None, *, empty: bool = True)
     return value
 
 
-def _max_prompts(info: pydantic.ValidationInfo) -> int:
-    context = info.context or {}
-    limit = context.get("max_prompts")
-    return limit if isinstance(limit, int) else MAX_PROMPTS
-
-
-def _batch_size(n: int, where: str, limit: int) -> None:
-    if n > limit:
+def _batch_size(n: int, where: str, info: pydantic.ValidationInfo) -> None:
+    limit = _context(info, "max_prompts", MAX_PROMPTS)
+    if limit is not None and n > limit:
         raise _invalid(
             f"{where} holds {n} prompts; this server takes at most {limit} per request "
             "(agentenv serve --max-prompts): split the batch into several requests"
@@ -284,7 +279,7 @@ class SamplingBody(Body):
     def _stop_ids(cls, value: Any, info: pydantic.ValidationInfo) -> list[int] | None:
         if value is None:
             return None
-        return _token_ids(value, "sampling_params.stop_token_ids", _vocab(info))
+        return _token_ids(value, "sampling_params.stop_token_ids", _context(info, "vocab"))
 
     def params(self) -> SamplingParams:
         """These parameters, range-checked (:class:`ConfigError` naming the field)."""
@@ -316,7 +311,7 @@ class GenerateBody(Body):
         if isinstance(value, list) and not value:
             raise _invalid("text cannot be an empty list: send one string or several")
         if isinstance(value, list):
-            _batch_size(len(value), "text", _max_prompts(info))
+            _batch_size(len(value), "text", info)
         return value  # type: ignore[no-any-return]
 
     @pydantic.field_validator("input_ids", mode="plain")
@@ -326,9 +321,9 @@ class GenerateBody(Body):
     ) -> list[int] | list[list[int]] | None:
         if value is None:
             return None
-        vocab = _vocab(info)
+        vocab = _context(info, "vocab")
         if isinstance(value, list) and value and all(isinstance(p, list) for p in value):
-            _batch_size(len(value), "input_ids", _max_prompts(info))
+            _batch_size(len(value), "input_ids", info)
             return [
                 _token_ids(p, f"input_ids[{i}]", vocab, empty=False) for i, p in enumerate(value)
             ]
