@@ -199,23 +199,14 @@ class StepCore(_Trainable):
     reference: Any
     optimizer: torch.optim.Optimizer
 
-    def parameters(self) -> Iterable[torch.nn.Parameter]:
-        """The trained parameters."""
-        params: Iterable[torch.nn.Parameter] = self.model.parameters()
-        return params
-
-    def _model_for(self, reference: bool) -> Any:
-        """The trained model, or with ``reference`` the frozen reference model."""
-        if reference and self.reference is None:
-            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
-        return self.reference if reference else self.model
-
     @torch.no_grad()
     def logprobs(
         self, samples: Sequence[Sample], *, reference: bool = False, temperature: float = 1.0
     ) -> list[torch.Tensor]:
         check_temperature(temperature)
-        model = self._model_for(reference)
+        if reference and self.reference is None:
+            raise ConfigError("no reference model: it is loaded when loss.kl_coef > 0")
+        model = self.reference if reference else self.model
         items = to_items(samples)
         groups = pack_by_tokens([len(it.ids) for it in items], self.max_tokens)
         return self._logprobs(items, groups, model, temperature)
@@ -423,7 +414,7 @@ class MicroBatchBackend(StepCore, Backend):
         """The optimizer; with ``master_weights`` (for a low-precision model) over fp32
         copies of the trained parameters."""
         o = self.optim_config
-        params: list[torch.Tensor] = [p for p in self.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         self._trained = params
         if master_weights:
             self.master = [p.detach().float().clone() for p in params]
