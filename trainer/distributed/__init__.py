@@ -1,6 +1,7 @@
 """One training run across many GPUs and machines, on Ray: where the trainer ranks and
 the engines run (:class:`Placement`, slime's flags), the trainer ranks as Ray actors
-(:class:`RankGroup`, the :class:`Ranks` a megatron backend runs on), the torch
+(:class:`RankGroup`, the :class:`Ranks` a megatron backend runs on; :class:`LocalRanks`
+for one rank in this process), the torch
 backend's data-parallel ranks behind the :class:`~trainer.Backend` interface
 (:class:`TrainerGroup`), and the rollout engines as Ray actors behind SGLang's router
 (:class:`EngineGroup`).
@@ -28,7 +29,14 @@ from trainer.distributed._engine_group import (
 )
 from trainer.distributed._engine_hooks import EngineHooks
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
-from trainer.distributed._ranks import RankGroup, Ranks, Rendezvous, TrainerRankError, Worker
+from trainer.distributed._ranks import (
+    LocalRanks,
+    RankGroup,
+    Ranks,
+    Rendezvous,
+    TrainerRankError,
+    Worker,
+)
 from trainer.distributed._sender import RankSender
 from trainer.distributed._workers import (
     PlayResult,
@@ -50,6 +58,7 @@ __all__ = [
     "EngineSpec",
     "EngineStatistics",
     "GroupSync",
+    "LocalRanks",
     "Placed",
     "Placement",
     "PlacementTimeoutError",

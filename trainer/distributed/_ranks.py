@@ -1,6 +1,7 @@
-"""Trainer ranks as Ray actors: one actor per rank, each in its bundle of the placement,
-each building a *worker* (its share of the model) and running the calls fanned out to
-all of them.
+"""Trainer ranks behind one seam (:class:`Ranks`): as Ray actors (:class:`RankGroup`),
+one actor per rank, each in its bundle of the placement, each building a *worker* (its
+share of the model) and running the calls fanned out to all of them; or one rank in this
+process (:class:`LocalRanks`).
 
     group = RankGroup(TorchRank, spec, placed)      # rank r in placed.trainer[r]
     metrics = group.call(TorchRank.train_step, batch, advantages)   # every rank; rank 0's
@@ -27,7 +28,7 @@ from trainer.distributed._cluster import node_address
 if TYPE_CHECKING:
     from trainer.distributed._placement import Bundle, Placed
 
-__all__ = ["RankGroup", "Ranks", "Rendezvous", "TrainerRankError", "Worker"]
+__all__ = ["LocalRanks", "RankGroup", "Ranks", "Rendezvous", "TrainerRankError", "Worker"]
 
 P = ParamSpec("P")
 #: Seconds the other ranks of a failed call get to be reported dead by Ray: a rank whose
@@ -374,3 +375,41 @@ class RankGroup(Generic[V]):
         with contextlib.suppress(RayActorError, GetTimeoutError):
             self._ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
         self._kill()
+
+
+class LocalRanks(Generic[V]):
+    """One rank, in this process (:class:`Ranks`): ``factory(spec, rendezvous)`` on
+    ``device`` (a CUDA index, or ``cpu``), a world of one."""
+
+    def __init__(
+        self, factory: Callable[[Any, Rendezvous], V], spec: Any, device: int | str
+    ) -> None:
+        from trainer._resources import free_port
+
+        self._closed = False
+        self._local: V = factory(spec, Rendezvous(0, 1, device, free_port()))
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def local(self) -> V:
+        """The rank's worker (in this process)."""
+        return self._local
+
+    def call(
+        self, method: Callable[Concatenate[V, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        if self._closed:
+            raise ClosedResourceError(f"cannot call {method.__name__}: the ranks were closed")
+        return method(self._local, *args, **kwargs)
+
+    def exited(self) -> dict[int, int]:
+        return {}
+
+    def close(self) -> None:
+        """Shut the worker down; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._local.shutdown()

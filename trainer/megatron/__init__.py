@@ -23,6 +23,7 @@ this process; :class:`trainer.distributed.RankGroup`: one Ray actor per GPU; ano
 :data:`Launcher` may run them elsewhere).
 """
 
+from trainer.distributed import LocalRanks, Ranks, Rendezvous
 from trainer.megatron._backend import Launcher, MegatronBackend, launch_ranks, ray_launcher
 from trainer.megatron._config import SUPPORTED_ARCHITECTURES, MegatronModelConfig, padded_vocab_size
 from trainer.megatron._convert import (
@@ -49,7 +50,6 @@ from trainer.megatron._provider import (
     require_megatron,
     transformer_config,
 )
-from trainer.megatron._ranks import LocalRanks, Ranks, Rendezvous
 from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 

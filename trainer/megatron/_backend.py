@@ -12,8 +12,8 @@
 
 Three parts, one job each: :mod:`trainer.megatron._setup` checks the options and builds a
 rank's model and optimizer; :class:`~trainer.megatron._worker.MegatronWorker` is one
-rank's step (and log-probs, weights out, checkpoint shards); :mod:`trainer.megatron._ranks`
-manages the ranks (:class:`~trainer.distributed.Ranks`). This class wires them: it
+rank's step (and log-probs, weights out, checkpoint shards); the ranks are
+:class:`~trainer.distributed.Ranks` (:func:`launch_ranks`). This class wires them: it
 checks the options, starts the ranks through its ``launcher`` (by default, one GPU: the
 rank in this process; more: one Ray actor per GPU, :class:`~trainer.distributed.RankGroup`)
 and runs every method on all of them. The new weights leave as HF tensors gathered on
@@ -35,10 +35,10 @@ from agentenv import ConfigError, Sample
 from trainer._resources import replace_dir
 from trainer.backends import RanksBackend, checkpoint_meta
 from trainer.config import LossConfig, OptimConfig
+from trainer.distributed import LocalRanks, Ranks
 from trainer.megatron._config import MegatronModelConfig
 from trainer.megatron._flags import ParallelConfig
 from trainer.megatron._provider import require_megatron
-from trainer.megatron._ranks import LocalRanks, Ranks
 from trainer.megatron._setup import MegatronOptions, resolve_options
 from trainer.megatron._worker import MegatronWorker
 

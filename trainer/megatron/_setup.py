@@ -10,7 +10,7 @@ optimizer.
     optimizer = make_optimizer(model, options.optim or OptimConfig(), options)
 
 Nothing here starts a process or knows about the other ranks beyond the rendezvous
-(:mod:`trainer.megatron._ranks` places them); the step is :mod:`trainer.megatron._worker`.
+(:func:`~trainer.megatron.launch_ranks` places them); the step is :mod:`trainer.megatron._worker`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ gradient anywhere skips the update on every rank.
 
 Every rank builds one (``MegatronWorker(options, rendezvous)``, set up by
 :mod:`trainer.megatron._setup`) and the public methods are collective: the rank manager
-(:mod:`trainer.megatron._ranks`) runs each on all ranks at once.
+(:class:`~trainer.distributed.Ranks`) runs each on all ranks at once.
 """
 
 from __future__ import annotations

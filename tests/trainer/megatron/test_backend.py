@@ -1,4 +1,4 @@
-"""MegatronBackend driven through the rank-management seam (trainer.megatron._ranks.Ranks)
+"""MegatronBackend driven through the rank-management seam (trainer.distributed.Ranks)
 by a fake rank manager: no processes, no megatron, no GPU. What the backend itself does
 -- route every method to the ranks' workers, count the updates, write and check the
 checkpoint directory around the ranks' shards -- is checked here; the workers' step
