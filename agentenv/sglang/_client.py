@@ -20,8 +20,8 @@ import dataclasses
 import io
 import json
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 import anyio
@@ -37,6 +37,7 @@ __all__ = ["SGLangClient", "SGLangError", "StreamChunk"]
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 PauseMode = Literal["abort", "retract", "in_place"]
+T = TypeVar("T")
 
 
 class SGLangError(GenerationError):
@@ -49,6 +50,7 @@ class SGLangError(GenerationError):
         self.url = url
 
 
+@dataclasses.dataclass(slots=True)
 class StreamChunk:
     """What one server-sent event of a streamed generation added.
 
@@ -57,19 +59,10 @@ class StreamChunk:
     chunk. ``weight_version`` is the server's version when the chunk was produced.
     """
 
-    __slots__ = ("finish_reason", "logprobs", "output_ids", "weight_version")
-
-    def __init__(
-        self,
-        output_ids: list[int],
-        logprobs: list[float] | None,
-        finish_reason: FinishReason | None,
-        weight_version: str,
-    ) -> None:
-        self.output_ids = output_ids
-        self.logprobs = logprobs
-        self.finish_reason = finish_reason
-        self.weight_version = weight_version
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason | None
+    weight_version: str
 
 
 def _check_input(input_ids: Sequence[int], field: str = "input_ids") -> list[int]:
@@ -483,12 +476,7 @@ class SGLangClient:
         return await self._get_either("/get_server_info", "/server_info")
 
     async def _get_either(self, old: str, new: str) -> dict[str, Any]:
-        try:
-            data = await self._json("GET", old)
-        except SGLangError as e:
-            if e.status != 404:
-                raise
-            data = await self._json("GET", new)
+        data = await _or_older(self._json("GET", old), lambda: self._json("GET", new))
         if not isinstance(data, dict):
             raise SGLangError(f"{self.url}{old} did not answer a JSON object", url=self.url)
         return data
@@ -496,12 +484,7 @@ class SGLangClient:
     async def weight_version(self) -> str:
         """The server's current weight version (``/get_weight_version``, or the model info
         on servers that retired that route)."""
-        try:
-            data = await self._json("GET", "/get_weight_version")
-        except SGLangError as e:
-            if e.status != 404:
-                raise
-            data = await self.model_info()
+        data = await _or_older(self._json("GET", "/get_weight_version"), self.model_info)
         if not isinstance(data, dict) or "weight_version" not in data:
             raise SGLangError(f"{self.url}/get_weight_version answered {data!r}", url=self.url)
         return str(data["weight_version"])
@@ -635,12 +618,10 @@ class SGLangClient:
     # -- router ----------------------------------------------------------------------------
     async def add_worker(self, url: str) -> None:
         """Register a server with the router (``POST /workers``; older: ``/add_worker``)."""
-        try:
-            await self._request("POST", "/workers", body={"url": url})
-        except SGLangError as e:
-            if e.status not in (404, 405):
-                raise
-            await self._request("POST", "/add_worker", params={"url": url})
+        await _or_older(
+            self._request("POST", "/workers", body={"url": url}),
+            lambda: self._request("POST", "/add_worker", params={"url": url}),
+        )
 
     async def remove_worker(self, url: str) -> bool:
         """Take a server out of the router (``DELETE /workers/{id}``; older:
@@ -662,16 +643,24 @@ class SGLangClient:
 
     async def list_workers(self) -> list[str]:
         """The router's workers' URLs (``GET /workers``; older: ``/list_workers``)."""
-        try:
-            data = await self._json("GET", "/workers")
-        except SGLangError as e:
-            if e.status not in (404, 405):
-                raise
-            data = await self._json("GET", "/list_workers")
+        data = await _or_older(
+            self._json("GET", "/workers"), lambda: self._json("GET", "/list_workers")
+        )
         items = data.get("workers", data.get("urls", [])) if isinstance(data, dict) else data
         if not isinstance(items, list):
             raise SGLangError(f"{self.url} answered an unknown worker list: {data!r}")
         return [str(w.get("url", w)) if isinstance(w, dict) else str(w) for w in items]
+
+
+async def _or_older(current: Awaitable[T], older: Callable[[], Awaitable[T]]) -> T:
+    """``current``'s answer, or ``older()``'s where the server lacks the route (404, or 405:
+    a router that has the path for other methods only) -- an older SGLang or router."""
+    try:
+        return await current
+    except SGLangError as e:
+        if e.status not in (404, 405):
+            raise
+    return await older()
 
 
 async def _lines(body: aiohttp.StreamReader) -> AsyncIterator[str]:
