@@ -31,9 +31,13 @@ from agentenv.endpoint._protocol import (
     ChatError,
     ChatReply,
     Key,
+    ToolCallKey,
+    append_assistant,
     bad_field,
     chat_call,
+    tool_call,
 )
+from agentenv.endpoint._protocol import type_name as _kind
 
 __all__ = [
     "anthropic_error",
@@ -121,10 +125,6 @@ def _refuse_block(block: Any, where: str, expected: str) -> None:
     )
 
 
-def _kind(value: Any) -> str:
-    return "a string" if isinstance(value, str) else type(value).__name__
-
-
 def _blocks(value: Any, param: str) -> list[Any]:
     if isinstance(value, str):
         return [{"type": "text", "text": value}]
@@ -180,8 +180,7 @@ def _assistant(
     (arguments as the JSON text the reply carried, so a returned reply is recognised)."""
     param = f"messages[{i}].content"
     text: list[str] = []
-    calls: list[dict[str, Any]] = []
-    key: list[tuple[str, str, str]] = []
+    calls: list[tuple[dict[str, Any], ToolCallKey]] = []
     for j, block in enumerate(_blocks(content, param)):
         where = f"{param}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -198,15 +197,8 @@ def _assistant(
         if not isinstance(arguments, dict):
             raise bad_field(f"{where}.input", f"expected an object, got {_kind(arguments)}")
         seen[use_id] = None
-        calls.append(
-            {"type": "function", "id": use_id, "function": {"name": name, "arguments": arguments}}
-        )
-        key.append((use_id, name, json.dumps(arguments, ensure_ascii=False)))
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if calls:
-        msg["tool_calls"] = calls
-    messages.append(msg)  # type: ignore[arg-type]
-    keys.append(("assistant", "".join(text), "", tuple(key)))
+        calls.append(tool_call(use_id, name, json.dumps(arguments, ensure_ascii=False)))
+    append_assistant(messages, keys, "".join(text), calls)
 
 
 def _conversation(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:

@@ -28,16 +28,21 @@ __all__ = [
     "ChatReply",
     "Key",
     "ReplyToolCall",
+    "ToolCallKey",
+    "append_assistant",
     "bad_field",
     "chat_call",
     "check_function",
     "content_text",
     "parse_chat",
+    "tool_call",
+    "type_name",
 ]
 
 # A message as the agent sees it, for matching a call against earlier calls' messages:
 # (role, content, name or tool_call_id, tool calls as (id, name, arguments)).
-Key = tuple[str, str, str, tuple[tuple[str, str, str], ...]]
+ToolCallKey = tuple[str, str, str]
+Key = tuple[str, str, str, tuple[ToolCallKey, ...]]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MAX_STOP = 4
@@ -177,7 +182,7 @@ def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any
     if not isinstance(value, list):
         raise bad_field(param, f"expected a list, got {type(value).__name__}")
     calls: list[dict[str, Any]] = []
-    key: list[tuple[str, str, str]] = []
+    key: list[ToolCallKey] = []
     for j, call in enumerate(value):
         where = f"{param}[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
@@ -189,19 +194,35 @@ def _tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], tuple[Any
         call_id = call.get("id") or ""
         if not isinstance(call_id, str):
             raise bad_field(f"{where}.id", "expected a string")
-        try:
-            parsed: Any = json.loads(arguments) if arguments else {}
-        except ValueError:
-            parsed = arguments
-        calls.append(
-            {
-                "type": "function",
-                "id": call_id,
-                "function": {"name": fn["name"], "arguments": parsed},
-            }
-        )
-        key.append((call_id, fn["name"], arguments))
+        template, sent = tool_call(call_id, fn["name"], arguments)
+        calls.append(template)
+        key.append(sent)
     return calls, tuple(key)
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> tuple[dict[str, Any], ToolCallKey]:
+    """A tool call as the chat template takes it (its JSON arguments parsed) and as the
+    agent sent it (its key)."""
+    try:
+        parsed: Any = json.loads(arguments) if arguments else {}
+    except ValueError:
+        parsed = arguments
+    function = {"name": name, "arguments": parsed}
+    return {"type": "function", "id": call_id, "function": function}, (call_id, name, arguments)
+
+
+def append_assistant(
+    messages: list[Message],
+    keys: list[Key],
+    content: str,
+    calls: Sequence[tuple[dict[str, Any], ToolCallKey]],
+) -> None:
+    """Append an assistant turn of ``content`` and ``calls`` (:func:`tool_call`'s)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [template for template, _ in calls]
+    messages.append(msg)  # type: ignore[arg-type]
+    keys.append(("assistant", content, "", tuple(key for _, key in calls)))
 
 
 def _message(i: int, m: Any) -> tuple[Message, Key]:
@@ -242,26 +263,20 @@ def _message(i: int, m: Any) -> tuple[Message, Key]:
     return msg, (tpl_role, content, tag, ())  # type: ignore[return-value]
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
+def _number(
+    body: Mapping[str, Any], name: str, low: float, high: float, *, integer: bool = False
+) -> Any:
+    """``body[name]`` checked: absent or null (``None``), else a number (an integer if
+    ``integer``) in ``[low, high]``."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_field(name, f"expected a number, got {value!r}")
+    real = not integer and isinstance(value, float) and math.isfinite(value)
+    if isinstance(value, bool) or not (isinstance(value, int) or real):
+        raise bad_field(name, f"expected {'an integer' if integer else 'a number'}, got {value!r}")
     if not low <= value <= high:
         raise bad_field(name, f"must be in [{low}, {high}], got {value}")
-    return float(value)
-
-
-def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_field(name, f"expected an integer, got {value!r}")
-    if not low <= value <= high:
-        raise bad_field(name, f"must be in [{low}, {high}], got {value}")
-    return value
+    return value if integer else float(value)
 
 
 def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -290,21 +305,21 @@ def check_function(fn: Mapping[str, Any], param: str) -> None:
     template renders them, and the model reads them as a JSON Schema)."""
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
-        raise bad_field(f"{param}.description", f"expected a string, got {_kind(description)}")
+        raise bad_field(f"{param}.description", f"expected a string, got {type_name(description)}")
     parameters = fn.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         hint = " (send the object itself, not its JSON text)" if isinstance(parameters, str) else ""
         schema = '{"type": "object", "properties": {...}}'
         raise bad_field(
             f"{param}.parameters",
-            f"expected a JSON Schema object such as {schema}, got {_kind(parameters)}{hint}",
+            f"expected a JSON Schema object such as {schema}, got {type_name(parameters)}{hint}",
         )
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise bad_field(f"{param}.strict", f"expected true or false, got {_kind(strict)}")
+        raise bad_field(f"{param}.strict", f"expected true or false, got {type_name(strict)}")
 
 
-def _kind(value: Any) -> str:
+def type_name(value: Any) -> str:
     return "a string" if isinstance(value, str) else type(value).__name__
 
 
@@ -345,9 +360,9 @@ def chat_call(
     ):
         expected = '"none", "auto", "required" or a function'
         raise bad_field("tool_choice", f"expected {expected}, got {choice!r}")
-    max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30)
+    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 30, integer=True)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
+        max_tokens = _number(body, "max_tokens", 1, 1 << 30, integer=True)
     stop = body.get("stop")
     stops: tuple[str, ...]
     if stop is None:
@@ -363,7 +378,7 @@ def chat_call(
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise bad_field("logprobs", f"expected true or false, got {logprobs!r}")
-    top = _integer(body, "top_logprobs", 0, 20) or 0
+    top = _number(body, "top_logprobs", 0, 20, integer=True) or 0
     if top and not logprobs:
         raise bad_field("top_logprobs", "needs logprobs=true")
     stream = body.get("stream") or False
@@ -386,7 +401,7 @@ def chat_call(
         temperature=_number(body, "temperature", 0.0, 2.0),
         top_p=_number(body, "top_p", 1e-9, 1.0),
         stop=stops,
-        seed=_integer(body, "seed", -(1 << 63), (1 << 63) - 1),
+        seed=_number(body, "seed", -(1 << 63), (1 << 63) - 1, integer=True),
         logprobs=logprobs,
         top_logprobs=top,
         stream=stream,

@@ -28,7 +28,8 @@ import json
 import os
 import re
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -49,6 +50,7 @@ from agentenv.endpoint._protocol import ChatCall, ChatError, ChatReply, Key, Rep
 
 __all__ = ["EpisodeRecorder"]
 
+T = TypeVar("T")
 _SEED_MASK = (1 << 63) - 1
 # A call whose messages hold more characters is rendered and tokenized in a worker thread.
 _THREAD_CHARS = 32768
@@ -67,6 +69,15 @@ def _tokenizing() -> anyio.CapacityLimiter:
         limiter = anyio.CapacityLimiter(max(1, min(4, (cpus or 1) // 2)))
         _LIMITERS[loop] = limiter
     return limiter
+
+
+async def _off_loop(call: ChatCall, work: Callable[[], T]) -> T:
+    """``work()`` (rendering and tokenizing ``call``): a long call's in a worker thread (a
+    few at a time), so that it leaves the other episodes' calls running."""
+    size = len(call.tools_key) + sum(len(key[1]) for key in call.keys)
+    if size < _THREAD_CHARS:
+        return work()
+    return await anyio.to_thread.run_sync(work, limiter=_tokenizing())
 
 
 _UNANSWERED: Key = ("", "", "unanswered", ())
@@ -159,7 +170,8 @@ class EpisodeRecorder:
         self._scopes.add(scope)
         try:
             with scope:
-                thread = await self._prepare_off_loop(call, messages, thread, mode)
+                prepare = functools.partial(self._prepare, call, messages, thread, mode)
+                thread = await _off_loop(call, prepare)
                 try:
                     reply = await self._generate(call, thread)
                 except BaseException:
@@ -195,10 +207,7 @@ class EpisodeRecorder:
                 raise ChatError(400, str(e), param="messages") from None
             return t.num_tokens
 
-        size = len(call.tools_key) + sum(len(key[1]) for key in call.keys)
-        if size < _THREAD_CHARS:
-            return count()
-        return await anyio.to_thread.run_sync(count, limiter=_tokenizing())
+        return await _off_loop(call, count)
 
     # -- matching ------------------------------------------------------------------------
     def _template_messages(self, call: ChatCall) -> list[Message]:
@@ -229,17 +238,6 @@ class EpisodeRecorder:
                     return thread, "rewrite"
                 break
         return None, "new"
-
-    async def _prepare_off_loop(
-        self, call: ChatCall, messages: list[Message], thread: _Thread | None, mode: str
-    ) -> _Thread:
-        """:meth:`_prepare`; a long call's in a worker thread (a few at a time), so that
-        rendering and tokenizing it leaves the other episodes' calls running."""
-        size = len(call.tools_key) + sum(len(key[1]) for key in call.keys)
-        if size < _THREAD_CHARS:
-            return self._prepare(call, messages, thread, mode)
-        work = functools.partial(self._prepare, call, messages, thread, mode)
-        return await anyio.to_thread.run_sync(work, limiter=_tokenizing())
 
     def _prepare(
         self, call: ChatCall, messages: list[Message], thread: _Thread | None, mode: str

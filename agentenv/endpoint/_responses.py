@@ -21,13 +21,19 @@ from agentenv.endpoint._protocol import (
     ChatCall,
     ChatReply,
     Key,
+    ToolCallKey,
+    append_assistant,
     bad_field,
     chat_call,
     check_function,
     content_text,
+    tool_call,
 )
 
 __all__ = ["parse_responses", "response_body", "response_events"]
+
+# An assistant turn being assembled: its content and its tool calls.
+_Pending = tuple[str, list[tuple[dict[str, Any], ToolCallKey]]]
 
 
 def _function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -55,14 +61,9 @@ def _function_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return out
 
 
-def _flush(pending: dict[str, Any] | None, messages: list[Message], keys: list[Key]) -> None:
-    if pending is None:
-        return
-    msg: dict[str, Any] = {"role": "assistant", "content": pending["content"]}
-    if pending["calls"]:
-        msg["tool_calls"] = pending["calls"]
-    messages.append(msg)  # type: ignore[arg-type]
-    keys.append(("assistant", pending["content"], "", tuple(pending["keys"])))
+def _flush(pending: _Pending | None, messages: list[Message], keys: list[Key]) -> None:
+    if pending is not None:
+        append_assistant(messages, keys, *pending)
 
 
 def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
@@ -78,7 +79,7 @@ def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
     items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
     if not isinstance(items, list) or not items:
         raise bad_field("input", "expected a string or a non-empty list of input items")
-    pending: dict[str, Any] | None = None  # the assistant turn being assembled
+    pending: _Pending | None = None  # the assistant turn being assembled
     for i, item in enumerate(items):
         param = f"input[{i}]"
         if not isinstance(item, dict):
@@ -87,7 +88,7 @@ def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
         if kind == "message" and item.get("role") == "assistant":
             _flush(pending, messages, keys)
             text = content_text(item.get("content"), f"{param}.content", allow_none=True)
-            pending = {"content": text, "calls": [], "keys": []}
+            pending = (text, [])
         elif kind == "function_call":
             name, arguments, call_id = (
                 item.get("name"),
@@ -103,14 +104,8 @@ def _items(body: Mapping[str, Any]) -> tuple[list[Message], list[Key]]:
                     param, 'expected {"type": "function_call", "call_id", "name", "arguments"}'
                 )
             if pending is None:
-                pending = {"content": "", "calls": [], "keys": []}
-            try:
-                parsed: Any = json.loads(arguments) if arguments else {}
-            except ValueError:
-                parsed = arguments
-            function = {"name": name, "arguments": parsed}
-            pending["calls"].append({"type": "function", "id": call_id, "function": function})
-            pending["keys"].append((call_id, name, arguments))
+                pending = ("", [])
+            pending[1].append(tool_call(call_id, name, arguments))
         elif kind == "function_call_output":
             _flush(pending, messages, keys)
             pending = None
