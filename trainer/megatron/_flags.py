@@ -2,24 +2,8 @@
 
 The backend reads a typed subset, :class:`ParallelConfig`, without importing megatron
 (``--tensor-model-parallel-size 2 --sequence-parallel …`` parses the same on a laptop and
-on a GPU node); the rules megatron applies to them are applied here too. Supported flags
-(megatron's names, types and defaults):
-
-=====================================  =========  =======  =============================
-flag                                   type       default  note
-=====================================  =========  =======  =============================
-``--tensor-model-parallel-size``       int        1        divides heads, KV heads, FFN
-``--pipeline-model-parallel-size``     int        1        divides the layers
-``--context-parallel-size``            int        1        needs Transformer Engine
-``--sequence-parallel``                switch     off      off when TP is 1 (as megatron)
-``--use-distributed-optimizer``        switch     off
-``--overlap-grad-reduce``              switch     off
-``--overlap-param-gather``             switch     off      needs the two above
-``--recompute-granularity``            choice     none     ``full`` or ``selective``
-``--recompute-method``                 choice     none     ``uniform`` or ``block``
-``--recompute-num-layers``             int        none     with ``full`` only
-``--make-vocab-size-divisible-by``     int        128
-=====================================  =========  =======  =============================
+on a GPU node); the rules megatron applies to them are applied here too. The supported
+flags are :class:`ParallelConfig`'s fields (megatron's names, types and defaults).
 
 :func:`megatron_args` parses the same flags -- or any other megatron flag -- with
 megatron's own parser (``megatron.training.arguments``, shipped in the megatron-core
