@@ -296,13 +296,6 @@ def decode_batch(data: bytes) -> Batch:
         raise BufferServiceError(f"malformed batch from the Buffer service: {e}") from None
 
 
-def _stats_from_json(data: Mapping[str, Any]) -> BufferStats:
-    names = {f.name for f in dataclasses.fields(BufferStats)}
-    values = {k: v for k, v in data.items() if k in names}
-    values["dropped"] = collections.Counter(values.get("dropped", {}))
-    return BufferStats(**values)
-
-
 # -- server -------------------------------------------------------------------------------
 class BufferServer:
     """Serves ``buffer`` over HTTP; an async context manager (``.port``, ``.url`` inside).
@@ -759,12 +752,6 @@ class BufferClient:
         response = await self._call("POST", "renew", json_body={"batches": batch_ids})
         return _errors(response, len(batch_ids), "leases")
 
-    def _hold(self, batch: Batch) -> None:
-        if batch.lease_s is not None:
-            self._held[batch.id] = batch.lease_s
-            self._held_changed.set()
-            self._held_changed = anyio.Event()
-
     async def _call(
         self,
         method: str,
@@ -937,7 +924,10 @@ class BufferClient:
             wait=wait,
         )
         batch = decode_batch(response.content)
-        self._hold(batch)
+        if batch.lease_s is not None:  # renewed in the background from now on
+            self._held[batch.id] = batch.lease_s
+            self._held_changed.set()
+            self._held_changed = anyio.Event()
         return batch
 
     async def renew(self, batch: Batch | str) -> None:
@@ -982,7 +972,11 @@ class BufferClient:
 
     async def statistics(self) -> BufferStats:
         """:meth:`Buffer.statistics <agentenv.buffer.Buffer.statistics>`."""
-        return _stats_from_json((await self._call("GET", "statistics")).json())
+        data = (await self._call("GET", "statistics")).json()
+        names = {f.name for f in dataclasses.fields(BufferStats)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["dropped"] = collections.Counter(values.get("dropped", {}))
+        return BufferStats(**values)
 
 
 @dataclasses.dataclass(slots=True, eq=False)

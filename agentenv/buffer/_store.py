@@ -301,6 +301,16 @@ def _check_format(file: Path, meta: dict[str, str], hint: str = "") -> None:
         )
 
 
+def _select_in(db: sqlite3.Connection, query: str, values: Sequence[Any]) -> set[Any]:
+    """The first column of ``query``'s rows, its ``IN ({})`` taking every one of ``values``
+    (in pieces: SQLite bounds the parameters of one statement)."""
+    found: set[Any] = set()
+    for i in range(0, len(values), 900):
+        chunk = values[i : i + 900]
+        found.update(row[0] for row in db.execute(query.format(",".join("?" * len(chunk))), chunk))
+    return found
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -461,13 +471,7 @@ class SqliteStore:
         all_ids = [s.id for r in records for s in r.samples]
         # Three statements per commit, whatever its size: one lookup of every id, then one
         # insert of all groups and one of all samples.
-        known: set[str] = set()
-        for i in range(0, len(all_ids), 900):  # SQLite's bound-parameter limit
-            chunk = all_ids[i : i + 900]
-            marks = ",".join("?" * len(chunk))
-            known.update(
-                row[0] for row in db.execute(f"SELECT id FROM samples WHERE id IN ({marks})", chunk)
-            )
+        known = _select_in(db, "SELECT id FROM samples WHERE id IN ({})", all_ids)
         (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()
         out: list[bool] = []
         group_rows: list[tuple[object, ...]] = []
@@ -587,14 +591,8 @@ class SqliteStore:
         return {int(k): int(n) for k, n in rows}
 
     def known_groups(self, group_ids: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        ids = list(group_ids)
-        for i in range(0, len(ids), 900):  # SQLite's bound-parameter limit
-            chunk = ids[i : i + 900]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT DISTINCT group_id FROM groups WHERE group_id IN ({marks})"
-            found.update(row[0] for row in self._db.execute(query, chunk))
-        return found
+        query = "SELECT DISTINCT group_id FROM groups WHERE group_id IN ({})"
+        return _select_in(self._db, query, group_ids)
 
     def set_note(self, key: str, value: str) -> None:
         # Notes live beside the format rows, under a prefix of their own.

@@ -41,7 +41,7 @@ from agentenv._errors import ConfigError
 from agentenv.cli._config import add_command, add_model_arguments, build_config
 
 if TYPE_CHECKING:  # the Buffer (numpy, httpx) loads only in the command that uses it
-    from agentenv.buffer import BufferConfig, StoreReader
+    from agentenv.buffer import StoreReader
 
 __all__ = ["add_parser"]
 
@@ -178,16 +178,9 @@ def read_token(path: Path) -> str:
     return token
 
 
-def buffer_config(cfg: ServeConfig) -> BufferConfig:
-    from agentenv.buffer import BufferConfig, RewardStdFilter
-
-    own = cfg.model_dump(include={f.name for f in dataclasses.fields(BufferConfig)})
-    return BufferConfig(filters=[RewardStdFilter()] if cfg.drop_zero_std else [], **own)
-
-
 async def serve(cfg: ServeConfig) -> None:
     """Serve the Buffer ``cfg`` describes until SIGINT or SIGTERM."""
-    from agentenv.buffer import Buffer, BufferServer
+    from agentenv.buffer import Buffer, BufferConfig, BufferServer, RewardStdFilter
 
     token = read_token(cfg.token_file)
     with contextlib.suppress(OSError):
@@ -197,7 +190,8 @@ async def serve(cfg: ServeConfig) -> None:
                 f"chmod 600 {cfg.token_file}",
                 file=sys.stderr,
             )
-    config = buffer_config(cfg)
+    own = cfg.model_dump(include={f.name for f in dataclasses.fields(BufferConfig)})
+    config = BufferConfig(filters=[RewardStdFilter()] if cfg.drop_zero_std else [], **own)
     # This process holds many large, long-lived lists (the samples). With the default
     # threshold (700 new containers) young collections re-walk them every few requests:
     # measured at a quarter of the server's CPU when putting 1,000-token samples.
@@ -238,12 +232,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 # -- reading a Buffer on disk -----------------------------------------------------------------
-def _header(blob: bytes) -> list[Any]:
-    (n,) = _HEADER.unpack_from(blob, 0)
-    header: list[Any] = json.loads(blob[4 : 4 + n])
-    return header
-
-
 def _histogram(values: list[float], bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
     if not values:
         return {"bins": [], "counts": []}
@@ -281,7 +269,9 @@ def summarise(store: StoreReader) -> dict[str, Any]:
     integers: set[int] = set()
     non_integer = 0
     for seq, offset, length in db.execute("SELECT seq, offset, length FROM samples"):
-        h = _header(store.blob(offset, length))
+        blob = store.blob(offset, length)
+        (n,) = _HEADER.unpack_from(blob, 0)
+        h = json.loads(blob[4 : 4 + n])  # the sample's scalar fields (see _codec)
         reward, weight_versions, sample_status = h[0], h[6], h[7]
         status[sample_status] += 1
         prompt_tokens += h[11]
