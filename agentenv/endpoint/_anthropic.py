@@ -1,21 +1,8 @@
-"""Anthropic's Messages API (``POST /v1/messages``, what the ``anthropic`` SDK, Claude Code
-and the Claude Agent SDK speak) on the same machinery as chat completions: the request's
-``system`` and ``messages`` become the :class:`~agentenv.endpoint.ChatCall` a chat request
-would, so they are recorded by the same :class:`~agentenv.endpoint.EpisodeRecorder`, and
-the reply is written as a ``message`` object (or its stream of events). Errors take
-Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, the message
-starting with the field it names.
-
-What maps to what: ``system`` is the system message; a ``user`` message's ``text`` blocks
-are a user message and each ``tool_result`` block a tool message (in the order sent); an
-``assistant`` message's ``text`` blocks are its content and its ``tool_use`` blocks its
-tool calls; ``tools[].input_schema`` is a function's ``parameters``; ``tool_choice``
-``auto``/``any``/``tool``/``none`` is chat completions' ``auto``/``required``/a
-function/``none``; ``stop_sequences`` is ``stop``. ``top_k``, ``metadata`` and ``thinking``
-are accepted and ignored (the model does not think aloud here, and no ``thinking`` block
-is returned). Images, documents, thinking blocks and server tools are refused (a
-text-only model serves this endpoint), as is a final assistant message (prefill).
-"""
+"""Anthropic's Messages API (``POST /v1/messages``) on the same machinery as chat
+completions: a request's ``system`` and ``messages`` become the :class:`ChatCall` a chat
+request would (so the same :class:`EpisodeRecorder` records them), the reply a
+``message`` object or its events, and errors Anthropic's shape. What maps to what, and
+what is refused: docs/agents.md ("Anthropic's Messages API")."""
 
 from __future__ import annotations
 

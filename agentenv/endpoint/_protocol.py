@@ -1,13 +1,7 @@
 """OpenAI chat completions on the wire: a request parsed into a :class:`ChatCall`, the
-answer built as OpenAI sends it (one ``chat.completion`` object, or SSE chunks), and
-errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``).
-
-Bodies are decoded JSON, so their objects are checked as ``dict`` (a plain type check,
-where an ABC check would cost more than the rest of the parse).
-
-Every refusal names the field (``param``) and what is expected, so an agent's author sees
-the fix in the exception the ``openai`` SDK raises.
-"""
+answer as OpenAI sends it (a ``chat.completion`` object, or SSE chunks), and errors in
+OpenAI's shape, each refusal naming the field (``param``). Bodies are decoded JSON, so
+their objects are checked as ``dict`` (cheaper than an ABC check)."""
 
 from __future__ import annotations
 

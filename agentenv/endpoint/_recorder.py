@@ -1,23 +1,11 @@
 """Chat-completion calls turned into an episode's transcripts, token-exact.
 
-Each call's messages are matched against the conversations of earlier calls (their
-messages plus the reply they got, as the agent saw them):
-
-- a call that **extends** one (an idle one: no call is generating on it) appends only the
-  new messages, through :meth:`Transcript.add_messages` -- rendered through the chat
-  template as a suffix of the exact ids so far (mask 0), the model's earlier tokens never
-  re-tokenized;
-- a call that holds a reply this episode returned but does not extend its conversation
-  **rewrites history** (the agent summarised, dropped or edited messages): it goes through
-  :meth:`Transcript.rewrite` on the transcript that produced the reply, which starts a new
-  segment (or raises, under ``on_history_rewrite="error"``), as for any template rewrite;
-- any other call -- a fresh conversation, or a branch from a conversation another call is
-  extending at the moment (parallel sub-agents) -- starts a transcript of its own.
-
-Replies the agent sends back are recognised by their content and tool calls, and replaced
-by the model's own text (tool-call markup included) before rendering, so the template
-renders exactly what the model produced.
-"""
+Each call's messages are matched against earlier calls' conversations (their messages and
+the reply they got, as the agent saw them): a call that extends an idle one appends only
+its new messages (:meth:`Transcript.add_messages`); one that holds a reply this episode
+returned but does not extend its conversation rewrites history
+(:meth:`Transcript.rewrite`); any other starts a transcript of its own. Replies the agent
+sends back are replaced by the model's own text before rendering. See docs/agents.md."""
 
 from __future__ import annotations
 

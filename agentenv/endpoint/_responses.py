@@ -1,12 +1,8 @@
 """OpenAI's Responses API (``POST /v1/responses``, the Agents SDK's default) on the same
-machinery as chat completions: the request's ``instructions`` and ``input`` items become
-the :class:`~agentenv.endpoint.ChatCall` a chat request would, and the reply is written
-as a ``response`` object (or its stream of events).
-
-Stateless only: ``previous_response_id`` and ``conversation`` are refused (the agent sends
-its whole input, as the Agents SDK does by default). An assistant ``message`` item and the
-``function_call`` items after it are one assistant turn, as in chat completions.
-"""
+machinery as chat completions: ``instructions`` and ``input`` items become the
+:class:`ChatCall` a chat request would, the reply a ``response`` object or its events.
+Stateless only (``previous_response_id`` is refused); an assistant ``message`` item and
+the ``function_call`` items after it are one assistant turn."""
 
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
 """:class:`GameEnv`: an environment that plays a :class:`Game`, one sample per trained turn.
 
-Each episode is one match. The trained policy plays every seat (self-play) or one seat
-against a fixed opponent (a scripted :class:`Player` or a frozen :class:`ModelPlayer`);
-the seat alternates with the task or is drawn per episode. Every turn of a trained seat
-is a fresh transcript -- the role's observation, the model's reply, and, after an invalid
-move, feedback and another try -- and becomes one sample with ``role`` set and the turn
-in ``metadata["turn"]``. Each role only ever sees its own observation, which holds
-parsed moves, never another player's text.
-
-Rewards: the role's terminal return ``G`` (a forfeit after invalid moves gives the
-offender ``invalid_penalty`` and everyone else ``forfeit_reward``), minus ``b``, the
-:class:`RoleBaseline` when one is given (one snapshot per group), else 0. With
-``discount < 1`` turn ``k`` of ``K`` carries ``Sample.advantage_scale = discount **
-(K - 1 - k)``: the trainer scales that sample's advantage by it (discounting the reward
-itself would let GRPO's normalisation give the early moves of won matches negative
-advantages). A match that reaches ``max_moves`` ends
-truncated (reward 0), counted apart from draws.
-
-Samples keep the episode's ``group_id``: the Data Buffer forms one group per (task,
-role), so a GRPO baseline computed per Buffer group is per role.
-"""
+Each episode is one match: the trained policy in every seat (self-play) or in one seat
+against a fixed opponent. Every turn of a trained seat is a fresh transcript (the role's
+observation, the reply, any retry feedback) and one sample with ``role`` set; each role
+only sees its own observation, which holds parsed moves, never another player's text.
+Rewards, discounting, baselines and the metadata: docs/games.md ("Playing: GameEnv").
+Samples keep the episode's ``group_id``: the Buffer groups by (task, role)."""
 
 from __future__ import annotations
 
@@ -68,11 +54,8 @@ class _Turn:
 
 
 def _outcomes(returns: Mapping[str, float]) -> dict[str, str]:
-    """Each role's outcome from the returns of all: ``win`` when its return is above every
-    other role's, ``draw`` when it ties the best, ``loss`` below it. General-sum games
-    (both players gain) therefore have one winner at most; in a two-player zero-sum game
-    this is the sign of the return. A one-role game (a puzzle) wins with a positive
-    return and loses with a negative one."""
+    """Each role's outcome: ``win`` above every other role's return, ``draw`` tying the
+    best, ``loss`` below it; a one-role game wins with a positive return."""
     if len(returns) == 1:
         return {r: "win" if v > 0 else "loss" if v < 0 else "draw" for r, v in returns.items()}
     out: dict[str, str] = {}
@@ -95,12 +78,9 @@ class GameEnv(Environment):
             index), ``"random"`` (per episode) or a role name.
         retries: after an invalid move the player is told why and tries again, up to
             ``retries`` times; then it forfeits.
-        invalid_penalty: the forfeiting role's return.
-        forfeit_reward: every other role's return after a forfeit.
-        discount: in ``(0, 1]``; below 1, turn ``k`` of a role's ``K`` turns gets
-            ``Sample.advantage_scale = discount ** (K - 1 - k)``, by which the trainer
-            scales its advantage after the group normalisation; the reward stays the
-            return.
+        invalid_penalty, forfeit_reward: the forfeiting role's return; every other's.
+        discount: in ``(0, 1]``; turn ``k`` of a role's ``K`` turns gets
+            ``Sample.advantage_scale = discount ** (K - 1 - k)`` (the reward stays the return).
         baseline: a :class:`RoleBaseline` (or its decay) subtracted from returns.
         max_moves: moves per match before it ends truncated.
         n_train, n_test: tasks per split (each a seed).

@@ -1,12 +1,6 @@
-"""Fixed players: scripted strategies, and a frozen model in a seat.
-
-A :class:`Player` picks a move from the game as it stands, with a random generator the
-environment seeds per episode. A :class:`StrategyPlayer` states its mixed strategy as
-probabilities per legal move (so tests can compute exact expectations); :class:`RandomPlayer`
-plays uniformly. :class:`ModelPlayer` puts a frozen model (any generator: an endpoint, a
-second engine) in a seat: it sees the same prompts as a trained seat but its turns make
-no samples. :func:`play_match` plays scripted players against each other, with no model.
-"""
+"""Fixed players: scripted strategies (:class:`StrategyPlayer`, :class:`RandomPlayer`), a
+frozen model in a seat (:class:`ModelPlayer`: prompted like a trained seat, its turns
+make no samples), and :func:`play_match` for scripted players with no model."""
 
 from __future__ import annotations
 

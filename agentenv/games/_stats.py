@@ -1,16 +1,9 @@
 """Win/draw/loss statistics of game episodes, per seat, with confidence intervals.
 
-:class:`GameTally` reads the samples a :class:`~agentenv.GameEnv` emits: the last sample
-of each trained seat in an episode carries ``metadata["final"]`` and the seat's
-``outcome`` (``win``, ``draw``, ``loss``, ``truncated``, ``aborted``); every turn carries
-its ``attempts`` and ``invalid`` moves. :class:`TallySink` counts the samples on their
-way into another sink (what ``agentenv eval`` does for game environments);
-:func:`game_metrics` gives a training step's per-role figures.
-
-A seat *wins* when its return is above every other seat's (a draw when it ties the best,
-a loss below it), so in a general-sum game, where both seats may gain, at most one wins;
-``mean_return`` is each seat's score.
-"""
+:class:`GameTally` reads the samples a :class:`~agentenv.GameEnv` emits (a seat's last
+sample in an episode carries ``metadata["final"]`` and its ``outcome``);
+:class:`TallySink` counts them on their way into another sink (``agentenv eval``);
+:func:`game_metrics` gives a training step's per-role figures. See docs/games.md."""
 
 from __future__ import annotations
 
