@@ -72,7 +72,7 @@ from agentenv._errors import (
     ContextLengthError,
     GenerationError,
 )
-from agentenv._generator import FinishReason, SamplingParams
+from agentenv._generator import Completion, SamplingParams
 from agentenv._http import (
     MAX_BODY_BYTES,
     HTTPError,
@@ -86,7 +86,7 @@ from agentenv._http import (
     warn_if_open,
 )
 from agentenv._text_bound import text_bound
-from agentenv.engine._engine import Engine
+from agentenv.engine._engine import Engine, EngineChunk
 from agentenv.engine._group import WeightUpdateGroup, join_within, parse_dtype
 from agentenv.engine._ipc import describe_named_tensors
 from agentenv.engine._model import weight_mismatch
@@ -397,8 +397,12 @@ class EngineServer:
         errors: list[AgentEnvError] = []
 
         async def one(i: int, scope: anyio.CancelScope) -> None:
+            start = time.perf_counter()
             try:
-                results[i] = await self._one(prompts[i], params, rids[i], logprob, skip)
+                c = await self.engine.generate(
+                    prompts[i], params, rid=rids[i], return_logprob=logprob
+                )
+                results[i] = self._response(rids[i], prompts[i], c, start, skip, logprob)
             except AgentEnvError as e:  # the batch fails with its first error
                 errors.append(e)
                 scope.cancel()
@@ -410,47 +414,29 @@ class EngineServer:
             raise _status(errors[0])
         return Response.json(results if body.batch else results[0])
 
-    async def _one(
-        self, ids: list[int], params: SamplingParams, rid: str | None, logprob: bool, skip: bool
-    ) -> dict[str, Any]:
-        start = time.perf_counter()
-        c = await self.engine.generate(ids, params, rid=rid, return_logprob=logprob)
-        return self._response(
-            rid,
-            ids,
-            c.output_ids,
-            c.logprobs,
-            c.finish_reason,
-            c.weight_version,
-            start,
-            c.cached_tokens,
-            skip,
-        )
-
     def _response(
         self,
         rid: str | None,
         prompt: list[int],
-        output: list[int],
-        logprobs: list[float] | None,
-        finish: FinishReason | None,
-        version: str,
+        c: Completion | EngineChunk,
         start: float,
-        cached: int = 0,
-        skip_special_tokens: bool = False,
+        skip_special_tokens: bool,
+        logprob: bool,
     ) -> dict[str, Any]:
+        """SGLang's answer for ``c``, the whole output so far."""
+        finish, output = c.finish_reason, c.output_ids
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": None if finish is None else finish.to_sglang(),
             "prompt_tokens": len(prompt),
             "completion_tokens": len(output),
-            "cached_tokens": cached,
-            "weight_version": version,
+            "cached_tokens": c.cached_tokens,
+            "weight_version": c.weight_version,
             "e2e_latency": round(time.perf_counter() - start, 6),
         }
-        if logprobs is not None:
+        if logprob and c.logprobs is not None:
             meta["output_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(logprobs, output, strict=True)
+                [lp, t, None] for lp, t in zip(c.logprobs, output, strict=True)
             ]
             meta["input_token_logprobs"] = []
         return {
@@ -470,17 +456,8 @@ class EngineServer:
             async for chunk in self.engine.stream(ids, params, rid=rid):
                 output.extend(chunk.output_ids)
                 lps.extend(chunk.logprobs)
-                event = self._response(
-                    rid,
-                    ids,
-                    output,
-                    lps if logprob else None,
-                    chunk.finish_reason,
-                    chunk.weight_version,
-                    start,
-                    chunk.cached_tokens,
-                    skip,
-                )
+                sofar = dataclasses.replace(chunk, output_ids=output, logprobs=lps)
+                event = self._response(rid, ids, sofar, start, skip, logprob)
                 yield sse(json.dumps(event, separators=(",", ":")))
         except AgentEnvError as e:  # after the 200 went out: an error event, as SGLang
             yield sse(json.dumps({"error": {"message": str(e)}}))
