@@ -87,47 +87,26 @@ async def run_grpo(
     on_batch: Callable[[int, Batch], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``backend``'s model on ``env`` with samples from ``engine`` (a
-    :class:`~trainer.RolloutEngine`: an :class:`~trainer.EmbeddedEngine`, a
-    :class:`~trainer.ServerEngine`, an :class:`~trainer.distributed.EngineGroup`). Returns
-    one metrics dict per rollout step.
+    :class:`~trainer.RolloutEngine`); one metrics dict per rollout step (docs/trainer.md,
+    "The loop", and "Checkpoint and resume" for what follows in detail).
 
-    The new weights reach the engine after every step (:meth:`RolloutEngine.sync_weights
-    <trainer.RolloutEngine.sync_weights>`; ``sync``: another push in its place). With
-    ``checkpoint``, the model, optimizer, RNG state and the loop's position are saved there
-    every ``save_interval`` steps (and after the last), replacing the previous one
-    atomically; a backend with :meth:`~trainer.Backend.checkpoint_snapshot` (the torch
-    backend on CUDA) copies it to CPU memory between steps and writes it in the background
-    while the next steps run (at most one write in flight; a failed write fails the run; the
-    last one is complete when this returns), others write it in the step.
-    ``keep_checkpoints`` (at least 1: the newest, which a resume needs) keeps that many of
-    the newest, the older ones as ``CHECKPOINT.step-K``. A run that finds a checkpoint there
-    resumes after its step. Resuming with another batch schedule is refused.
+    The new weights reach the engine after every step (``sync``: a push in place of
+    :meth:`RolloutEngine.sync_weights <trainer.RolloutEngine.sync_weights>`). With
+    ``checkpoint`` the model, optimizer, RNG state and the loop's position are saved there
+    every ``save_interval`` steps and after the last, atomically (in the background where
+    the backend has :meth:`~trainer.Backend.checkpoint_snapshot`; complete when this
+    returns), the ``keep_checkpoints`` newest kept; a run that finds one resumes after its
+    step (another batch schedule is refused). Every run goes through one
+    :class:`~agentenv.buffer.Buffer` (:meth:`GRPOConfig.buffer_config`); with
+    ``buffer_path`` it is durable there, and a run killed at any moment resumes with every
+    group committed to it: none played again, none trained twice, none lost.
 
-    Every run goes through one :class:`~agentenv.buffer.Buffer`, its capacity from the
-    staleness bound and the batch (:meth:`GRPOConfig.buffer_config`). With
-    ``buffer_path`` (``agentenv train --save DIR``: ``DIR/buffer``) it is durable there,
-    and a run killed at any moment resumes with every group committed to it: what the
-    steps after the checkpoint consumed goes back to the Buffer (:meth:`Buffer.rewind
-    <agentenv.buffer.Buffer.rewind>`), each step redone takes the groups it took before
-    (as many, oldest first: the same ones), the task stream continues where the rounds
-    stood, and a round that was in flight plays only the groups it had not put -- none
-    played again, none trained twice, none lost. Without it, on the ``sync`` schedule
-    (without over-sampling or filters, whose leftover groups live in memory) a resumed
-    run continues exactly as if it had never stopped; on ``one_step_off`` the rollout
-    that was in flight is played again with the checkpoint's weights; on ``async`` the
-    tasks in flight are skipped until the next pass over the data.
-
-    ``evaluate`` (e.g. the reward on held-out tasks) runs every ``eval_interval`` steps,
-    into that step's ``eval/reward_mean``. ``on_step(metrics)`` runs in a worker thread
-    after each step, so that a report's file writes do not hold up the episodes in
-    flight. ``hooks`` run around each step's training (:class:`StepHooks`), and their
-    metrics join the step's; without them an embedded engine that ``config.offloads``
-    (on CPU, on the ``sync`` schedule, by default) gives its memory back for the training
-    (:class:`~trainer.OffloadHooks`); the engine's own metrics join every step's.
-    Episodes in flight: :meth:`GRPOConfig.concurrency_for`. ``workers``
-    (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray instead of this
-    process: the Buffer is served to them, they put the groups. ``on_batch(step, batch)``
-    runs once each step's batch is acknowledged.
+    ``evaluate`` runs every ``eval_interval`` steps (``eval/reward_mean``); ``on_step(metrics)``
+    runs in a worker thread after each step (a report's file writes do not hold up the
+    episodes); ``hooks`` (:class:`StepHooks`) run around each step's training, by default
+    :class:`~trainer.OffloadHooks` for an engine that ``config.offloads``; ``workers``
+    (:class:`~trainer.distributed.RolloutWorkers`) play the rounds on Ray, the Buffer served
+    to them; ``on_batch(step, batch)`` runs once each step's batch is acknowledged.
     """
     # The environment's sampling in place of the settings not given (once: train() did).
     config = (config or GRPOConfig()).for_env(env)
@@ -343,21 +322,13 @@ class TrainPlan:
 
 
 def _plan_train(backend: Backend, samples: list[Sample], config: GRPOConfig) -> TrainPlan:
-    """Advantages (one baseline per prompt and role: in a game each seat is its own
-    group; a sample's ``advantage_scale`` after the normalisation), the optimizer steps'
-    shares of the samples (``global_batch_size`` each when every episode gives one
-    sample), and which of them carry a gradient.
-
-    A share carries none when every advantage in it is 0 (all its groups' rewards are
-    equal) or no token of it is in the loss, and the loss has no term that acts without
-    an advantage (:func:`~trainer.algorithm._losses.gradient_without_advantage`: a KL penalty or an
-    entropy bonus). Such an optimizer step is not run at all -- no forward, no backward,
-    no optimizer update (with AdamW a zero gradient would still move the weights by the
-    moments of earlier steps, and weight decay): it is the step a filter that drops
-    groups without signal would have left, for every backend (torch, megatron, the ranks
-    on Ray), since they are only called for the steps that run. The rollout step itself
-    goes on as usual: the weights are synced and their version is the step's, as after a
-    step whose batch the filters emptied, so staleness and resume count steps alike."""
+    """Advantages (one baseline per prompt and role, times each sample's
+    ``advantage_scale``), the optimizer steps' shares of the samples, and which of them
+    carry a gradient: not a share whose advantages are all 0 (or with no token in the
+    loss) when the loss has no term that acts without one
+    (:func:`~trainer.algorithm._losses.gradient_without_advantage`). Such a step is not run
+    by any backend -- with AdamW a zero gradient would still move the weights -- while the
+    rollout step goes on as usual (docs/trainer.md, "Steps without a gradient")."""
     adv = compute_advantages(
         [s.reward for s in samples],
         [(s.group_id, s.role) for s in samples],
@@ -480,16 +451,12 @@ RSS = "perf/peak_rss_gib"
 def _peak_memory(
     device: torch.device, metrics: dict[str, float], peaks: dict[str, float] | None = None
 ) -> dict[str, float]:
-    """The step's peak memory. On CUDA the trainer's GPU's most allocated and reserved
-    bytes since the step began (this process: trainer and embedded engine). On every
-    device the peak resident set so far (the OS keeps one per process, never reset) of
-    each process of the run, largest per role: ``RSS/driver`` (this process: the loop,
-    and the trainer and embedded engine when they run here), and what the step's
-    ``metrics`` bring from the processes on Ray -- ``RSS/trainer_ranks``,
-    ``RSS/engines`` (each engine actor and its server's processes),
-    ``RSS/rollout_workers``; ``RSS`` is the largest of them all. ``peaks`` (updated)
-    carries each role's over the steps: a role reports with the steps it works in (the
-    ranks with those that train), and its peak so far stays the same in between."""
+    """The step's peak memory: on CUDA the trainer's GPU's most allocated and reserved
+    bytes since the step began; on every device the peak resident set so far of each
+    process of the run, largest per role (``RSS/driver``: this process; the processes on
+    Ray bring theirs in ``metrics``), and ``RSS`` the largest of all (docs/trainer.md:
+    the metrics per step). ``peaks`` (updated) keeps each role's over the steps: a role reports only
+    with the steps it works in."""
     out: dict[str, float] = {}
     if device.type == "cuda":
         out["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
