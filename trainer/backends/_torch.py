@@ -66,24 +66,16 @@ class TorchBackend(MicroBatchBackend):
             (default: yes). Without them, bf16 weights lose every update smaller than half
             their spacing -- most updates at RL learning rates.
         background_checkpoints: snapshot a checkpoint's state to host memory and write it
-            while training goes on (default: on CUDA, where the snapshot is a copy off the
-            device; on CPU it would be a second copy of the model and optimizer in the
-            memory the step uses, with no device work to overlap, so checkpoints are
-            written in the step there).
-        gradient_checkpointing: keep only each decoder layer's input in the forward and
-            recompute the layer in the backward (Hugging Face's gradient checkpointing,
-            non-reentrant): activation memory falls from every layer's intermediates to
-            one layer's. Default: on (on CUDA with ``compile`` it costs no measurable step
-            time: the compiled layers recompute their cheap parts anyway; on CPU a step of
-            SmolLM2-135M on 64 samples took 67 s with it against 62 s without, and
-            peaked at 6.7 GB against 12.6 GB; docs/benchmarks.md).
+            while training goes on (default: on CUDA; on CPU the snapshot would be a second
+            copy of the model and optimizer in the memory the step uses, with no device
+            work to overlap).
+        gradient_checkpointing: recompute each decoder layer in the backward (Hugging
+            Face's non-reentrant checkpointing): activation memory falls to one layer's.
+            Default: on (docs/trainer.md has its cost on CPU and CUDA).
         compile: compile each decoder layer with ``torch.compile`` (dynamic shapes;
             micro-batches are padded to a multiple of 8 tokens, so new lengths do not
-            recompile): the norms, rotary embedding and SwiGLU fuse into a few kernels
-            instead of dozens, and fewer of their intermediates are kept for the
-            backward. The first steps pay the compilation (a minute for SmolLM2-135M on
-            an H200). Default: on CUDA, off on CPU (where it would need a C++ compiler
-            and gains little).
+            recompile), fusing the norms, rotary embedding and SwiGLU; the first steps pay
+            the compilation. Default: on CUDA, off on CPU.
     """
 
     precision: Precision
