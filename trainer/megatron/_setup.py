@@ -133,10 +133,6 @@ def resolve_options(
             "this backend does not use"
         )
     parallel.data_parallel_size(num_gpus)  # the layout divides the GPUs
-    if max_tokens_per_micro_batch < 1:
-        raise ConfigError(
-            f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}"
-        )
     return MegatronOptions(
         path=resolve_model(model),
         device=device,
