@@ -35,13 +35,6 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _config(env: dict[str, Any]) -> Any:
-    """The EnvConfig, narrowed to the environment class its ids resolve to (as `vf eval`)."""
-    from verifiers.v1.utils.loaders import resolve_env_config
-
-    return resolve_env_config(env)
-
-
 def _prompt_text(task: Any) -> str:
     prompt = getattr(task.data, "prompt", "")
     if isinstance(prompt, str):
@@ -118,8 +111,10 @@ def main() -> int:
     os.environ.setdefault(_API_KEY_VAR, "agentenv")
     try:
         import verifiers.v1 as vf
+        from verifiers.v1.utils.loaders import resolve_env_config
 
-        env = vf.load_environment(_config(settings["env"]))
+        # The EnvConfig narrowed to the environment class its ids resolve to, as `vf eval`.
+        env = vf.load_environment(resolve_env_config(settings["env"]))
         tasks = list(env.taskset)
         if not tasks:
             raise ValueError("its taskset has no tasks")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from agentenv import Rubric, SingleTurnEnv, State, Task
-from environments._answers import last_integer
+from agentenv import Rubric, SingleTurnEnv, Task
+from environments._answers import correct
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _SPLIT_SEEDS = {"train": 1, "test": 2}
@@ -28,11 +28,6 @@ def make_tasks(split: str, n: int, max_operand: int) -> list[Task]:
             Task(id=f"{split}-{i}", prompt=f"What is {a} {op} {b}?", answer=_OPS[op](a, b))
         )
     return tasks
-
-
-def correct(task: Task, state: State) -> float:
-    """1.0 if the last integer in the answer is the right one."""
-    return 1.0 if last_integer(state.completion) == task.answer else 0.0
 
 
 class ArithmeticEnv(SingleTurnEnv):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from agentenv import Rubric, State, Task, ToolEnv, tool
-from environments._answers import last_integer
+from environments._answers import correct
 
 
 @tool
@@ -33,11 +33,6 @@ async def multiply(a: int, b: int) -> int:
         b: the second factor.
     """
     return a * b
-
-
-def correct(task: Task, state: State) -> float:
-    """1.0 for the right final integer."""
-    return 1.0 if last_integer(state.completion) == task.answer else 0.0
 
 
 def tool_discipline(task: Task, state: State) -> float:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -320,11 +321,13 @@ class OpenEnvEnv(Environment):
                 f"server must be a non-empty list of arguments, got {server!r}; "
                 "e.g. ['python', '-m', 'uvicorn', 'server.app:app', '--port', '{port}']"
             )
-        for label, value in (("max_turns", max_turns), ("n_tasks", n_tasks)):
+        for label, value in (
+            ("max_turns", max_turns),
+            ("n_tasks", n_tasks),
+            ("concurrency", concurrency),
+        ):
             if value < 1:
                 raise ConfigError(f"{label} must be at least 1, got {value}")
-        if concurrency < 1:
-            raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
         for label, t in (
             ("ready_timeout_s", ready_timeout_s),
             ("reset_timeout_s", reset_timeout_s),
@@ -358,7 +361,7 @@ class OpenEnvEnv(Environment):
         weakref.finalize(self, _close_all, self._slots)
 
     def check(self) -> None:
-        if not Path(self.openenv_python).exists() and not _on_path(self.openenv_python):
+        if not Path(self.openenv_python).exists() and shutil.which(self.openenv_python) is None:
             raise ConfigError(
                 f"openenv_python {self.openenv_python!r} does not exist; create it with "
                 "`make .venv-openenv/.installed` (or `python -m venv .venv-openenv && "
@@ -466,12 +469,6 @@ def _no_answer(op: str, timeout_s: float) -> str:
     return (
         f"{op}: the OpenEnv server did not answer within {op}_timeout_s={timeout_s:g} s; "
         f"raise {op}_timeout_s for a slow environment"
-    )
-
-
-def _on_path(program: str) -> bool:
-    return os.sep not in program and any(
-        (Path(d) / program).exists() for d in os.environ.get("PATH", "").split(os.pathsep)
     )
 
 

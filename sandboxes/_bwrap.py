@@ -75,7 +75,7 @@ class BwrapBackend:
 
     def _argv(self, job: Job) -> list[str]:
         tmpfs = str(job.limits.tmpfs_mb << 20)
-        argv = [
+        return [
             self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
@@ -88,7 +88,6 @@ class BwrapBackend:
             "--uid", str(JOB_UID), "--gid", str(JOB_UID),
             "python3", "-I", "-S", "/opt/agentenv/worker.py", "--once",
         ]  # fmt: skip
-        return argv
 
     async def run(self, job: Job) -> Result:
         if self._closed:

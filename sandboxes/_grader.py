@@ -51,6 +51,7 @@ class Unrepresentable(TypeError):
 #   N | T | F | i<hex>; | f<float.hex>; | c<hex>;<hex>; | s<n>:<utf-8> | b<n>:<bytes>
 #   | l<n>:items | t<n>:items | S<n>:items (set) | Z<n>:items (frozenset) | d<n>:k v k v...
 _SEQUENCES: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"S", frozenset: b"Z"}
+_COLLECTIONS: dict[bytes, type] = {tag: t for t, tag in _SEQUENCES.items()}
 
 
 def dumps(value: object) -> bytes:
@@ -143,25 +144,14 @@ def _decode(data: bytes, pos: int, depth: int) -> tuple[object, int]:
         for _ in range(2 * n if tag == b"d" else n):
             item, pos = _decode(data, pos, depth + 1)
             items.append(item)
-        if tag == b"l":
-            return items, pos
-        if tag == b"t":
-            return tuple(items), pos
-        if tag == b"S":
-            return set(items), pos
-        if tag == b"Z":
-            return frozenset(items), pos
-        return dict(zip(items[::2], items[1::2], strict=True)), pos
+        if tag == b"d":
+            return dict(zip(items[::2], items[1::2], strict=True)), pos
+        return _COLLECTIONS[tag](items), pos
     raise ValueError(f"unknown tag {tag!r}")
 
 
-def send(fd: int, message: object) -> None:
-    """One message: its length in decimal, a newline, the encoded bytes."""
-    send_encoded(fd, dumps(message))
-
-
-def send_encoded(fd: int, data: bytes) -> None:
-    """:func:`send` of a message :func:`dumps` encoded already."""
+def send(fd: int, data: bytes) -> None:
+    """One message, :func:`dumps` encoded: its length in decimal, a newline, the bytes."""
     frame = b"%d\n" % len(data) + data
     while frame:
         frame = frame[os.write(fd, frame) :]
@@ -213,9 +203,9 @@ def serve(path: str, entry_point: str, channel: Channel, wfd: int) -> None:
         fn = namespace[entry_point]
         if not callable(fn):
             raise TypeError(f"{entry_point} is not a function")
-        send(wfd, {"ready": True})
+        send(wfd, dumps({"ready": True}))
     except BaseException as e:
-        send(wfd, {"error": _describe(e)})
+        send(wfd, dumps({"error": _describe(e)}))
         return
     while True:
         args = channel.message()
@@ -228,7 +218,7 @@ def serve(path: str, entry_point: str, channel: Channel, wfd: int) -> None:
             data = dumps(reply)  # may raise Unrepresentable for a lying return value
         except BaseException as e:
             data = dumps({"error": _describe(e)})
-        send_encoded(wfd, data)
+        send(wfd, data)
 
 
 def _describe(e: BaseException) -> str:
@@ -298,7 +288,7 @@ class Remote:
 
     def _send(self, message: object) -> None:
         try:
-            send(self.w, message)
+            send(self.w, dumps(message))
         except OSError:
             raise self._break("the solution's process ended") from None
 

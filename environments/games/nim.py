@@ -12,7 +12,6 @@ heaps are small), uniformly among winning moves, or uniformly when it has none.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -37,8 +36,7 @@ class Nim(Game):
         self.heaps = list(heaps)
         self.turn = 0
 
-    def reset(self, seed: int) -> None:
-        self.rng = random.Random(seed)  # the game has no chance; kept for the protocol
+    def reset(self, seed: int) -> None:  # Nim has no chance: the seed changes nothing
         self.heaps = list(self.start)
         self.turn = 0
 

@@ -9,7 +9,6 @@ choosing uniformly among the best moves).
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -45,8 +44,7 @@ class TicTacToe(Game):
         self.board = "." * 9
         self.history: list[int] = []
 
-    def reset(self, seed: int) -> None:
-        self.rng = random.Random(seed)  # the game has no chance; kept for the protocol
+    def reset(self, seed: int) -> None:  # the game has no chance: the seed changes nothing
         self.board = "." * 9
         self.history = []
 
