@@ -1,22 +1,12 @@
 """An LLM judge as a reward: :class:`JudgeRubric`.
 
-The judge is any :class:`~agentenv.Generator` -- the embedded engine on a CPU, an SGLang
-server on GPU nodes (or a reward service: ``--rm-type remote_rm``). Each episode's answer
-is put into a prompt ``template`` with the task and its reference, the judge's reply is
-read by a verdict parser (:func:`label_verdict`, :func:`score_verdict`), and the parsed
-number is the reward.
-
-- **Batched**: the episodes of a group finish together and their judge calls are in
-  flight together (up to ``max_concurrency``), so an engine decodes them in one batch.
-- **Cached**: the same (question, answer, reference) is judged once -- a call in flight
-  is shared by every episode that asks it, a finished one is kept (``cache_size``
-  entries, least recently used out). The answer is the reply after its thinking, or what
-  ``extract`` takes from it (the final answer: replies that differ in their wording but
-  not in their answer are then one judgement).
-- **Failures are failed samples**: a verdict the parser cannot read, a judge that does
-  not answer in ``timeout_s`` or that fails raise :class:`~agentenv.RewardError`, so the
-  episode's sample fails with that reason; failures are not cached.
-"""
+The judge is any :class:`~agentenv.Generator`; each answer goes into a prompt
+``template`` with the task and its reference, and a verdict parser
+(:func:`label_verdict`, :func:`score_verdict`) reads the reward from the reply. A group's
+judge calls are in flight together (an engine batches them); the same (question, answer,
+reference) is judged once -- a call in flight is shared, a finished one cached. A verdict
+the parser cannot read, or a judge that fails or overruns ``timeout_s``, raises
+:class:`~agentenv.RewardError` (a failed sample, not cached). See docs/rewards.md."""
 
 from __future__ import annotations
 
@@ -230,17 +220,20 @@ class JudgeRubric(Rubric):
         pending = self._in_flight.get(key)
         if pending is not None:
             self._counts["hits"] += 1
-            return await pending.wait()
+            await pending.done.wait()
+            if pending.error is not None:
+                raise RewardError(f"the shared judge call failed: {pending.error}")
+            return pending.value
         pending = self._in_flight[key] = _Pending()
         try:
-            value = await self._call(task, answer)
+            pending.value = value = await self._call(task, answer)
         except BaseException as e:
             self._counts["failures"] += 1
-            pending.fail(e if isinstance(e, Exception) else RewardError("judge call cancelled"))
+            pending.error = e if isinstance(e, Exception) else RewardError("judge call cancelled")
             raise
         finally:
             del self._in_flight[key]
-        pending.set(value)
+            pending.done.set()
         self._done[key] = value
         if len(self._done) > self.cache_size:
             self._done.popitem(last=False)
@@ -269,25 +262,11 @@ class JudgeRubric(Rubric):
         return self.parser(self.tokenizer.decode(completion.output_ids))
 
 
+@dataclasses.dataclass(slots=True)
 class _Pending:
-    """A judgement in flight that other episodes wait on."""
+    """A judgement in flight that other episodes wait on: once ``done`` is set, its
+    ``value``, or the ``error`` it failed with."""
 
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._value: float | None = None
-        self._error: Exception | None = None
-
-    def set(self, value: float) -> None:
-        self._value = value
-        self._event.set()
-
-    def fail(self, error: Exception) -> None:
-        self._error = error
-        self._event.set()
-
-    async def wait(self) -> float:
-        await self._event.wait()
-        if self._error is not None:
-            raise RewardError(f"the shared judge call failed: {self._error}")
-        assert self._value is not None
-        return self._value
+    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    value: float = 0.0
+    error: Exception | None = None

@@ -1,16 +1,10 @@
 """``--rm-type remote_rm``: the reward from an HTTP service, slime's request and response.
 
-Each response is POSTed as JSON ``{"prompt": ..., "response": ..., "label": ...}`` to the
-URL; the service answers with a number, or a JSON object whose ``reward_key`` field is
-the number. Failed requests (connection errors, 5xx, timeouts) are retried with
-exponential backoff; what still fails is a :class:`~agentenv.RewardError` (the episode's
-sample fails with that reason).
-
-Bounded whatever the service does: one reward takes at most ``timeout_s`` (a deadline on
-the whole call, every attempt and backoff included, so a service that drips one byte a
-second or never answers is cut off), and at most ``max_response_bytes`` of an answer are
-read (a larger one fails its sample at once, naming the bound; not retried).
-"""
+Each response is POSTed as JSON ``{"prompt", "response", "label"}``; the service answers
+a number, or an object whose ``reward_key`` field is one. Connection errors and 5xx are
+retried with exponential backoff; one reward is bounded by ``timeout_s`` (every attempt
+and backoff included) and ``max_response_bytes``. What still fails is a
+:class:`~agentenv.RewardError`: the sample fails with that reason (docs/rewards.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""slime's rule-based reward types (``--rm-type``), each a function of the response text
-and the label that returns a :class:`Verdict`.
-
-- ``math``: the answer after ``</think>``, the last ``\\boxed{}`` or else the last number;
-  1 when equal as text or equivalent by ``math-verify``, else 0.
-- ``deepscaler``: only the last ``\\boxed{}`` after ``</think>`` (or ``###Response``)
-  counts; 1 when equal as text or equivalent by ``math-verify``, else 0.
-- ``dapo``: the last ``Answer: ...`` line of the last 300 characters, equal to the label
-  after Minerva's normalisation (an integer label as an integer): 1, else -1.
-- ``f1``: SQuAD's token F1 of the whole response (articles, punctuation, case ignored).
-
-``boxed_TYPE`` applies ``TYPE`` to the last ``\\boxed{}`` of the response (slime's prefix).
-"""
+"""slime's rule-based reward types (``--rm-type`` ``math``, ``deepscaler``, ``dapo``, ``f1``
+and the ``boxed_`` prefix), each a function of the response text and the label that
+returns a :class:`Verdict`; what each reads and compares: docs/rewards.md."""
 
 from __future__ import annotations
 

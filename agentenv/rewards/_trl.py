@@ -1,24 +1,7 @@
-"""Reward functions written for TRL's ``GRPOTrainer`` (its ``reward_funcs``), as reward
-functions ``(task, state) -> float``.
-
-TRL calls a reward function by keyword with a batch: ``prompts``, ``completions``,
-``completion_ids`` and every other dataset column by name, each a list with one item
-per completion, and reads back a list of numbers (``None``: the function does not apply
-to that completion, which TRL sums as nothing). :func:`from_trl` makes one episode a
-batch of one:
-
-* ``completions``: chat messages when the task's prompt is chat messages (TRL's
-  conversational format: ``[{"role": "assistant", "content": ...}]``, the episode's
-  messages from its first assistant turn on), else the last assistant message's text;
-* ``prompts``: the prompt as the episode's messages before that turn (conversational) or
-  the task's prompt text;
-* ``completion_ids``: the token ids after the prompt;
-* the columns: each key of ``task.info``, and ``task.answer`` under ``label_key`` (what
-  ``--label-key`` names: the row's column).
-
-TRL's ``trainer_state`` is not passed (there is no TRL trainer). A sync function runs in a
-worker thread like every sync reward function; an ``async def`` one is awaited.
-"""
+"""Reward functions written for TRL's ``GRPOTrainer`` (its ``reward_funcs``: batched, called
+by keyword), as reward functions ``(task, state) -> float``: :func:`from_trl` makes one
+episode a batch of one (``prompts``, ``completions``, ``completion_ids`` and the task's
+columns; the mapping: docs/rewards.md, "TRL's reward functions")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Answer equivalence with Hugging Face's ``math-verify``, in worker processes.
 
-``math-verify`` bounds its parsing and comparison with ``signal.alarm``, which works only
-in a process's main thread, and an answer such as ``9^{9^{9^{9}}}`` keeps sympy busy in C
-code that no signal interrupts. So each check runs in the main thread of a worker
-process (math-verify's own 5 s limits apply there), and a worker that does not answer in
-``timeout_s`` is killed and replaced: the check is a timeout, never a hung run. A worker's
-start (loading sympy, seconds on a busy machine) is not counted in any check's time. The
-calling thread only waits on a pipe; :meth:`MathVerifier.equivalent` is for worker
-threads (``anyio.to_thread``), never the event loop.
-"""
+``math-verify`` bounds its work with ``signal.alarm``, which works only in a process's
+main thread, and an answer such as ``9^{9^{9^{9}}}`` keeps sympy busy in C code no signal
+interrupts. So each check runs in a worker process's main thread, and a worker that does
+not answer in ``timeout_s`` is killed and replaced (the check is a timeout); its start is
+not counted in any check's time. :meth:`MathVerifier.equivalent` blocks: call it from a
+worker thread, never the event loop."""
 
 from __future__ import annotations
 
