@@ -1,15 +1,7 @@
 """``harbor``: tasks in Harbor's format (Terminal-Bench 2.0), played through a ``bash`` tool.
 
-A task is a directory::
-
-    my-task/
-      instruction.md          what the agent is asked (its first user message)
-      task.toml               timeouts, resources, users (below)
-      environment/Dockerfile  the agent's machine, built with the local Docker
-      tests/test.sh           run after the episode; it writes the reward
-      solution/solve.sh       optional: a reference solution
-
-::
+A task is a directory of ``instruction.md``, ``task.toml``, ``environment/Dockerfile``,
+``tests/test.sh`` (it writes the reward) and optionally ``solution/solve.sh``::
 
     from agentenv import run
     from environments.harbor import HarborEnv
@@ -18,19 +10,11 @@ A task is a directory::
     result = run(env, model)                # one episode per task: bash calls, then the tests
 
 Each task's image is built once from ``environment/`` (tagged by a content hash of it);
-per episode the agent gets one locked-down container (:class:`sandboxes.Container`) and
-calls ``bash(command)`` until it replies without a tool call, hits ``max_turns`` or runs
-out of the task's agent time. Then the tests run in that container as one step the agent
-cannot reach: every process is killed, ``/tests`` is made afresh from the task's
-``tests/`` and ``/logs/verifier`` emptied, ``test.sh`` runs as the verifier user, every
-process is killed again, and only then is the reward read (``reward.json``'s ``"reward"``,
-else ``reward.txt``), so a tampered test or a faked reward scores what the tests say.
-
-What maps to what (``task.toml``'s fields, unknown ones ignored; the tool's limits;
-failures), the containers' limits and what is not supported: docs/ecosystem.md, "Harbor
-tasks". At most ``max_containers`` task containers (default: twice the CPU count) are
-alive at once. A black-box agent (a command-line harness) can act through
-:meth:`HarborEnv.session`:
+per episode the agent gets one locked-down container (:class:`sandboxes.Container`), then
+the tests run in it as one step the agent cannot reach (:meth:`TaskSession.verify`), so a
+tampered test or a faked reward scores what the tests say. What maps to what, the
+containers' limits and what is not supported: docs/ecosystem.md, "Harbor tasks". A
+black-box agent (a command-line harness) acts through :meth:`HarborEnv.session`:
 ``async with env.session(name) as s: await s.bash(cmd, timeout_s=30); await s.verify()``.
 """
 

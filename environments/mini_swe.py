@@ -1,33 +1,18 @@
 """``mini_swe``: the mini-swe-agent harness, unchanged, acting in Harbor tasks' containers.
 
-`mini-swe-agent <https://mini-swe-agent.com>`_ (PyPI ``mini-swe-agent``, pinned 2.4.6) is a
-command-line agent: it reaches its model through litellm at an OpenAI-compatible base URL
-and acts by shell commands. Here each episode runs it on one Harbor task
-(:mod:`environments.harbor`)::
+::
 
     from agentenv import run
     from environments.mini_swe import MiniSweEnv
 
     result = run(MiniSweEnv(), model)   # the bundled Harbor tasks, scored by their tests
 
-Per episode: a container of the task is started (:meth:`HarborEnv.session`); the harness
-runs as a subprocess of its own Python (mini-swe-agent and litellm pin packages that clash
-with agentenv's, so ``make`` puts them in ``.venv-miniswe``), with its ``mini.yaml``
-configuration, its model pointed at the episode's endpoint (``openai/policy`` at the
-endpoint's base URL) and its environment class one that runs each command in the task's
-container (``bash -c`` as the task's agent user, through the adapter: the harness never
-touches Docker, and the container has no network). When the agent submits (``echo
-COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), stops on its step limit or gives up after
-repeated format errors, the task's tests run and their reward is the sample's; the
-harness's exit status and the tests' verdict are in ``metadata["harness"]`` and
-``metadata["verifier"]``. A harness still running at the task's agent timeout
-(``[agent] timeout_sec``) is killed: a failed sample naming the timeout.
-
-Every model call is recorded token-exact by the endpoint. A call that would overflow the
-context is answered ``context_length_exceeded``; litellm raises it as
-``ContextWindowExceededError``, which mini-swe-agent does not retry: the harness stops,
-the tests still run, and the samples are truncated (``reason`` ``context: ...``). A harness
-that crashes for any other reason is a failed sample naming its error.
+Per episode a container of the task is started (:meth:`HarborEnv.session`) and the harness
+runs as a subprocess of its own Python (its pins clash with agentenv's: ``.venv-miniswe``),
+its model the episode's endpoint (every call recorded token-exact), each of its shell
+commands sent here over the driver's pipe (``_mini_swe_driver.py``) and run in the
+container; then the task's tests give the reward. What maps to what, the context, the
+failures and the limits: docs/ecosystem.md, "Command-line agents: mini-swe-agent".
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """``openenv``: play an OpenEnv environment server (Hugging Face's OpenEnv, PyPI ``openenv``).
 
-An OpenEnv environment is an HTTP/WebSocket server with ``reset`` / ``step`` / ``state``.
-:class:`OpenEnvEnv` drives one through OpenEnv's own client (``GenericEnvClient``), each
-episode one OpenEnv episode:
-
-- ``reset`` -> the first observation, rendered to a user message (``render``);
-- each model reply -> an action (``action``, default ``{"message": reply}``, OpenEnv's
-  text-action convention) -> ``step`` -> reward, ``done`` and the next observation;
-- OpenEnv's ``done`` ends the episode; the sum of the step rewards is ``Sample.reward``;
-  ``max_turns`` replies without ``done`` end it as truncated.
-
-OpenEnv's pins clash with agentenv's, so its client runs in the Python of its own
-environment (``openenv_python``, default the project's ``.venv-openenv/bin/python``,
-made by ``make test``) as a small bridge process per slot, spoken to over pipes. The server is
-either started for the run (``server``: a command line with ``{port}``) or reached at
-``url``. A server or bridge that dies, hangs past ``step_timeout_s`` or answers garbage
-fails that episode only, with the reason; the slot is restarted for the next episode. A
-server that is not ready within ``ready_timeout_s`` fails the episode that waited for it
-with that reason.
+Each episode is one OpenEnv episode, driven through OpenEnv's own client
+(``GenericEnvClient``): ``reset`` gives the first observation, rendered to a user message;
+each model reply becomes an action for ``step``, whose rewards are summed into
+``Sample.reward`` until ``done`` (or ``max_turns`` replies: truncated). OpenEnv's pins clash
+with agentenv's, so its client runs in the Python of its own environment
+(``.venv-openenv``) as a bridge process per slot (``_openenv_bridge.py``), spoken to over
+pipes from threads. A server or bridge that dies, hangs or answers garbage fails that
+episode only, with the reason, and its slot is restarted for the next. What maps to what
+and the bounds: docs/ecosystem.md, "OpenEnv environments".
 """
 
 from __future__ import annotations

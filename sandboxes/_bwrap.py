@@ -1,14 +1,11 @@
 """The bubblewrap backend, for machines without Docker: one namespace per job.
 
-Each job gets fresh user, pid, network, mount, IPC and UTS namespaces (``--unshare-all``:
-the network namespace has only a down loopback), the host's ``/usr`` read-only, a
-read-only root, size-capped tmpfs ``/tmp`` and ``/work``, an empty environment, and
-uid 1000. The same worker as in Docker runs the one job and exits; the namespace, with
-every process left in it, dies with it. Where cgroups are writable (root), each job runs in
-its own pids and memory groups (:mod:`sandboxes._cgroup`): a real process cap and an
-OOM-killed job over its memory. Elsewhere the limits are rlimits: memory is an
-address-space cap (a job over it fails its allocations; ``oom_killed`` reports it) and
-processes are capped per user. ``cpus`` is not enforced.
+Fresh namespaces per job (docs/sandboxes.md); the same worker as in Docker runs the one
+job and exits, and the namespace dies with every process left in it. Where cgroups are
+writable (root), each job runs in its own pids and memory groups (:mod:`sandboxes._cgroup`):
+a real process cap and an OOM-killed job over its memory. Elsewhere the limits are rlimits:
+memory is an address-space cap (a job over it fails its allocations; ``oom_killed``
+reports it) and processes are capped per user. ``cpus`` is not enforced.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """A long-lived container whose commands share one file system: an agent's machine.
 
-:class:`~sandboxes.Sandbox` runs each job in a clean working directory; an agent that works
-on a task over many commands (edit a file, run the tests, edit again) needs the changes to
-stay. A :class:`Container` is one ``docker run`` kept for the length of an episode, locked
-down like the pool's (no network, memory, CPU and pids limits, a capped ``/tmp``,
-``no-new-privileges``, a reduced capability set) but with the image's own file system
-writable, as a task image expects. Commands run with ``docker exec`` as a user of the
-caller's choice, each under a wall-clock limit and with its output capped.
-
-The container's main process, process 1, is a shell looping on ``sleep``: the kernel
-delivers no signal to a namespace's init from inside it, so :meth:`Container.kill_all`
-(``kill -9 -1`` as root) ends everything a command left running while the container
-stays, and the shell reaps the orphans handed to it.
+One ``docker run`` kept for an episode, locked down like the pool's containers but with
+the image's own file system writable, as a task image expects (docs/sandboxes.md). Its
+process 1 is a shell looping on ``sleep``: the kernel delivers no signal to a namespace's
+init from inside it, so :meth:`Container.kill_all` (``kill -9 -1`` as root) ends everything
+a command left running while the container stays, and the shell reaps the orphans.
 """
 
 from __future__ import annotations

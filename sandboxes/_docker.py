@@ -1,21 +1,11 @@
 """The Docker backend: a warm pool of locked-down containers, one worker in each.
 
-Each container runs the worker under Docker's init (which reaps orphans) with no network,
-a read-only root, every capability dropped except the three the worker needs to run jobs
-as another user and kill them (SETUID, SETGID, KILL), ``no-new-privileges``, memory, CPU
-and pids limits, and size-capped tmpfs ``/tmp`` and ``/work``. The worker
-(:mod:`sandboxes._worker`) stays: each job is one line to it and one line back, so a job
-costs a fork, not a container.
-
-The default image is built here, with no registry: a tiny root file system (the
-merged-``/usr`` links, a passwd file, mount points) imported with ``docker import``; the
-host's ``/usr`` is mounted read-only into it, which brings Python and the usual tools. A
-different ``image`` must have ``python3`` and ``/work``, ``/tmp`` itself.
-
-All Docker calls go through the ``docker`` command in subprocesses, so none blocks the
-event loop. Each container is one ``docker run -i --rm``: the worker is its main process
-and reads jobs from that command's standard input, so a container never outlives the
-process that started it.
+A job is one line to the container's worker (:mod:`sandboxes._worker`) and one line back,
+so it costs a fork, not a container. The worker is the main process of a ``docker run -i
+--rm``, reading jobs from that command's stdin: a container never outlives the process
+that started it. Every Docker call is a ``docker`` subprocess, so none blocks the event
+loop. The lock-down and the default image (a tiny root file system made here and ``docker
+import``-ed, the host's ``/usr`` mounted read-only): docs/sandboxes.md.
 """
 
 from __future__ import annotations

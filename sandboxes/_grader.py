@@ -3,22 +3,19 @@
 Two roles in one stdlib-only file:
 
 * the grader (``python3 -I -S _grader.py``): reads the tests, a setup prelude, the entry
-  point and a per-run nonce from standard input (they never touch the disk), makes itself
-  non-dumpable (so the solution, running as the same user, can neither read its memory
-  nor its ``/proc`` entries), starts the solution in a *separate process* and runs the
-  tests against a proxy: each call's arguments go to the solution process and its return
-  value comes back as a canonical plain value (``None``, bool, int, float, str, bytes,
-  list, tuple, dict, set, frozenset, complex -- exact types, no subclasses), so the
-  comparisons run here, on values the solution cannot make lie. Every test (a ``check``
-  function, each ``test*`` function, or the top-level asserts) gets its own result. The
-  verdict, with those results, is the last line of the grader's standard output, tagged
-  with the nonce; the solution's own output goes to pipes the grader reads and drops.
+  point and a per-run nonce from standard input (never from disk), makes itself
+  non-dumpable, and runs the tests against a proxy of the solution's function: each call's
+  arguments go to the solution's process and its return value comes back as a canonical
+  plain value (exact types, no subclasses), so the comparisons run here, on values the
+  solution cannot make lie. The verdict, every test's result in it, is the last line of its
+  standard output, tagged with the nonce.
 * the solution's process, forked from the grader before it reads anything: runs the
-  solution file as a module and answers calls.
+  solution file as a module and answers calls; its own output goes to pipes the grader
+  drops.
 
-A solution that exits, kills its process, returns an always-equal object, patches
-builtins or ``assert``, prints fake verdicts or reads the grader's stack therefore fails:
-every one of those stays inside the solution's process or never reaches the verdict.
+So every hack of the solution (exiting, always-equal objects, patched ``assert``, fake
+verdicts, reading the grader's stack) stays inside its process or never reaches the
+verdict: docs/sandboxes.md lists them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Scoring model-written Python against unit tests, robust to reward hacks.
 
-The tests run in a grader process and the solution in another (see
-:mod:`sandboxes._grader`); pass or fail is decided by the grader, outside the solution's
-process, test by test, and reported with a random per-run nonce on the grader's last
-output line. The
-sandbox job runs ``python3 -I -S`` (no site, no user paths, no ``PYTHON*`` variables, so a
-``sitecustomize.py``, ``*.pth`` or ``conftest.py`` the solution drops is never loaded), and
-the tests are handed to the grader on its standard input, never written where the
-solution could read or change them.
+The tests run in a grader process apart from the solution's (:mod:`sandboxes._grader`),
+handed to it on its standard input, never written where the solution could read or change
+them; the job runs ``python3 -I -S``, so a ``sitecustomize.py``, ``*.pth`` or
+``conftest.py`` the solution drops is never loaded.
 """
 
 from __future__ import annotations
