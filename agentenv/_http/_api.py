@@ -65,21 +65,20 @@ def decode_json(body: bytes | str) -> Any:
     try:
         data = json.loads(body)
     except RecursionError:  # the C decoder's own guard, deep below any usable depth
-        raise ValueError(_too_deep()) from None
+        raise ValueError(_TOO_DEEP) from None
     # Nesting needs brackets: a body with fewer than the bound cannot exceed it, and
     # counting them (C speed) spares most bodies the walk.
     raw = body.encode() if isinstance(body, str) else body
     brackets = raw.count(b"[") + raw.count(b"{")
     if brackets > MAX_JSON_DEPTH and _deeper_than(data, MAX_JSON_DEPTH):
-        raise ValueError(_too_deep())
+        raise ValueError(_TOO_DEEP)
     return data
 
 
-def _too_deep() -> str:
-    return (
-        f"it nests arrays and objects deeper than {MAX_JSON_DEPTH} levels, the most "
-        "this server takes; send a flatter body"
-    )
+_TOO_DEEP = (
+    f"it nests arrays and objects deeper than {MAX_JSON_DEPTH} levels, the most this server "
+    "takes; send a flatter body"
+)
 
 
 def _deeper_than(data: Any, limit: int) -> bool:

@@ -32,16 +32,6 @@ def check_api_key(key: str) -> str:
     return key
 
 
-def _presented(headers: Mapping[str, str]) -> list[bytes]:
-    keys = []
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
-        keys.append(token.encode("latin-1", "replace"))  # the head was decoded as latin-1
-    if "x-api-key" in headers:
-        keys.append(headers["x-api-key"].encode("latin-1", "replace"))
-    return keys
-
-
 def api_key_guard(
     key: str, *, exempt: Callable[[str], bool] = lambda path: False, hint: str = "--api-key"
 ) -> Guard:
@@ -52,8 +42,12 @@ def api_key_guard(
     def guard(method: str, path: str, headers: Mapping[str, str]) -> None:
         if method == "OPTIONS" or exempt(path):
             return
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        keys = [token] if scheme.lower() == "bearer" else []
+        keys += [headers["x-api-key"]] if "x-api-key" in headers else []
         # Every presented key is compared (no early exit): the time says nothing of the key.
-        matches = [hmac.compare_digest(k, expected) for k in _presented(headers)]
+        # (The head was decoded as latin-1.)
+        matches = [hmac.compare_digest(k.encode("latin-1", "replace"), expected) for k in keys]
         if not any(matches):
             raise HTTPError(
                 401,

@@ -1,18 +1,11 @@
-"""One client connection: aiohttp's HTTP/1.1 protocol with the server's connection rules.
-
-aiohttp's ``RequestHandler`` parses requests (llhttp), queues pipelined ones and writes
-the answers. :class:`Connection` adds what :class:`~agentenv.http.HTTPServer` promises
-on top of it:
-
-- its place in the server's :class:`~agentenv._http._limits.Slots`: idle (no request, or
-  its head incomplete, so a newcomer at the cap may close it) or busy (from its head to
-  its answer);
-- ``head_timeout``: from a request's first byte, its head must be complete in time, else
-  408 (aiohttp's own ``keepalive_timeout`` closes connections that send nothing);
-- ``max_header_bytes`` for the whole head (aiohttp bounds each line), else 431;
-- errors of the request's form (aiohttp's parser refuses it) answered in agentenv's shape
-  (``{"error": {"type", "message"}}``), an over-long line as 431;
-- long-poll handlers cancelled when the client goes away.
+"""One client connection: aiohttp's HTTP/1.1 protocol (``RequestHandler`` parses requests
+with llhttp, queues pipelined ones and writes the answers) with what
+:class:`~agentenv.http.HTTPServer` promises on top: the connection's place in the
+server's :class:`~agentenv._http._limits.Slots` (idle until a request's head is read, so
+a newcomer at the cap may close it; busy until it is answered), ``head_timeout`` (408)
+and ``max_header_bytes`` (431) for the whole head (aiohttp bounds each line), aiohttp's
+refusals of a request's form answered in agentenv's error shape, and long-poll handlers
+cancelled when the client goes away.
 """
 
 from __future__ import annotations

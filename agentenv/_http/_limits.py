@@ -1,24 +1,16 @@
-"""How many connections an :class:`~agentenv.http.HTTPServer` holds at once.
+"""How many connections an :class:`~agentenv.http.HTTPServer` holds at once, and what it
+does at the cap (docs/inference.md, "Connections", says it for a user).
 
 Every connection costs a file descriptor, and a process that runs out of them can accept
 no one: idle sockets alone would lock every client out. So the server counts its
-connections against ``max_connections`` (by default three quarters of the descriptors
-the process may open, see :func:`default_max_connections`):
-
-- below the cap a new connection is served as usual;
-- at the cap the connection waiting the longest (a kept-alive one between requests, one
-  that has sent nothing yet, or one that has not finished sending its request head) is
-  closed to make room, so idle or half-open sockets never keep a client out;
-- when every connection is busy (its request head read), ``reserve`` more are accepted
-  for health probes only: once its head is read, a request to a probe route
-  (``Router.add(..., probe=True)``) is answered, any other gets 503 (``Retry-After: 1``),
-  and the connection closes; these are closed to make room too while their head is
-  incomplete;
-- beyond that, the connection gets a 503 at once and is closed.
-
-If accepting fails for want of descriptors anyway (``EMFILE``: other files), a spare
-descriptor held for the purpose is given up for a moment to accept the client and tell it
-503, so it is not left waiting in the backlog.
+connections against ``max_connections`` (:func:`default_max_connections`). At the cap
+the connection waiting the longest (kept alive between requests, silent, or its request
+head incomplete) is closed to make room; when every connection is busy (its head read),
+``reserve`` more are accepted whose one request is answered only if it is to a probe
+route (``Router.add(..., probe=True)``; any other gets 503, ``Retry-After: 1``), and
+beyond those a connection gets 503 at once. If ``accept`` fails for want of descriptors
+anyway (``EMFILE``), a spare descriptor held for the purpose is given up for a moment to
+accept the client and tell it 503, so it is not left waiting in the backlog.
 """
 
 from __future__ import annotations

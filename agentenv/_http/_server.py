@@ -70,8 +70,7 @@ class HTTPServer:
         keepalive_timeout: seconds an idle connection (kept alive between requests, or
             new and silent) stays open.
         head_timeout: seconds from a request's first byte to the end of its head (408
-            beyond). Until its head is complete a connection counts as idle: at the cap
-            it may be closed to make room, so half-sent heads cannot lock clients out.
+            beyond); until then the connection counts as idle (``_limits.py``).
         request_timeout: seconds to receive one request's body once its head is read
             (408 beyond).
         shutdown_grace: on exit, seconds in-flight requests get to finish before they
@@ -80,12 +79,9 @@ class HTTPServer:
             is read; it raises :class:`HTTPError` to refuse it (e.g. 401), and then the
             body is never read and the connection is closed.
         max_connections: connections held at once (default: three quarters of the file
-            descriptors this process may open, see ``_limits.py``). At the cap the
-            connection waiting longest (idle, or still sending its request head) is closed
-            to make room; when all are busy, a new one gets 503.
+            descriptors this process may open); what happens at the cap: ``_limits.py``.
         reserve_connections: connections beyond the cap that only answer probe routes
-            (health checks), so that a saturated server still says it is alive; a
-            request is known to be a probe once its head is read.
+            (health checks), so that a saturated server still says it is alive.
         client_limit: requests in flight per client, at most (see
             :class:`~agentenv._http._limits.ClientLimit`): one client sending heads and
             half bodies cannot take every connection.
