@@ -284,11 +284,6 @@ class MegatronModelConfig:
         )
 
     @property
-    def heads_per_group(self) -> int:
-        """``H / G``: query heads sharing one KV head."""
-        return self.num_attention_heads // self.num_query_groups
-
-    @property
     def layers_per_stage(self) -> int:
         """Decoder layers on each pipeline stage."""
         return self.num_layers // self.pipeline_model_parallel_size

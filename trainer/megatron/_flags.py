@@ -149,20 +149,6 @@ class ParallelConfig:
             "recompute_num_layers": self.recompute_num_layers,
         }
 
-    def to_flags(self) -> list[str]:
-        """The megatron flags that reproduce this config (defaults left out)."""
-        out: list[str] = []
-        default = ParallelConfig()
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value == getattr(default, f.name):
-                continue
-            if isinstance(value, bool):
-                out.append(f"--{_flag(f.name)}")
-            else:
-                out += [f"--{_flag(f.name)}", str(value)]
-        return out
-
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")

@@ -63,7 +63,7 @@ def test_qkv_is_grouped_per_kv_head_and_shards_whole_groups() -> None:
     hf, cfg = _hf(model), _config(model)
     q, k, v = (hf[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv")
     qkv = hf_to_megatron(hf, cfg)["decoder.layers.0.self_attention.linear_qkv.weight"]
-    d, per = cfg.kv_channels, cfg.heads_per_group  # 8, 2
+    d, per = cfg.kv_channels, cfg.num_attention_heads // cfg.num_query_groups  # 8, 2
     block = (per + 2) * d
     for group in range(cfg.num_query_groups):
         rows = qkv[group * block : (group + 1) * block]
