@@ -1,17 +1,10 @@
 """MCP servers as tools: the tools of a Model Context Protocol server, offered to the model.
 
-An :class:`MCPServer` names a server -- a command started as a subprocess and spoken to
-over stdio, or a streamable-HTTP server at a URL. Its tool list and JSON schemas come from
-the server (``tools/list``); each becomes a :class:`~agentenv.Tool` whose calls go
-through the ``mcp`` package's client session under ``timeout_s``. A call that fails --
-the tool reports an error, the server dies, the connection breaks, the call overruns its
-timeout -- is a tool error for that call (a tool message starting ``Error:``); a server
-that died or hung is restarted for the next call. A server's tool whose schema agentenv
-cannot offer is skipped with a warning naming it.
-
-The ``mcp`` package is imported only when a server is started: ``import agentenv`` does
-not load it (``pip install 'agentenv[mcp]'``).
-"""
+An :class:`MCPServer` is a command spoken to over stdio or a streamable-HTTP URL; each
+tool it lists becomes an :class:`MCPTool` whose calls go through the ``mcp`` client under
+``timeout_s``. A failed call is a tool error for that call, and a server that died or
+hung is restarted for the next one. ``mcp`` is imported only when a server starts
+(``pip install 'agentenv[mcp]'``). See docs/guide.md ("MCP servers as tools")."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
-"""Turning a ``--model`` string into a generator and its tokenizer.
-
-Accepted:
-
-* ``http://host:port`` -- an SGLang server or router, or ``agentenv serve``; its API key,
-  if it has one, is read from ``$AGENTENV_API_KEY``;
-* a model name (``smollm2-135m``) or a local Hugging Face model directory -- the
-  embedded engine, in this process;
-* ``scripted:<file>.json`` -- rules ``{"rules": [{"pattern", "reply"}], "default"}``;
-* ``scripted:<file>.py`` -- a module defining ``reply(ctx: ScriptContext) -> str``;
-* ``openai:<base url>[#<model>]`` -- an OpenAI-compatible chat completions API (vLLM, a
-  hosted API), for evaluation only: text-level, its samples are not token-exact (see
-  :class:`~agentenv.OpenAIChatModel`); its key, if it needs one, is read from
-  ``$OPENAI_API_KEY``, and the model is the one its ``/models`` lists unless named.
-
-The tokenizer is ``--tokenizer`` (for the embedded engine too: its stop strings use it);
-by default the engine's model, the server's model when its directory is readable here,
-else ``smollm2-135m``.
-"""
+"""Turning a ``--model`` string into a generator and its tokenizer: ``http://host:port``
+(SGLang, its router or ``agentenv serve``; key ``$AGENTENV_API_KEY``), a model name or
+Hugging Face directory (the embedded engine), ``scripted:<file>.json`` or
+``scripted:<file>.py`` (a :class:`~agentenv.ScriptedModel`), or ``openai:<base
+url>[#<model>]`` (a text-level chat API, for evaluation only; key ``$OPENAI_API_KEY``).
+See docs/guide.md ("Evaluating"). The tokenizer is ``--tokenizer``; by default the
+engine's model, the server's model when its directory is readable here, else
+``smollm2-135m``."""
 
 from __future__ import annotations
 

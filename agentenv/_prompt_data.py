@@ -1,19 +1,12 @@
 """Tasks from prompt data files (slime's ``--prompt-data`` with ``--input-key``,
-``--label-key`` and ``--metadata-key``): JSONL (one object a line), Parquet (``.parquet``,
-as ``datasets`` and pandas write it) and a ``datasets.save_to_disk`` directory (its
-``train`` split when it holds several).
+``--label-key`` and ``--metadata-key``): JSONL, Parquet, or a ``datasets.save_to_disk``
+directory (its ``train`` split when it holds several).
 
-Each row gives one :class:`Task`: the prompt (a string or chat messages) under
-``input_key``, the answer under ``label_key``, and the rest in ``info``, the
-``metadata_key`` object's entries merged in (slime's per-row metadata, e.g. an
-``rm_type``). :func:`read_prompt_data` skips bad rows and reports each with the file, the
-line (row) and the key; :func:`load_prompt_data` refuses the file at its first bad row.
-
-A row is bad when it is not a JSON object (invalid JSON, a line that is not UTF-8, JSON
-nested deeper than the parser's recursion limit), lacks a key, holds chat messages with an
-unknown role or field, or names an ``rm_type`` that is not a reward type. Only regular files
-and directories are read: a FIFO or a device is refused before it is opened.
-"""
+Each row is one :class:`Task`: the prompt, the answer, and the rest in ``info`` (the
+``metadata_key`` object merged in). :func:`read_prompt_data` skips bad rows, reporting
+each with the file, the line (row) and the key; :func:`load_prompt_data` refuses the file
+at its first bad row. What makes a row bad: docs/rewards.md. Only regular files and
+directories are read: a FIFO or a device is refused before it is opened."""
 
 from __future__ import annotations
 

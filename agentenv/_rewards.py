@@ -1,19 +1,11 @@
 """Reward functions and their weighted combination (:class:`Rubric`).
 
 A reward function takes ``(task, state)`` and returns a number (``bool``: 0 or 1),
-directly or as an awaitable. A group reward function takes ``(task, samples)`` for a whole
-GRPO group and returns one number per sample (e.g. a bonus for the shortest correct
-answer). Every value is checked: NaN, infinities and non-numbers raise
-:class:`RewardError` naming the function.
-
-A synchronous function runs in a worker thread (at most ``Rubric(max_threads=...)`` at
-once), so the event loop keeps serving the other episodes while it runs and the episode's
-timeout still applies: when it fires, the sample fails and the thread is abandoned (a
-daemon thread; it runs on until the function returns, but keeps neither the episode nor
-the process alive). Whatever a reward function raises fails its sample, never the run:
-``SystemExit``, ``GeneratorExit`` and other ``BaseException``s included (only a
-cancellation and ``KeyboardInterrupt`` pass through).
-"""
+directly or as an awaitable; a group reward function takes ``(task, samples)`` and returns
+one number per sample. A value that is not a finite number, and whatever a function
+raises but a cancellation or ``KeyboardInterrupt``, is a :class:`RewardError`: its sample
+fails, never the run. A synchronous function runs in a daemon worker thread (at most
+``max_threads`` at once), abandoned when the episode's timeout fires (docs/rewards.md)."""
 
 from __future__ import annotations
 

@@ -3,13 +3,9 @@
     result = agentenv.run(ReverseEnv(), ScriptedModel(tok, rules), n=2)
     assert [s.reward for s in result.samples] == [1.0, 0.0]
 
-It is :func:`~agentenv.run_rollouts` with the ceremony taken care of: the tasks default
-to the environment's split, the tokenizer to the model's own, the samples come back in
-the result in task order (the tasks in the order given, each task's samples in episode
-order, whichever finished first) and go to ``sink`` as well, group by group as they
-finish, when one is given; and the event loop is started and closed. Inside a running
-event loop (an async test, a notebook cell) await :func:`~agentenv.run_rollouts` instead.
-"""
+:func:`~agentenv.run_rollouts` with the ceremony taken care of: the tasks default to the
+environment's split, the tokenizer to the model's own, the samples come back in task
+order, and the event loop is started and closed (docs/guide.md, "Testing an environment")."""
 
 from __future__ import annotations
 

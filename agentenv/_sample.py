@@ -1,19 +1,13 @@
-"""The Sample: one trainable sequence, the unit of the data contract.
+"""The Sample: one trainable sequence, the unit of the data contract (docs/guide.md).
 
-A sample is ``prompt_ids`` followed by ``completion_ids``. Within the completion,
-``loss_mask`` marks model-generated tokens (1) apart from tokens the environment
-inserted (0, e.g. tool output), and ``rollout_logprobs`` holds the log-probability the
-policy gave each generated token (0.0 where the mask is 0). Samples are validated on
-construction and serialise to JSON losslessly (floats round-trip exactly).
-
-The four per-token fields are stored as compact typed arrays (:class:`array.array`:
-``"I"`` for ids, ``"B"`` for the mask, ``"d"`` for log-probs), whatever sequence the
-caller passed: a 1,000-token sample then takes 4 KB of ids instead of ~36 KB of Python
-ints, it is checked at C speed, and the Buffer stores and sends it as raw bytes. They
-are sequences like lists; compare them with ``list(sample.completion_ids) == [...]``
-and hand them to numpy or torch without a copy (``np.frombuffer(s.completion_ids,
-np.uint32)``).
-"""
+``prompt_ids`` then ``completion_ids``; within the completion ``loss_mask`` marks model
+tokens (1) apart from environment tokens (0, e.g. tool output), and ``rollout_logprobs``
+holds the policy's log-prob of each (0.0 where the mask is 0). Samples are validated on
+construction and serialise to JSON losslessly (floats round-trip exactly). The per-token
+fields are stored as typed arrays (:class:`array.array`: ``"I"`` ids, ``"B"`` mask,
+``"d"`` log-probs) whatever sequence was passed -- a ninth of the memory of lists, checked
+at C speed, sent as raw bytes; compare them with ``list(...)``, and hand them to numpy or
+torch without a copy (``np.frombuffer(s.completion_ids, np.uint32)``)."""
 
 from __future__ import annotations
 

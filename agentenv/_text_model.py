@@ -1,18 +1,14 @@
 """Text-level models: an OpenAI-compatible chat completions API (vLLM, a hosted API).
 
-Every other generator is token-in, token-out: a transcript's ids go to the model and the
-ids it sampled come back, with their log-probabilities, so a sample holds exactly what
-the model saw and produced. A chat completions API takes messages and answers text: the
-server renders its own template, samples, and decodes. :class:`OpenAIChatModel` plays
-such a model in any environment -- :class:`~agentenv.Episode` sends it the transcript's
-messages and appends the reply *re-tokenized* with the local tokenizer -- which is
-enough to evaluate it (rewards, outcomes, transcripts) but not to train on: the ids are
-not the ones it sampled (nor its template's), and there are no log-probs. Its samples
-carry ``metadata["token_exact"] = False`` and the trainer refuses such a policy.
+Every other generator is token-in, token-out. A chat completions API takes messages and
+answers text, so :class:`OpenAIChatModel` plays in any environment by sending the
+transcript's messages and appending the reply *re-tokenized* with the local tokenizer:
+enough to evaluate a model, not to train on it (the ids are not the ones it sampled, and
+there are no log-probs). Its samples carry ``metadata["token_exact"] = False`` and the
+trainer refuses such a policy (docs/guide.md, "Evaluating").
 
     async with OpenAIChatModel("http://127.0.0.1:8000/v1", tokenizer=tok) as model:
-        stats = await run_rollouts(env, tasks, model, sink=sink)
-"""
+        stats = await run_rollouts(env, tasks, model, sink=sink)"""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """Tools: typed Python functions offered to the model, and the parser for its calls.
 
-``@tool`` turns an async or sync function into a :class:`Tool` whose OpenAI function
-schema comes from the type hints and the docstring (Google-style ``Args:``). Calls are
-parsed from the model's text by a :class:`ToolCallParser` (Hermes/Qwen
-``<tool_call>{...}</tool_call>`` by default). Every failure -- garbage JSON, an unknown
-tool, arguments that fail the schema, a tool that raises or overruns its timeout --
-becomes a tool message telling the model what went wrong; the episode continues.
-
-A parameter annotated :class:`~agentenv.Task` or :class:`~agentenv.State` is the episode's,
-not the model's: it is left out of the schema, refused if the model sends it, and filled
-with the episode's task or state on every call (``run_tool_calls(..., state=state)``,
-which :class:`~agentenv.ToolEnv` does). A tool can so read the task's data (its unit
-tests, its files) and keep per-episode state in ``state.info``.
-"""
+``@tool`` turns a function into a :class:`Tool` whose OpenAI function schema comes from
+its type hints and docstring (Google-style ``Args:``). Calls are parsed from the model's
+text by a :class:`ToolCallParser` (Hermes ``<tool_call>`` by default); every failure
+becomes a tool message telling the model what went wrong, and the episode continues. A
+parameter annotated :class:`~agentenv.Task` or :class:`~agentenv.State` is filled with
+the episode's, never the model's. See docs/guide.md ("Tools")."""
 
 from __future__ import annotations
 

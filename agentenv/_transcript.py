@@ -1,33 +1,13 @@
 """The token-exact transcript of one agent's conversation (token-in, token-out).
 
-The prompt is rendered once through the tokenizer's chat template. Model output is
-appended exactly as the engine returned it (mask 1, with its log-probs). Environment
-messages are appended by rendering the whole conversation and keeping only the text
-*after* what the model has already seen; only that suffix is tokenized (mask 0). Earlier
-ids are never re-tokenized.
-
-The transcript tracks what the model has seen as text -- rendered text for environment
-turns, the decoded ids for model turns -- kept as a length and checksums, not a copy. A
+The prompt is rendered once through the tokenizer's chat template; model output is
+appended exactly as the engine returned it (mask 1, with its log-probs); environment
+messages are appended by rendering the whole conversation and tokenizing only the text
+*after* what the model has already seen (mask 0). Earlier ids are never re-tokenized. A
 character the tokenizer has no token for (SmolLM2 lacks six ASCII control characters) is
-dropped from the ids exactly as an engine would drop it; the ids remain exactly what the
-model is conditioned on.
-
-A model turn that ends on a stop id ends the assistant turn, whichever stop id it was.
-Models list several (Qwen2.5 stops on ``<|im_end|>`` and ``<|endoftext|>``, Llama 3 on
-``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>``), while the template closes a turn
-with one, the tokenizer's end-of-turn (:attr:`Tokenizer.eos_token_id`). Where the
-re-rendered conversation has that end-of-turn in place of the model's stop id, the turn
-ended where the template says it did: the model's stop id stays in the ids and only what
-the template renders after the end-of-turn is appended, so the episode stays one sample.
-A turn cut at ``max_new_tokens`` has no stop id: the template's end-of-turn is part of the
-environment's suffix (mask 0).
-
-If the template renders the history differently from what the model saw (templates that
-strip earlier ``<think>`` blocks or trim whitespace), the prefix check fails. The
-transcript then either raises :class:`HistoryRewriteError` or, by default, closes the
-current segment and starts a new one whose prompt is the conversation as the template
-now renders it, so every sample holds exactly the ids a model conditioned on.
-"""
+dropped from the ids as an engine would drop it. How several stop ids, turns cut at
+``max_new_tokens`` and templates that rewrite history are handled: docs/guide.md
+("Token-exact transcripts")."""
 
 from __future__ import annotations
 
