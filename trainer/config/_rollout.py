@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 import pydantic
 
 from agentenv import ConfigError, Limits, RolloutConfig, SamplingParams, Task, resolve_name
-from trainer.config._settings import Group, setting
+from trainer.config._settings import Group, flags, setting
 
 if TYPE_CHECKING:
     from agentenv.buffer import BufferConfig, GroupFilter
@@ -166,13 +166,11 @@ class GRPOConfig(Group):
             return self
         from agentenv import resolve_sampling
 
-        sub = GRPOConfig.model_fields["sampling"].json_schema_extra
-        flags = sub.get("sub", {}) if isinstance(sub, dict) else {}
-        given = {}
-        for field in self._sampling_given:
-            pair = flags.get(field) if isinstance(flags, dict) else None
-            name = pair[0] if isinstance(pair, list) else f"sampling.{field}"
-            given[field] = f"{name} {getattr(self.sampling, field)}"
+        names = {f.path[1]: f.name for f in flags(GRPOConfig) if f.path[0] == "sampling"}
+        given = {
+            k: f"{names.get(k, f'sampling.{k}')} {getattr(self.sampling, k)}"
+            for k in self._sampling_given
+        }
         out = self.model_copy(update={"sampling": resolve_sampling(env, self.sampling, given)})
         out._sampling_resolved = True
         return out
