@@ -49,7 +49,6 @@ class WeightSender(Protocol):
     def prepare(self, bucket_bytes: int, backend: Transport) -> list[list[TensorMeta]]:
         """Snapshot the weights, cut into buckets of about ``bucket_bytes`` for a broadcast
         over ``backend``; the buckets' tensors, in order."""
-        ...
 
     def join(
         self, address: str, port: int, *, world_size: int, name: str,
@@ -57,35 +56,28 @@ class WeightSender(Protocol):
     ) -> None:  # fmt: skip
         """Form the weight-update group as its rank 0, hosting the rendezvous at
         ``address:port``; blocks until every server joined."""
-        ...
 
     def rendezvous(self, address: str) -> tuple[str, int]:
         """Where the servers reach this sender's rendezvous: ``address`` (the configured
         one) where the sender is this process, its own node's address where it is not;
         and a port free there."""
-        ...
 
     def broadcast(self, index: int) -> None:
         """Bucket ``index`` of the snapshot to the group's other ranks."""
-        ...
 
     def finish(self) -> None:
         """Drop the snapshot."""
-        ...
 
     def destroy(self) -> None:
         """Leave the group (waits for the other ranks)."""
-        ...
 
     def abort(self) -> None:
         """Leave the group at once (a broadcast waiting in another thread ends)."""
-        ...
 
     def post_tensors(self, urls: Sequence[str], version: str, api_key: str | None) -> None:
         """The weights to each server at ``urls`` by handle (SGLang's
         ``/update_weights_from_tensor``): the servers are on this sender's machine (on
         its GPU: CUDA IPC; on CPU: shared memory); returns once every one answered."""
-        ...
 
 
 def buckets(

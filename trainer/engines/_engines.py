@@ -33,43 +33,34 @@ class RolloutEngine(Protocol):
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
     ) -> Completion:
         """One generation (the :class:`~agentenv.Generator` protocol)."""
-        ...
 
     @property
     def capacity(self) -> int | None:
         """Requests the engines decode together (``None``: they do not say)."""
-        ...
 
     @property
     def url(self) -> str | None:
         """Where a process elsewhere (a rollout worker) generates through them (``None``:
         only in this process)."""
-        ...
 
     @property
     def device(self) -> str | None:
         """The device of an engine in this process (``None``: the engines run elsewhere)."""
-        ...
 
     async def sync_weights(self, backend: Backend, version: int) -> None:
         """The engines generate with ``backend``'s weights from now on, stamped ``version``."""
-        ...
 
     async def release_memory(self) -> None:
         """The engines give their memory back (no episode runs until :meth:`resume_memory`)."""
-        ...
 
     async def resume_memory(self) -> None:
         """The engines take their memory back (the weight sync that follows writes into it)."""
-        ...
 
     def metrics(self) -> dict[str, float]:
         """Metrics added to each step's (e.g. engine deaths and replacements)."""
-        ...
 
     async def aclose(self) -> None:
         """Stop the engines (or the connection to them)."""
-        ...
 
 
 class EmbeddedEngine:
