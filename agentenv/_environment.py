@@ -309,15 +309,13 @@ class Environment(abc.ABC):
 def resolve_sampling(
     env: Environment, base: SamplingParams, given: Mapping[str, str] | None = None
 ) -> SamplingParams:
-    """The sampling parameters a run of ``env`` generates with -- one rule for
-    ``agentenv eval``, ``agentenv train`` (its ``--dry-run`` shows the result) and
-    :func:`agentenv.run`: a field given explicitly wins over the environment's
-    ``sampling`` attribute, which wins over ``base``'s defaults.
+    """The sampling parameters a run of ``env`` generates with (``agentenv eval``,
+    ``agentenv train``, :func:`agentenv.run`): a field given explicitly wins over the
+    environment's ``sampling`` attribute, which wins over ``base``'s defaults.
 
-    ``base`` holds the run's values; ``given`` maps the fields of ``base`` that were given
-    explicitly to how, for the warning (``{"max_new_tokens": "--max-new-tokens 32"}``).
-    Each given field that the environment sets to another value is logged as a warning
-    naming both values and the winner (logger ``agentenv.sampling``).
+    ``given`` maps the fields of ``base`` given explicitly to how, for the warning (logger
+    ``agentenv.sampling``) when the environment sets another value:
+    ``{"max_new_tokens": "--max-new-tokens 32"}``.
 
     Raises:
         ConfigError: the environment's ``sampling`` is not a mapping of

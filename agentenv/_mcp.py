@@ -122,19 +122,11 @@ class MCPTool(Tool):
 class MCPServer:
     """An MCP server whose tools the model may call.
 
-    Give exactly one of ``command`` (a stdio server: the program and its arguments, started
-    as a subprocess) or ``url`` (a streamable-HTTP server, e.g.
-    ``"http://127.0.0.1:8000/mcp"``). Offer its tools to a :class:`~agentenv.ToolEnv`
-    with the class attribute ``mcp_servers = (server,)``; any other code (an
-    :class:`~agentenv.AgentEnv`'s agent) opens it with ``async with server.open() as
-    tools``, or holds it for a whole run with ``async with server:`` and reads
-    :attr:`tools`.
-
-    By default one server process serves every episode at once: it starts when the first
-    episode (or ``async with server``) needs it and stops when the last is done.
-    ``per_episode=True`` starts a fresh process for each episode instead (tools that keep
-    state, e.g. a scratch file system). A server that dies or hangs is restarted for the
-    next call; calls in flight on it when it is restarted are tool errors.
+    Give exactly one of ``command`` or ``url``. A :class:`~agentenv.ToolEnv` offers its
+    tools (``mcp_servers = (server,)``); other code opens them with ``async with
+    server.open() as tools``, or holds the server for a run (``async with server:``) and
+    reads :attr:`tools`. One process serves every episode at once, from the first to the
+    last, unless ``per_episode`` (lifetime and failures: docs/guide.md).
 
     Args:
         command: the stdio server's program and arguments, e.g. ``["python", "server.py"]``.

@@ -132,15 +132,9 @@ class ToolEnv(MultiTurnEnv):
             (their tool lists are read from the servers when an episode starts; a name
             offered twice is refused: give a server a ``prefix``).
         parser: finds calls in the model's text (default Hermes ``<tool_call>``).
-    Counts of calls and errors go to ``metadata["tool_calls"]`` / ``["tool_errors"]``.
-
-    A tool parameter annotated :class:`Task` or :class:`State` is given the episode's task
-    or state (hidden from the model), so one class-level tool serves every concurrent
-    episode with its own task and ``state.info``::
-
-        @tool
-        async def run_tests(code: str, task: Task) -> str:
-            return await check(code, task.answer)  # the task's own tests
+    Counts of calls and errors go to ``metadata["tool_calls"]`` / ``["tool_errors"]``. A
+    tool parameter annotated :class:`Task` or :class:`State` gets the episode's (see
+    :mod:`agentenv._tools`), so one class-level tool serves every concurrent episode.
     """
 
     tools: ClassVar[Sequence[Tool]] = ()

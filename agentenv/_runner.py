@@ -222,16 +222,10 @@ class RolloutStats:
 def failed_samples(
     episode: Episode, error: BaseException, *, error_type: str | None = None
 ) -> list[Sample]:
-    """The failed samples of ``episode``, naming ``error``.
-
-    They keep what the transcripts recorded before the failure -- one sample per segment
-    with a model turn: its prompt, the completed turns' tokens, loss mask and log-probs --
-    so a kept sample (``--out``) shows what the model did up to a timeout or an
-    exception; a generation still running when it came is not recorded. Failed samples
-    carry no gradient (:attr:`Sample.trainable` is false; the Buffer never hands them to
-    the trainer). Without a recorded turn: one sample with the first prompt, if any.
-    """
-    reason = describe_error(error)[:_MAX_REASON]
+    """The failed samples of ``episode``, naming ``error``: one per segment with a model
+    turn, keeping what it recorded before the failure (never trained on: see
+    docs/guide.md, "Running rollouts"); without one, a sample with the first prompt."""
+    reason = describe_error(error)
     kind = error_type or type(error).__name__
     out: list[Sample] = []
     for t in episode.transcripts:
@@ -266,14 +260,10 @@ def failed_samples(
 
 
 def describe_error(error: BaseException) -> str:
-    """The reason a failed sample gives for ``error``, at most ``_MAX_REASON`` characters.
-
-    agentenv's own errors say what went wrong and the fix in their message, which is kept
-    as it is. Any other exception (a bug in an environment, a verifier that raised) is
-    named with its type and the innermost frame of the code that raised it -- the
-    environment's, not a library's, when the traceback passes through it:
-    ``KeyError: 'answer' (at my_env.py:12 in correct)``.
-    """
+    """The reason a failed sample gives for ``error``, at most ``_MAX_REASON`` characters:
+    an agentenv error's message as it is; any other exception's type, message and the
+    innermost frame of the environment's code (``KeyError: 'answer' (at my_env.py:12 in
+    correct)``)."""
     message = str(error) or repr(error)
     if isinstance(error, AgentEnvError) or error.__traceback__ is None:
         return message[:_MAX_REASON]  # ours, or made by the runner (an episode's timeout)

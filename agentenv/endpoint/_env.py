@@ -33,19 +33,11 @@ __all__ = ["AgentEnv"]
 class AgentEnv(Environment):
     """An environment whose episodes are an OpenAI-API agent's runs.
 
-    Write :meth:`run_agent`; it gets ``client``, an ``openai.AsyncOpenAI`` pointed at the
-    episode's endpoint (``client_kind = "anthropic"``: an ``anthropic.AsyncAnthropic``,
-    for agents written against Anthropic's Messages API; ``"base_url"``: the URL string
-    instead; ``"endpoint"``: the :class:`~agentenv.endpoint.Endpoint` itself, whose
-    ``role(name)`` is another agent's endpoint in the same episode), and returns the
-    agent's final answer. The rubric scores the episode: reward functions see the answer
-    as ``state.info["answer"]`` (``None`` when a limit ended the run), the last transcript
-    as ``state.transcript`` and all of them as ``state.episode.transcripts``.
-
-    An agent that raises, or runs past ``timeout_s``, is a failed sample naming the reason;
-    one that never calls the endpoint is a failed sample saying so. A call that overflows
-    the context is answered OpenAI's ``context_length_exceeded`` error and the episode's
-    samples are truncated, whatever the agent does next.
+    Write :meth:`run_agent`: it gets a client of the episode's endpoint (``client_kind``)
+    and returns the agent's final answer, which reward functions see as
+    ``state.info["answer"]`` (``None`` when a limit ended the run; the last transcript is
+    ``state.transcript``). An agent that raises, runs past ``timeout_s`` or never calls the
+    endpoint is a failed sample naming the reason (docs/agents.md).
 
     Class attributes:
         rubric: scores the episode (required; ``Rubric()`` on purpose scores 0).
