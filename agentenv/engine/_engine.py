@@ -1,21 +1,16 @@
 """The embedded engine: continuous batching over :class:`~agentenv.engine._model.LlamaModel`.
 
-:class:`Engine` is a :class:`~agentenv.Generator` (token ids in, ids, log-probs, finish
-reason and weight version out, with SGLang's semantics) that runs in-process on CPU or
-CUDA. Requests join the running batch between decode steps: each step first prefills the
-requests that arrived (batched, each yielding its first token), then advances every
-running request by one token in a single batched forward pass (a replayed CUDA graph on
-CUDA); a finished request leaves at once and its cache slot is reused. All model work runs
-on one thread of the engine's own (see ``_thread.py``), so the event loop stays free for
-the HTTP server and the environments. ::
+:class:`Engine` is a :class:`~agentenv.Generator` with SGLang's semantics that runs
+in-process on CPU or CUDA. Each step prefills the requests that arrived (batched, each
+yielding its first token), then advances every running request by one token in one batched
+forward (a replayed CUDA graph on CUDA); a finished request leaves at once. All model work
+runs on one thread of the engine's own (``_thread.py``), so the event loop stays free for
+the HTTP server and the environments. What it does for an RL loop (abort, pause, weight
+updates, admission, retraction, the prefix cache): docs/inference.md, "The embedded
+engine". ::
 
     async with Engine("smollm2-135m") as engine:
         completion = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=64))
-
-It also does what an RL loop needs from an inference server: abort by request id,
-pause/continue, weight updates in-process (:meth:`Engine.update_weights`) or from a
-directory (:meth:`Engine.update_weights_from_disk`), and a weight version stamped on every
-token.
 """
 
 from __future__ import annotations
@@ -208,7 +203,6 @@ class Engine:
                 )
             self.context_length = min(context, tokens)
             self.max_total_tokens = tokens
-            self.bytes_per_token = per_token
             self._pool_rows = max(max_running, MIN_ROWS)
             self.pool = self._thread.call(self._new_pool)
             self.tree = RadixCache(self.pool)

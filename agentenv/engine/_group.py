@@ -1,11 +1,10 @@
 """A standalone process group for broadcasting weights from a trainer to inference servers.
 
 SGLang's distributed weight update (``/init_weights_update_group``,
-``/update_weights_from_distributed``) joins the trainer and the servers in a process group
-of their own: the trainer is rank 0, a one-GPU server joins as rank ``rank_offset``, and
-each bucket of tensors is broadcast from rank 0 in the order its request lists them.
-:class:`WeightUpdateGroup` is one rank of such a group; ``agentenv serve`` uses it for the
-server's end and :class:`trainer.DistributedSync` for the trainer's.
+``/update_weights_from_distributed``; the protocol: docs/trainer.md) joins the trainer
+(rank 0) and the servers in a process group of their own; each bucket of tensors is
+broadcast from rank 0 in the order its request lists them. :class:`WeightUpdateGroup` is
+one rank of such a group: ``agentenv serve``'s end and :class:`trainer.DistributedSync`'s.
 
 The group never touches torch's default process group (a trainer may already have one,
 e.g. megatron's) and is not registered in torch's global group table: it is built from
@@ -18,13 +17,10 @@ slime-style trainers that build their end the usual way. Backends: ``nccl`` (CUD
 tensors) and ``gloo`` (CPU tensors; tests, machines without GPUs).
 
 Every call here blocks; async code runs them in a worker thread, except :meth:`abort`,
-which may be called from any thread while a broadcast waits.
-
-Failures. A rank that receives watches rank 0's store while it waits: when the trainer's
-process goes away mid-transfer the broadcast is aborted within about a second and raises,
-instead of waiting for NCCL's watchdog (gloo notices a closed connection by itself).
-:meth:`abort` ends a broadcast under way on an NCCL group at once; on gloo, which cannot
-be interrupted, that broadcast ends when the other ranks leave or at the transfer timeout.
+which may be called from any thread while a broadcast waits (it ends an NCCL broadcast at
+once; gloo's, which cannot be interrupted, ends when the other ranks leave). A receiving
+rank watches rank 0's store: when the trainer goes away mid-transfer, the broadcast is
+aborted within about a second instead of waiting for NCCL's watchdog.
 """
 
 from __future__ import annotations

@@ -1,37 +1,27 @@
 """Tensors handed from one process to another on the same machine, in SGLang's
 ``/update_weights_from_tensor`` format: a list of ``(name, tensor)`` pairs pickled with
-torch's multiprocessing reductions and base64-encoded. The payload holds no tensor data,
-only handles to it: a CUDA IPC handle for a tensor on a GPU (the receiver maps the
-sender's memory on the same GPU, no copy), a shared-memory file name for a tensor on CPU.
-The sender keeps the tensors alive until the receiver answers.
+torch's multiprocessing reductions and base64-encoded. The payload holds handles, not data
+(a CUDA IPC handle for a tensor on a GPU, a shared-memory file name for one on CPU); the
+sender keeps the tensors alive until the receiver answers.
 
     payload = serialize_named_tensors(model.state_dict().items())   # the sender
     tensors = load_named_tensors(payload)                            # the receiver
 
 A payload is data, never code: it is read in three steps, and nothing of this process
-changes before the last.
+changes before the last (the whole rule is in docs/inference.md, "Weight updates"):
 
-1. **Describe.** The pickle is read by an unpickler whose globals are stand-ins of this
-   module, never torch's objects: a rebuild function's stand-in only records the
-   arguments it is called with, and every stand-in and record is frozen (no
-   ``__setstate__``, no ``__dict__``, no item assignment), so a pickle's BUILD, SETITEM or
-   attribute opcodes fail on them instead of changing torch. Anything else is refused.
-2. **Check.** The recorded calls must form the shapes torch's reductions produce
-   (``rebuild_tensor`` over ``rebuild_typed_storage`` over ``rebuild_storage_filename``,
-   or ``rebuild_cuda_tensor``), with plain values of the right types: a floating dtype,
-   sizes, strides and offsets whose elements lie inside the storage, a shared-memory name
-   of torch's form, a CUDA handle only where the receiver runs on CUDA. The caller checks
-   the names and shapes against the model (:meth:`TensorPayload.shapes`) before step 3.
-3. **Materialise.** A CPU tensor is copied into memory of this process: its
-   shared-memory file is opened by name in ``/dev/shm`` (no symlink followed, never
-   blocking, a regular file of at least the announced size) and read with ``pread``, not
-   mapped, so a sender that truncates the file meanwhile causes a short read (refused),
-   never a fault; torch's shared-memory manager is never contacted. A CUDA tensor is
-   mapped by torch's own ``rebuild_cuda_tensor``, called with the checked plain values.
-   Either every tensor is materialised or the payload is refused.
-
-The receiver then releases the reference the sender took for it on each shared-memory
-file (as torch's receiver does), so the file goes away with the sender's tensor.
+1. **Describe.** The unpickler's globals are frozen stand-ins of this module (a rebuild
+   function's stand-in only records its call), so no opcode can change torch; anything
+   else is refused.
+2. **Check.** The recorded calls must form the shapes torch's reductions produce, with
+   plain values of the right types and every element inside its storage; the caller
+   checks the names and shapes against the model (:attr:`TensorPayload.shapes`).
+3. **Materialise.** A CPU tensor is read with ``pread`` from its file in ``/dev/shm``
+   (opened without following a link or blocking, never mapped: a file truncated meanwhile
+   is a short read, refused); a CUDA tensor is mapped by torch's own
+   ``rebuild_cuda_tensor`` from the checked values. Either every tensor is materialised or
+   the payload is refused; then the reference the sender took for the receiver on each
+   shared-memory file is released, as torch's receiver does.
 """
 
 from __future__ import annotations

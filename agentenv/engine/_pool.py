@@ -76,10 +76,6 @@ class KVPool:
         """Slots free now."""
         return len(self._free)
 
-    @property
-    def used(self) -> int:
-        return self.size - len(self._free)
-
     def alloc(self, n: int) -> list[int]:
         """``n`` free slots (each with one reference); raises when fewer are free."""
         if n > len(self._free):

@@ -1,20 +1,13 @@
 """The request bodies ``agentenv serve`` accepts: one pydantic schema per route.
 
-Every body is checked here, at the HTTP boundary, before anything reaches the engine:
-types are strict (an integer field takes an integer -- not ``2.5``, ``"3"``, ``true`` or
-``NaN`` -- a number field takes a finite number, a flag takes ``true``/``false``), token
-ids must be in the model's vocabulary, and the sampling parameters' ranges are those of
-:meth:`SamplingParams.verify` (SGLang's); sizes are bounded (:data:`MAX_PROMPTS` prompts
-per request unless the server says otherwise, seeds in ``[0, 2**63)``, weight versions of
-1 to :data:`MAX_VERSION_CHARS` printable characters, :data:`MAX_WORLD_SIZE` ranks). A body
-that fails raises :class:`ConfigError` (the server answers 400) with a message naming the
-field, the value and what is expected::
-
-    sampling_params.top_k must be an integer, got 1e+30
-
-Top-level keys a schema does not name are ignored, as SGLang ignores request fields it
-does not use; ``sampling_params`` keys are not (see :class:`SamplingBody`).
-:func:`parse` is the one entry point: ``parse(GenerateBody, request, vocab=...)``.
+Types are strict, token ids must be in the model's vocabulary, the sampling ranges are
+:meth:`SamplingParams.verify`'s (SGLang's) and sizes are bounded (the rules, field by
+field: docs/inference.md, "Requests are checked before the engine sees them"). A body that
+fails raises :class:`ConfigError` (the server answers 400) naming the field, the value and
+what is expected: ``sampling_params.top_k must be an integer, got 1e+30``. Top-level keys
+a schema does not name are ignored, as SGLang ignores them; ``sampling_params`` keys are
+not (see :class:`SamplingBody`). :func:`parse` is the one entry point:
+``parse(GenerateBody, request, vocab=...)``.
 """
 
 from __future__ import annotations

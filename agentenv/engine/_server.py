@@ -30,27 +30,13 @@ and any other SGLang client talk to it unchanged::
     POST /v1/messages, /v1/messages/count_tokens
                                    Anthropic's Messages API, added the same way
 
-Every body is checked against its schema (:mod:`agentenv.engine._requests`: types, ranges,
-token ids in the vocabulary) before the engine sees it. Errors are HTTP 400
-``{"error": {"message": ...}}`` naming the field, the value and what is expected, as
-SGLang answers; weight updates answer ``{"success": false, "message": ...}`` with 400. A
-request that fails inside the engine anyway answers 500 and fails alone. With
-``api_key`` every route but ``/health*`` needs ``Authorization: Bearer <key>`` (401).
-
-Distributed weight updates (SGLang's NCCL protocol; ``gloo`` too, for CPU): the trainer is
-rank 0 of a process group of its own, this server joins it as rank ``rank_offset`` (see
-:mod:`agentenv.engine._group`), and for each bucket the trainer posts the tensors' names,
-dtypes and shapes while it broadcasts them in that order. The server receives them in a
-worker thread (it keeps answering ``/health`` and generating meanwhile), then installs them
-between two decode steps. A bucket is checked before anything is received: a malformed
-request (lists of different lengths, an unknown dtype, a bad shape, an unknown group) is
-refused at once, since the server could not receive it; a bucket that is well formed but
-does not fit the model (an unknown weight name, a wrong shape) is still received -- so the
-trainer's broadcast completes and the group stays usable -- then dropped, and refused with
-the reason; the model is unchanged. Init waits ``timeout`` seconds (default 60) for every
-rank to join; a broadcast waits for its ranks for 30 minutes at most (torch's default),
-but a trainer whose process goes away mid-bucket fails the request within about a second,
-and destroying the group aborts a receive under way (NCCL; gloo's ends with the trainer).
+Every body is checked against its schema (:mod:`agentenv.engine._requests`) before the
+engine sees it: a bad one is answered 400 ``{"error": {"message": ...}}`` naming the field,
+the value and what is expected, a refused weight update ``{"success": false, "message":
+...}`` with 400, and a request that fails inside the engine anyway 500, alone. The rules of
+each route, the API key and the distributed update's failure handling (the trainer is rank
+0 of a group of its own, this server rank ``rank_offset``, see :mod:`agentenv.engine._group`)
+are in docs/inference.md and docs/trainer.md.
 """
 
 from __future__ import annotations

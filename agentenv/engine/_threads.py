@@ -1,25 +1,15 @@
 """How many threads torch's CPU kernels get: chosen once per process, from the CPUs the
-process may use and the work the thread does.
+process may use and the work the thread does (the rule, and the measurements behind it:
+docs/inference.md, "Threads (CPU)").
 
-torch's default is one OpenMP thread per physical core of the machine: it ignores the
-process's CPU affinity (``taskset``, a container's cpuset) and its cgroup CPU quota
-(``docker --cpus``), and it does not know that the engine's model thread shares the
-process with an event loop (environments, tokenizers, the HTTP server) that needs a core
-of its own. OpenMP threads spin while they wait for each other, so a thread count above
-the cores that are free in practice costs far more than it gains. Measured on a shared,
-loaded 2-core machine (``agentenv eval --env arithmetic --model smollm2-135m --n 4``):
-453-600 s with torch's default of 2 threads, 43-86 s with 1 (docs/inference.md).
-
-So :func:`use_torch_threads` sets, on the thread that runs the work:
-
-* ``engine`` (the embedded engine's model thread): the usable CPUs less one for the
-  event loop, at least 1;
-* ``trainer`` (the trainer's steps): every usable CPU;
-
-never more than torch's own default (physical cores), and never where the user chose:
-``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called before
-agentenv's first choice in the process. The choice is logged once per kind of work.
-Usable CPUs are the affinity mask's, capped by the cgroup quota (v2 ``cpu.max``, v1
+torch's default, one OpenMP thread per physical core, ignores the process's affinity and
+cgroup quota, and that the engine's model thread shares the process with an event loop;
+OpenMP threads spin while they wait, so a thread too many costs far more than it gains.
+:func:`use_torch_threads` sets, on the thread that runs the work: for ``engine`` the usable
+CPUs less one for the event loop, for ``trainer`` every usable CPU; at least 1, never more
+than torch's default, and never where the user chose (``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called before agentenv's first
+choice). Usable CPUs: the affinity mask's, capped by the cgroup quota (v2 ``cpu.max``, v1
 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) of the process's cgroup and its parents.
 """
 

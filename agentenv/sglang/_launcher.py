@@ -1,14 +1,6 @@
-"""Start and stop SGLang servers and the router, passing ``--sglang-*`` flags through.
-
-Every SGLang server flag is accepted with a ``--sglang-`` prefix and handed to
-``python -m sglang.launch_server`` unchanged with the prefix stripped
-(``--sglang-mem-fraction-static 0.8`` -> ``--mem-fraction-static 0.8``); router flags
-likewise with ``--router-``. ::
-
-    ours, server_flags, router_flags = split_passthrough(sys.argv[1:])
-    async with Launcher(server_command("/ckpt/hf", port=30000, extra=server_flags),
-                        "http://127.0.0.1:30000") as server:
-        ...  # healthy here; stopped (SIGTERM, then SIGKILL) on exit
+"""Start and stop SGLang servers and the router, passing ``--sglang-*`` (and
+``--router-*``) flags through with the prefix stripped (``--sglang-mem-fraction-static 0.8``
+-> ``--mem-fraction-static 0.8``); usage: docs/inference.md, "Launching SGLang".
 
 :class:`Launcher` runs the command in a process group of its own, waits for ``/health``
 with a deadline, fails fast (with the tail of its output) if the process exits first, and
