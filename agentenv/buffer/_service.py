@@ -239,24 +239,21 @@ def _parse(model: type[_M], request: Request) -> _M:
         raise HTTPError(400, f"bad {request.path} request: {problems}", type="BadRequest") from None
 
 
+# A group's fields in a batch frame's JSON, beside its number of samples ``n``.
+_GROUP_FIELDS = ("group_id", "role", "task_id", "version", "seq")
+
+
 def encode_batch(batch: Batch) -> bytes:
     """A :class:`Batch` as a batch frame (see the module docstring)."""
+    groups = [
+        {**{k: getattr(g, k) for k in _GROUP_FIELDS}, "n": len(g.samples)} for g in batch.groups
+    ]
     meta = json.dumps(
         {
             "id": batch.id,
             "policy_version": batch.policy_version,
             "lease_s": batch.lease_s,
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "role": g.role,
-                    "task_id": g.task_id,
-                    "version": g.version,
-                    "seq": g.seq,
-                    "n": len(g.samples),
-                }
-                for g in batch.groups
-            ],
+            "groups": groups,
         },
         separators=(",", ":"),
     ).encode()
@@ -277,18 +274,9 @@ def decode_batch(data: bytes) -> Batch:
         groups = []
         pos = 0
         for g in meta["groups"]:
-            k = g["n"]
-            groups.append(
-                Group(
-                    group_id=g["group_id"],
-                    role=g["role"],
-                    task_id=g["task_id"],
-                    samples=tuple(samples[pos : pos + k]),
-                    version=g["version"],
-                    seq=g["seq"],
-                )
-            )
-            pos += k
+            fields = {k: g[k] for k in _GROUP_FIELDS}
+            groups.append(Group(**fields, samples=tuple(samples[pos : pos + g["n"]])))
+            pos += g["n"]
         if pos != len(samples):
             raise ValueError(f"{len(samples)} samples for groups of {pos}")
         return Batch(meta["id"], tuple(groups), meta["policy_version"], meta.get("lease_s"))
