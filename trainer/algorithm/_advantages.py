@@ -28,11 +28,6 @@ __all__ = ["ESTIMATORS", "compute_advantages"]
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
-def _group_ids(groups: Sequence[Hashable]) -> torch.Tensor:
-    index: dict[Hashable, int] = {}
-    return torch.tensor([index.setdefault(g, len(index)) for g in groups], dtype=torch.long)
-
-
 def compute_advantages(
     rewards: torch.Tensor | Sequence[float],
     groups: Sequence[Hashable],
@@ -62,7 +57,8 @@ def compute_advantages(
         return torch.zeros(0)
     if not torch.isfinite(r).all():
         raise ConfigError("rewards must be finite")
-    gid = _group_ids(groups)
+    index: dict[Hashable, int] = {}
+    gid = torch.tensor([index.setdefault(g, len(index)) for g in groups], dtype=torch.long)
     n_groups = int(gid.max()) + 1
     count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, torch.ones_like(r))
     total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, r)

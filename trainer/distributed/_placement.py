@@ -126,9 +126,10 @@ class Placement:
         group = placement_group([self.bundle] * self.num_bundles, strategy="PACK")
         if not group.wait(timeout_seconds=timeout):
             remove_placement_group(group)
+            total = ", ".join(f"{k} {v * self.num_bundles:g}" for k, v in self.bundle.items())
             raise PlacementTimeoutError(
                 f"the placement was not ready after {timeout:g} s: asked for "
-                f"{self.describe()}, {_total(self.bundle, self.num_bundles)} in all; the "
+                f"{self.describe()}, {total} in all; the "
                 f"cluster has {_cluster(ray)}. Add nodes (ray start --address HEAD), ask for "
                 "fewer GPUs, or wait longer (--placement-timeout)"
             )
@@ -227,10 +228,6 @@ def _measure(ray: Any, group: Any, placement: Placement, timeout: float) -> tupl
                 "be on one node: make --rollout-num-gpus-per-engine divide the GPUs per node"
             )
     return out
-
-
-def _total(bundle: dict[str, float], n: int) -> str:
-    return ", ".join(f"{k} {v * n:g}" for k, v in bundle.items())
 
 
 def _cluster(ray: Any) -> str:

@@ -269,9 +269,10 @@ class RolloutWorkers:
                     await self._ready(w)
         except TimeoutError:
             self._kill(workers)
+            ask = ", ".join(f"{k}: {v:g}" for k, v in self._asked().items())
             raise ConfigError(
                 f"the {self.num_workers} rollout workers were not all placed within "
-                f"{self.start_timeout:g} s (each asks for {self._ask()}); the cluster has "
+                f"{self.start_timeout:g} s (each asks for {{{ask}}}); the cluster has "
                 f"{_cluster(self._asked())}: lower --rollout-num-workers or "
                 "--rollout-num-cpus-per-worker, or add nodes"
             ) from None
@@ -296,9 +297,6 @@ class RolloutWorkers:
 
     def _asked(self) -> dict[str, float]:
         return {"CPU": self.spec.num_cpus, **self.spec.resources}
-
-    def _ask(self) -> str:
-        return "{" + ", ".join(f"{k}: {v:g}" for k, v in self._asked().items()) + "}"
 
     def _launch(self) -> _Worker:
         import ray

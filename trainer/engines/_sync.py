@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import anyio
+import torch
 
 from agentenv import ClosedResourceError, ConfigError
 from trainer._resources import replace_dir
@@ -313,7 +315,7 @@ class DistributedSync:
             # (NCCL) or the servers leave it (gloo).
             await anyio.to_thread.run_sync(sender.broadcast, index, abandon_on_cancel=True)
 
-        size = sum(_nbytes(m) for m in bucket) / 2**20
+        size = sum(math.prod(m.shape) * getattr(torch, m.dtype).itemsize for m in bucket) / 2**20
         try:
             with anyio.fail_after(self.timeout):
                 await _all([*posts, broadcast])
@@ -346,15 +348,6 @@ class DistributedSync:
             return functools.partial(client.destroy_weights_update_group, self.group_name)
 
         await _settle([leave(c) for c in clients], self.timeout)
-
-
-def _nbytes(meta: TensorMeta) -> int:
-    import torch
-
-    n = 1
-    for d in meta.shape:
-        n *= d
-    return n * getattr(torch, meta.dtype).itemsize  # type: ignore[no-any-return]
 
 
 async def _post(

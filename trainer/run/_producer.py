@@ -169,10 +169,6 @@ class Producer:
         # Shared by every round (async: several run at once): the engines' capacity.
         self.limiter = anyio.CapacityLimiter(concurrency)
 
-    def _request_started(self) -> None:
-        self.requests += 1
-        self.stats.peak_requests = max(self.stats.peak_requests, self.requests)
-
     async def put_group(self, samples: Sequence[Sample]) -> None:
         """The runner's sink: counts the roles of a prompt's group, then into the Buffer."""
         self._count_roles(len({s.role for s in samples if s.role is not None}))
@@ -412,7 +408,9 @@ class _InFlight:
         self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None
     ) -> Completion:
         async with self.producer.limiter:
-            self.producer._request_started()
+            producer = self.producer
+            producer.requests += 1
+            producer.stats.peak_requests = max(producer.stats.peak_requests, producer.requests)
             try:
                 completion: Completion = await self.inner.generate(input_ids, params, rid=rid)
                 return completion

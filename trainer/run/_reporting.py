@@ -63,7 +63,8 @@ class Reporter:
         )
         # All groups with equal rewards: every advantage is 0 and the step learns nothing;
         # without a KL or entropy term its optimizer steps were not run at all.
-        flat = "  no signal: every group's rewards are equal" if _no_signal(m) else ""
+        no_signal = m.get("samples", 0.0) > 0 and m.get("rollout/zero_std_groups", 0.0) == 1.0
+        flat = "  no signal: every group's rewards are equal" if no_signal else ""
         if m.get("train/skipped_no_gradient", 0.0) > 0:
             flat += f"  (training skipped: {int(m['train/skipped_no_gradient'])} step(s))"
         if self.bar is not None:
@@ -131,10 +132,6 @@ def _lines_before(path: Path, start: int) -> Any:
     tmp.write_text("".join(kept))
     tmp.replace(path)
     return path.open("a")
-
-
-def _no_signal(m: dict[str, float]) -> bool:
-    return m.get("samples", 0.0) > 0 and m.get("rollout/zero_std_groups", 0.0) == 1.0
 
 
 def plot(

@@ -33,7 +33,6 @@ __all__ = [
     "load_tasks",
     "load_tokenizer",
     "place_run",
-    "precision_name",
     "weights_dir",
 ]
 
@@ -170,12 +169,6 @@ def build_backend(config: TrainConfig, placed: Placed | None = None) -> Backend:
     from trainer.backends import TorchBackend
 
     return TorchBackend(config.model.hf_checkpoint, device=device, **torch_args)
-
-
-def precision_name(backend: Backend) -> str:
-    """The numerics ``backend`` trains in (megatron: bf16 weights, fp32 main weights)."""
-    # The torch backend's, or its ranks'; megatron's own is bf16.
-    return backend.precision.name if backend.precision is not None else "bf16"
 
 
 def _load_source(config: TrainConfig) -> Path | None:

@@ -36,7 +36,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
         load_tasks,
         load_tokenizer,
         place_run,
-        precision_name,
         weights_dir,
     )
 
@@ -54,7 +53,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     evaluate = Evaluator(tasks.env, tasks.held_out, tokenizer, config)
     saved = checkpoint_step(checkpoint) if checkpoint is not None and resuming else None
     start = 0 if saved is None else saved + 1  # the lines of later steps are dropped
-    report = Reporter(config, config.checkpoint.save, start)
+    save = config.checkpoint.save
+    buffer = None if save is None else save / "buffer"  # the run's durable Buffer
+    report = Reporter(config, save, start)
     report.backend(backend)
     n_eval = config.eval.n_eval
 
@@ -65,7 +66,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             report.held_out("before", before, n_eval)
             history = await run_grpo(
                 tasks.env, tasks.train, backend, policy, tokenizer, config.rollout,
-                on_step=report, checkpoint=checkpoint, buffer_path=buffer_dir(config),
+                on_step=report, checkpoint=checkpoint, buffer_path=buffer,
                 save_interval=config.checkpoint.save_interval,
                 keep_checkpoints=config.checkpoint.keep_checkpoints,
                 evaluate=lambda: evaluate(policy, n), eval_interval=config.eval.eval_interval,
@@ -80,15 +81,17 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         with weights_dir(config) as weights:
             before, after, history = anyio.run(run, weights)
-        if config.checkpoint.save is not None:
+        if save is not None:
             save_model(backend, config, checkpoint)
     finally:
         report.close()
         backend.close()  # its ranks end (on Ray)
         if placed is not None:  # the bundles go back
             placed.release()
+    # The torch backend's numerics, or its ranks'; megatron's are bf16 (fp32 main weights).
+    precision = backend.precision.name if backend.precision is not None else "bf16"
     result = summary(
-        config, history, precision=precision_name(backend), eval_tasks=len(tasks.held_out),
+        config, history, precision=precision, eval_tasks=len(tasks.held_out),
         before=before, after=after, wall_s=time.perf_counter() - started,
         plot=plot(config, history, before, after),
     )  # fmt: skip
@@ -98,13 +101,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
         shutil.rmtree(checkpoint)
         shutil.rmtree(checkpoint.parent / "buffer", ignore_errors=True)
     return result
-
-
-def buffer_dir(config: TrainConfig) -> Path | None:
-    """``SAVE/buffer`` (beside ``SAVE/checkpoint``): the run's durable Buffer (``None``
-    without ``--save``)."""
-    save = config.checkpoint.save
-    return None if save is None else save / "buffer"
 
 
 def save_model(backend: Backend, config: TrainConfig, checkpoint: Path | None) -> None:
