@@ -485,13 +485,10 @@ class Engine:
 
     async def release_memory(self, tags: Iterable[str] | None = None) -> None:
         """Give memory back while something else (the trainer) uses the device: SGLang's
-        ``/release_memory_occupation``. ``tags`` (default: all) are ``kv_cache`` (the key
-        and value cache, freed), ``cuda_graph`` (the captured decode graphs, freed) and
-        ``weights``: on CUDA kept where they are (the decode graphs read them there), so
-        weight updates go on while released; on CPU freed, and the next full weight update
-        loads them anew (a colocated trainer's sync follows its step; generating before
-        one is refused). Until :meth:`resume_memory` brings every tag back, generation is
-        refused. Refused while requests run (pause with mode ``abort`` or let them end)."""
+        ``/release_memory_occupation``, ``tags`` (default: all) of ``kv_cache``,
+        ``cuda_graph`` and ``weights`` (kept in place on CUDA, freed on CPU until the next
+        full weight update); what each frees and what is refused meanwhile:
+        docs/inference.md, "Colocated training". Refused while requests run."""
         chosen = _memory_tags(tags)
         if self._by_rid:
             raise ConfigError(

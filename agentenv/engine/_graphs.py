@@ -1,18 +1,14 @@
 """CUDA graphs for the decode step: one kernel launch per step instead of hundreds.
 
-A decode step of a small model is bound by kernel launches, not by the GPU's arithmetic:
-each of its ~40 kernels per layer costs the CPU more to launch than the GPU to run.
+A decode step of a small model is bound by kernel launches, not by the GPU's arithmetic.
 :class:`DecodeGraphs` captures :meth:`LlamaModel._decode <agentenv.engine._model.LlamaModel>`
-once per (batch-size bucket, attended-length bucket) and replays it. A graph reads its
-inputs (token ids, positions, the pool slots the new keys go to) from fixed buffers, the
-key/value pool and its slot table, allocated once and never moved, and writes its logits
-into one buffer that every graph shares (rows ``0 .. b-1``: a graph's own output would
-stay allocated in the graphs' memory pool, one ``[b, V]`` float32 tensor per graph). It
-attends to the first ``L`` table columns, ``L`` the smallest power-of-two multiple of
-:data:`~agentenv.engine._model.KEY_BLOCK` covering the batch's longest sequence (positions
-beyond a row's length are masked), so a sequence that grows moves to the next length's
-graph. Rows past the live batch write their keys to pool slot 0, which no sequence uses.
-If the pool is reallocated (its memory released and taken back), the graphs are captured
+once per (batch-size bucket, attended-length bucket: the smallest power-of-two multiple of
+:data:`~agentenv.engine._model.KEY_BLOCK` covering the longest sequence) and replays it.
+A graph reads its inputs from fixed buffers and the key/value pool and its slot table,
+which never move, and writes its logits into one buffer that every graph shares (a
+graph's own output would stay allocated in the graphs' memory pool, one ``[b, V]``
+float32 tensor per graph). Rows past the live batch write their keys to pool slot 0,
+which no sequence uses. A reallocated pool (memory released and taken back) is captured
 again.
 """
 

@@ -1,14 +1,12 @@
 """The key/value pool: memory that follows the live tokens, allocated once.
 
 As SGLang's ``TokenToKVPool`` and ``ReqToTokenPool``: :class:`KVPool` holds the keys and
-values of ``size`` tokens (``kv``: ``[layers, size + 1, 2, kv_heads, head_dim]``, key and
-value side by side) and hands out token slots one at a time (slot 0 is never handed out:
-padding rows of a batch write their keys there, and unused table entries point at it).
-A sequence's tokens live in any slots; its row of :attr:`KVPool.table` (``[rows,
-context_length]`` slot ids) says which, and the forward passes gather keys and values by
-those indices. The tensors never move or grow, so captured CUDA graphs stay valid; a slot
-is freed when nothing refers to it any more (the prefix cache,
-:mod:`agentenv.engine._radix`, and the requests count references).
+values of ``size`` tokens (``kv``: ``[layers, 2, kv_heads, size + 1, head_dim]``) and hands
+out token slots (slot 0 never: padding rows write their keys there, unused table entries
+point at it). A sequence's row of :attr:`KVPool.table` lists the slots of its positions,
+and the forward passes gather keys and values by those indices. The tensors never move
+or grow, so captured CUDA graphs stay valid; a slot is free again when nothing refers to
+it (the requests and the prefix cache, :mod:`agentenv.engine._radix`, count references).
 """
 
 from __future__ import annotations

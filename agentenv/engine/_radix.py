@@ -8,7 +8,7 @@ share their prompt and the next turn of an episode reuses the previous turn. A n
 use by a running request is locked; unlocked leaves are evicted least recently used
 first when the pool needs room (:meth:`RadixCache.evict`). The tree holds one pool
 reference per slot it stores (see :class:`~agentenv.engine._pool.KVPool`), so dropping a
-whole tree (:meth:`RadixCache.clear`, after a weight update) frees what no request uses.
+whole tree (:meth:`RadixCache.drop`, after a weight update) frees what no request uses.
 """
 
 from __future__ import annotations

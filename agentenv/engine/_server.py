@@ -532,12 +532,10 @@ class EngineServer:
 
     @_weight_route("Failed to update weights: ")
     async def _update_from_tensor(self, request: Request) -> Response:
-        """SGLang's same-machine handover: the payload holds handles to the sender's
-        tensors (CUDA IPC on a GPU, shared memory on CPU). It is described and checked
-        whole (names, shapes, dtypes, handles: :mod:`agentenv.engine._ipc`), then every
-        tensor is read (CPU) or mapped (CUDA), then all are installed at once; a payload
-        refused at any step leaves the model as it was. The sender keeps its tensors
-        alive until this answers."""
+        """SGLang's same-machine handover (:mod:`agentenv.engine._ipc`): the payload is
+        checked whole, then read (CPU) or mapped (CUDA), then installed at once; a payload
+        refused at any step leaves the model as it was. The sender keeps its tensors alive
+        until this answers."""
         body = parse(UpdateFromTensorBody, request)
         cuda = self.engine.device.startswith("cuda")
         describe = functools.partial(
