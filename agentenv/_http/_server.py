@@ -148,8 +148,7 @@ class HTTPServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._done = anyio.Event()
         self._accepting = anyio.CancelScope()
-        self._closing = False
-        self._closed = False
+        self._closing = False  # from the first aclose on
         self._conns = Connections(
             self._slots, head_timeout=head_timeout, max_header_bytes=max_header_bytes
         )
@@ -190,7 +189,7 @@ class HTTPServer:
         return self._conns.busy
 
     async def __aenter__(self) -> HTTPServer:
-        if self._closed or self._listener is not None:
+        if self._closing or self._listener is not None:
             raise ClosedResourceError("an HTTPServer can be started once")
         try:
             self._listener = await anyio.create_tcp_listener(
@@ -222,11 +221,11 @@ class HTTPServer:
         """Stop: no new connections; in-flight requests get ``shutdown_grace`` seconds
         (``graceful=False``: none), then are cancelled. Idle keep-alive connections are
         closed at once; long-poll requests are answered 503 at once."""
-        if self._closed:
+        if self._closing:
             if self._manager is not None:
                 await self._done.wait()
             return
-        self._closed = self._closing = True
+        self._closing = True
         self._conns.close()
         self._accepting.cancel()
         self._slots.close_idle()
