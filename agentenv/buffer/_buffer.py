@@ -531,18 +531,13 @@ class Buffer:
     async def reserve(self, prompts: int = 1) -> None:
         """Admission control: wait until ``prompts`` more rollouts may start.
 
-        With ``max_staleness`` and ``rollout_batch_size`` set, the prompts alive -- in
-        flight or ready, not yet handed out -- are bounded by ``(max_staleness + 1) *
-        rollout_batch_size``, so every group started now is in one of the next
-        ``max_staleness + 1`` batches (at most ``max_staleness`` versions old when taken)
-        unless one that started later overtakes it. While fewer than a batch are alive a
-        reservation always passes (else a trainer short of groups that filters dropped
-        would wait forever; what then goes stale is dropped on the way out), and dropped
-        groups free their room at once. Without those settings it only counts
-        the prompts in flight.
-
-        One reservation takes at most ``capacity`` prompts (or ``(max_staleness + 1) *
-        rollout_batch_size`` when larger); more is a :class:`ConfigError`.
+        With ``max_staleness`` and ``rollout_batch_size`` set, the prompts alive (in flight
+        or ready) are bounded by ``(max_staleness + 1) * rollout_batch_size``, so a group
+        started now is at most ``max_staleness`` versions old when taken unless a later one
+        overtakes it; while fewer than a batch are alive a reservation always passes
+        (docs/buffer.md says why). Without those settings it only counts the prompts in
+        flight. One reservation takes at most ``capacity`` prompts (or that bound when
+        larger); more is a :class:`ConfigError`.
         """
         self._check_open()
         _check_count("reserve", prompts)

@@ -303,15 +303,13 @@ class BufferServer:
         max_connections: connections held at once (default: the HTTP server's, from the
             descriptor limit).
         max_put_requests: put requests handled at once (default: half of
-            ``max_connections``); beyond, a put is answered 503 ``PutsBusy`` at once and
-            :class:`BufferClient` retries it. Puts that wait for room hold their
-            connections, so this keeps connections free for consumers (``get_batch``,
-            ``ack``, ...) however many producers wait on a full Buffer.
+            ``max_connections``); beyond, 503 ``PutsBusy``, which :class:`BufferClient`
+            retries: waiting producers leave connections free for consumers.
         max_sample_header_bytes: the largest JSON header (scalar fields and metadata) of
             one sample in a put (413 beyond); default 1 MiB.
         max_header_bytes_per_request: the most JSON header bytes one put request carries
-            (413 beyond); default 8 MiB, which the client keeps below. Parsed JSON costs up
-            to ~50x its size, so these bound a request's memory where the body cap cannot.
+            (413 beyond); default 8 MiB, which the client keeps below (docs/buffer.md says
+            why the headers are bounded apart from the body).
     """
 
     def __init__(
