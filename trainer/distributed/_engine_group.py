@@ -1,18 +1,12 @@
-"""The rollout engines of a run as Ray actors behind SGLang's router.
+"""The rollout engines of a run as Ray actors behind SGLang's router (docs/distributed.md,
+"Rollout engines as Ray actors").
 
-:class:`EngineGroup` starts ``n`` engine actors (each one server process, on its slot's
-GPUs), starts ``python -m sglang_router.launch_router`` over their URLs (``--router-*``
-flags passed through), and is itself a :class:`~agentenv.Generator` over the router. It
-watches the engines: one that dies (its actor gone, its process exited, or ``/health``
-failing ``failures`` times running) is taken out of the router, replaced by a new actor on
-the same slot and put back once it holds the run's current weights. A generation that
-fails on a dying engine is retried through the router on the others (``request_retries``
-times at most); the log says so and :meth:`EngineGroup.metrics` counts it.
-
-Weights reach every engine with :meth:`EngineGroup.weight_sync` (disk through a shared
-directory, or the distributed update over NCCL/gloo from this process), or from elsewhere
-(a trainer actor) inside :meth:`EngineGroup.updating`. Versions are exact: an engine is
-routed to only while it holds the group's :attr:`~EngineGroup.weight_version`.
+:class:`EngineGroup` starts the engine actors and ``sglang_router.launch_router`` over
+them, and is itself the :class:`~agentenv.Generator`: it replaces a dead engine on its slot
+(routed again once it holds the run's weights) and retries a generation that failed on
+one on the others. Weights reach every engine through :meth:`EngineGroup.weight_sync` or,
+from elsewhere, inside :meth:`EngineGroup.updating`; an engine is routed to only while it
+holds the group's :attr:`~EngineGroup.weight_version`.
 """
 
 from __future__ import annotations

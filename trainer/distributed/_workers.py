@@ -1,22 +1,12 @@
 """Rollout workers on any node: the environments of a run, out of the driver.
 
-Each worker is a CPU-only Ray actor with an event loop of its own. It builds the run's
-environment itself -- from its registered name or ``module:Class`` and ``--env-args``,
-never pickled with state -- talks to the engines through the router, and plays the
-rounds the driver deals it with the same :func:`agentenv.run_rollouts` as a run in one
-process, putting each finished group into the run's Buffer, which the driver serves
-over HTTP (:class:`~agentenv.buffer.BufferServer`): one Buffer, in the driver's process,
-for the whole cluster.
-
-A round is cut into one part per live worker (its tasks, round robin). Every part of a
-round plays under the round's ``run_id`` and seed, so a part played again names the same
-groups, and the Buffer takes each group once (a group whose samples are stored already is
-a duplicate, dropped and counted). A worker that dies -- its actor, or its node -- loses
-nothing that was put; the driver plays its part again on another worker (at most
-``max_task_retries`` times: then its groups are put as failed samples saying so), starts a
-replacement in the background (it joins once Ray can place it: when the node is back),
-and the run goes on with the others. A worker whose process grows beyond
-``max_worker_rss_mb`` (an environment that leaks) is recycled between rounds.
+Each worker is a CPU-only Ray actor that builds the run's environment itself (from its
+name and ``--env-args``, never pickled with state), generates through the router, and
+plays the parts of the rounds the driver deals it with :func:`agentenv.run_rollouts`,
+putting each group into the run's one Buffer, which the driver serves over HTTP. A part
+played again after its worker died names the same groups, so the Buffer takes each once;
+a worker that leaks past ``max_worker_rss_mb`` is recycled between rounds
+(docs/distributed.md, "rollout workers").
 
     workers = RolloutWorkers(spec, num_workers=4)
     async with workers.serving(buffer):      # the Buffer served, the workers started

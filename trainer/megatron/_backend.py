@@ -10,15 +10,11 @@
         parallel=parse_megatron_flags(["--tensor-model-parallel-size", "2"]),
     )
 
-Three parts, one job each: :mod:`trainer.megatron._setup` checks the options and builds a
-rank's model and optimizer; :class:`~trainer.megatron._worker.MegatronWorker` is one
-rank's step (and log-probs, weights out, checkpoint shards); the ranks are
-:class:`~trainer.distributed.Ranks` (:func:`launch_ranks`). This class wires them: it
-checks the options, starts the ranks through its ``launcher`` (by default, one GPU: the
-rank in this process; more: one Ray actor per GPU, :class:`~trainer.distributed.RankGroup`)
-and runs every method on all of them. The new weights leave as HF tensors gathered on
-rank 0 (:meth:`state_dict`) or an HF safetensors directory (:meth:`save_hf`). Checkpoints
-hold every rank's model shard and megatron's optimizer state.
+The class wires the three parts the package docstring names: it checks the options,
+starts the ranks through its ``launcher`` and runs every method on all of them. The new
+weights leave as HF tensors gathered on rank 0 (:meth:`state_dict`) or an HF safetensors
+directory (:meth:`save_hf`); checkpoints hold every rank's model shard and megatron's
+optimizer state.
 """
 
 from __future__ import annotations
