@@ -18,7 +18,6 @@ import os
 import re
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
@@ -86,21 +85,12 @@ class MCPTool(Tool):
         self.timeout_s = handle.server.timeout_s
         self.is_async = True
 
-    def validate(self, arguments: Any) -> dict[str, Any]:
-        """Check ``arguments`` against the server's schema; raise :class:`ToolCallError`
-        naming the field."""
-        if not isinstance(arguments, Mapping):
-            raise ToolCallError(
-                f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
-            )
-        problems = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: e.path)
+    def _checked(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        # Against the server's schema (JSON Schema): the first five problems.
+        problems = sorted(self._validator.iter_errors(arguments), key=lambda e: e.path)
         if problems:
-            text = "; ".join(
-                f"{'.'.join(str(p) for p in e.path) or '(arguments)'}: {e.message}"
-                for e in problems[:5]
-            )
-            raise ToolCallError(f"invalid arguments for {self.name!r}: {text}")
-        return dict(arguments)
+            raise self._invalid((e.path, e.message) for e in problems[:5])
+        return arguments
 
     async def call(self, arguments: Any, state: State | None = None) -> str:
         """Validate, run on the server under the server's ``timeout_s``, and return text.
@@ -255,12 +245,7 @@ class MCPServer:
         await self._acquire()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self._release()
 
     # -- the shared server's lifetime ------------------------------------------------------

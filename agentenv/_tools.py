@@ -15,7 +15,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, get_args, get_type_hints, overload
 
 import anyio
@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_OTHER_SECTIONS = {"returns", "return", "raises", "yields", "examples", "example", "note", "notes"}
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -53,16 +54,7 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
         if stripped.lower() in {"args:", "arguments:", "parameters:"}:
             section = "args"
             continue
-        if stripped.endswith(":") and stripped[:-1].lower() in {
-            "returns",
-            "return",
-            "raises",
-            "yields",
-            "examples",
-            "example",
-            "note",
-            "notes",
-        }:
+        if stripped.endswith(":") and stripped[:-1].lower() in _OTHER_SECTIONS:
             section = "other"
             continue
         if section == "description":
@@ -229,15 +221,19 @@ class Tool:
             raise ToolCallError(
                 f"arguments for {self.name!r} must be a JSON object, got {type(arguments).__name__}"
             )
+        return self._checked(dict(arguments))
+
+    def _checked(self, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
-            parsed = self._model.model_validate(dict(arguments))
+            parsed = self._model.model_validate(arguments)
         except pydantic.ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
-                for err in e.errors()
-            )
-            raise ToolCallError(f"invalid arguments for {self.name!r}: {problems}") from None
+            raise self._invalid((err["loc"], err["msg"]) for err in e.errors()) from None
         return {f.alias or k: getattr(parsed, k) for k, f in type(parsed).model_fields.items()}
+
+    def _invalid(self, problems: Iterable[tuple[Iterable[Any], str]]) -> ToolCallError:
+        """The error naming each problem's path in the arguments and what is wrong there."""
+        text = "; ".join(f"{'.'.join(map(str, at)) or '(arguments)'}: {m}" for at, m in problems)
+        return ToolCallError(f"invalid arguments for {self.name!r}: {text}")
 
     async def call(self, arguments: Any, state: State | None = None) -> str:
         """Validate, run (sync tools in a worker thread) under the timeout, and return text.

@@ -81,11 +81,9 @@ class Game(abc.ABC):
     comes from the game's own ``random.Random(seed)`` made in :meth:`reset`, never from
     the global ``random`` module, so a match is reproducible from its seed.
 
-    Class attributes:
+    Class attributes (``name`` and ``roles`` may also be set per instance, as adapters do):
         name: a short name (``"tictactoe"``); it keys per-game statistics and baselines.
         roles: the seats, in order (``("x", "o")``).
-
-    ``name`` and ``roles`` may also be set per instance (adapters do).
         move_hint: an example of a well-formed move, shown when a reply has none.
     """
 
