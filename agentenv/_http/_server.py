@@ -184,10 +184,6 @@ class HTTPServer:
         """Connections open now (counted against ``max_connections``)."""
         return self._slots.open
 
-    @property
-    def _busy(self) -> int:
-        return self._conns.busy
-
     async def __aenter__(self) -> HTTPServer:
         if self._closing or self._listener is not None:
             raise ClosedResourceError("an HTTPServer can be started once")

@@ -145,18 +145,12 @@ def add_parser(sub: Any) -> None:
         "--format", required=True, choices=["jsonl", "parquet"], help="the output's format"
     )
     export.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="output file (jsonl: default standard output)",
+        "--out", type=Path, metavar="FILE", help="output file (jsonl: default standard output)"
     )
     export.add_argument(
-        "--state",
-        choices=[*STATES, "all"],
-        default="all",
+        "--state", choices=[*STATES, "all"], default="all",
         help="export only groups in this state (default: all)",
-    )
+    )  # fmt: skip
     export.set_defaults(handler=run_export)
 
 
@@ -250,8 +244,7 @@ def summarise(store: StoreReader) -> dict[str, Any]:
     """Counts, staleness and the reward histogram of the Buffer ``store``."""
     db = store.db
     groups = dict.fromkeys(STATES, 0)
-    for state, n in db.execute("SELECT state, COUNT(*) FROM groups GROUP BY state"):
-        groups[state] = n
+    groups.update(db.execute("SELECT state, COUNT(*) FROM groups GROUP BY state"))
     reasons: dict[str, dict[str, int]] = {}
     for state, reason, n in db.execute(
         "SELECT state, reason, COUNT(*) FROM groups WHERE reason != '' "

@@ -286,7 +286,7 @@ async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_50
             for client in busy_clients:
                 tg.start_soon(wait_slow, client)
             with anyio.fail_after(10):
-                while server._busy < 8:  # noqa: ASYNC110 - the handlers start meanwhile
+                while server._conns.busy < 8:  # noqa: ASYNC110 - the handlers start meanwhile
                     await anyio.sleep(0.01)
             health = await _raw(server.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert health.startswith(b"HTTP/1.1 200 OK\r\n"), health
@@ -301,7 +301,7 @@ async def test_idle_sockets_cannot_lock_clients_out_and_a_full_server_answers_50
                 held.append(await anyio.connect_tcp("127.0.0.1", server.port))
                 await held[-1].send(b"GET /health HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\n")
                 with anyio.fail_after(5):
-                    while server._busy < n:  # noqa: ASYNC110 - the server reads it meanwhile
+                    while server._conns.busy < n:  # noqa: ASYNC110 - the server reads it meanwhile
                         await anyio.sleep(0.01)
             beyond = await _raw(server.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert beyond.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), beyond
