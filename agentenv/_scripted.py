@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pydantic
 
 from agentenv._errors import ConfigError
 from agentenv._generator import Completion, FinishReason, SamplingParams
@@ -72,6 +73,13 @@ class ScriptContext:
 ScriptFn = Callable[[ScriptContext], str]
 
 
+class _ScriptFile(pydantic.BaseModel):
+    """A JSON script file (``scripted:<file>.json``)."""
+
+    rules: list[Rule] = []
+    default: str | None = ""
+
+
 class ScriptedModel:
     """A :class:`~agentenv.Generator` that answers from a script.
 
@@ -118,32 +126,17 @@ class ScriptedModel:
         """Load a JSON script: ``{"rules": [{"pattern": ..., "reply": ...}], "default": ...}``."""
         p = Path(path)
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            script = _ScriptFile.model_validate_json(p.read_bytes())
         except FileNotFoundError:
             raise ConfigError(f"script file {str(p)!r} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"script file {str(p)!r} is not valid JSON: {e}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
+        except pydantic.ValidationError as e:
+            problem = e.errors()[0]
+            where = ".".join(map(str, problem["loc"])) or "the file"
             raise ConfigError(
-                f"script file {str(p)!r} must be an object with a 'rules' list of "
-                '{"pattern": regex, "reply": text}'
-            )
-        rules: list[Rule] = []
-        for i, r in enumerate(data.get("rules", [])):
-            if (
-                not isinstance(r, dict)
-                or not isinstance(r.get("pattern"), str)
-                or not isinstance(r.get("reply"), str)
-            ):
-                raise ConfigError(
-                    f"script file {str(p)!r} rule {i} must be "
-                    '{"pattern": <regex>, "reply": <text>}'
-                )
-            rules.append(Rule(r["pattern"], r["reply"]))
-        default = data.get("default", "")
-        if default is not None and not isinstance(default, str):
-            raise ConfigError(f"script file {str(p)!r}: 'default' must be a string or null")
-        return cls(tokenizer, rules, default=default)
+                f'script file {str(p)!r} must be {{"rules": [{{"pattern": <regex>, '
+                f'"reply": <text>}}], "default": <text or null>}}: {where}: {problem["msg"]}'
+            ) from None
+        return cls(tokenizer, script.rules, default=script.default)
 
     def _encode(self, reply: str) -> list[int]:
         ids = self._cache.get(reply)
