@@ -104,8 +104,7 @@ class EngineGroup:
         slots: one :class:`EngineSlot` per engine (placement-group bundles); default each
             actor asks Ray for ``spec.gpus_per_engine`` GPUs anywhere.
         router_args: flags for the router (the ``--router-*`` flags, prefix stripped).
-        router_host: where the router listens (this process reaches it).
-        router_port: its port; default a free one.
+        router_host: where the router listens (this process reaches it; a free port).
         health_interval: seconds between checks of every engine.
         probe_timeout: seconds an engine has to answer a check.
         failures: failed ``/health`` checks in a row that make an engine dead (a dead actor
@@ -129,7 +128,6 @@ class EngineGroup:
         slots: Sequence[EngineSlot] | None = None,
         router_args: Sequence[str] = (),
         router_host: str = "127.0.0.1",
-        router_port: int | None = None,
         health_interval: float = 5.0,
         probe_timeout: float = 10.0,
         failures: int = 3,
@@ -156,7 +154,6 @@ class EngineGroup:
         self.slots = list(slots) if slots is not None else None
         self.router_args = list(router_args)
         self.router_host = router_host
-        self.router_port = router_port
         self.health_interval = health_interval
         self.probe_timeout = probe_timeout
         self.failures = failures
@@ -225,7 +222,7 @@ class EngineGroup:
                 self._members = [m for m in started if m is not None]
             if errors:
                 raise errors[0]
-            port = self.router_port or free_port()
+            port = free_port()
             url = f"http://{self.router_host}:{port}"
             extra = list(self.router_args)
             if not any(a.startswith("--retry-") or a == "--disable-retries" for a in extra):

@@ -186,8 +186,6 @@ class RolloutWorkers:
             ``spec.num_cpus`` CPUs (and ``spec.resources``) free.
         max_task_retries: times a part of a round is played again after its worker died.
         start_timeout: seconds the workers have to build their environments.
-        buffer_host: the address the workers reach the driver's Buffer at (default: this
-            node's address as Ray knows it).
         announce: a directory where the served Buffer is announced while it serves:
             ``buffer.json`` (its URL) and ``buffer.token`` (its bearer token, mode 600),
             for ``agentenv buffer stats DIR/buffer.json``.
@@ -200,7 +198,6 @@ class RolloutWorkers:
         *,
         max_task_retries: int = 2,
         start_timeout: float = 300.0,
-        buffer_host: str | None = None,
         announce: os.PathLike[str] | str | None = None,
     ) -> None:
         if num_workers < 1:
@@ -211,7 +208,6 @@ class RolloutWorkers:
         self.num_workers = num_workers
         self.max_task_retries = max_task_retries
         self.start_timeout = start_timeout
-        self.buffer_host = buffer_host
         self.announce = None if announce is None else Path(announce)
         self._workers: list[_Worker] = []
         self._buffer: Any = None
@@ -233,7 +229,7 @@ class RolloutWorkers:
         from agentenv.buffer import BufferServer
 
         self._buffer = buffer
-        host = self.buffer_host or node_address()
+        host = node_address()  # where the workers reach the driver's Buffer
         refused: ConfigError | None = None
         async with BufferServer(buffer, token=self._token, host=host, port=0) as server:
             self._buffer_url = server.url

@@ -143,7 +143,7 @@ class DistributedSync:
     The tensors leave from where the weights are, the backend's
     :meth:`~trainer.Backend.weight_sender`: this process for a backend in it, trainer rank
     0's actor on Ray (never through the driver). The first call forms the group: the sender
-    is rank 0 and hosts the rendezvous (at ``master_address:master_port`` in this process,
+    is rank 0 and hosts the rendezvous (at ``master_address`` and a free port in this process,
     at its node's address on Ray); server ``i`` (in ``clients`` order) joins as rank
     ``i + 1`` of ``1 + len(clients)`` (``POST /init_weights_update_group``, sent while the
     sender waits for them). Each call then pauses generation on the servers (mode
@@ -166,13 +166,11 @@ class DistributedSync:
         backend: ``nccl`` (the trainer's weights on CUDA; each server on a GPU that the
             trainer does not use) or ``gloo`` (CPU).
         master_address: the address at which the servers reach this process.
-        master_port: the rendezvous port; default a free one, picked at each formation.
         bucket_bytes: bytes per bucket (a larger tensor goes alone); also the extra memory
             a server needs while it receives.
         group_name: the group's name on the servers.
         timeout: seconds the servers may take to join, and a bucket to be broadcast and
             acknowledged by all of them.
-        pause: pause generation during a sync (no token comes from half-updated weights).
     """
 
     def __init__(
@@ -181,11 +179,9 @@ class DistributedSync:
         *,
         backend: Literal["nccl", "gloo"] = "nccl",
         master_address: str = "127.0.0.1",
-        master_port: int | None = None,
         bucket_bytes: int = 512 << 20,
         group_name: str = "weight_update_group",
         timeout: float = 120.0,
-        pause: bool = True,
     ) -> None:
         if not clients:
             raise ConfigError("DistributedSync needs at least one client")
@@ -200,11 +196,9 @@ class DistributedSync:
         self.clients = list(clients)
         self.backend = backend
         self.master_address = master_address
-        self.master_port = master_port
         self.bucket_bytes = bucket_bytes
         self.group_name = group_name
         self.timeout = timeout
-        self.pause = pause
         self._sender: WeightSender | None = None  # the backend's, and which backend
         self._sender_of: Backend | None = None
         self._formed = False
@@ -233,22 +227,19 @@ class DistributedSync:
         try:
             if not self._formed:
                 await self._form(sender)
-            if self.pause:
-                await _all([functools.partial(c.pause, "retract") for c in self.clients])
+            await _all([functools.partial(c.pause, "retract") for c in self.clients])
             for i, bucket in enumerate(buckets):
                 await self._send(sender, bucket, str(version), i, len(buckets))
         except BaseException:
             with anyio.CancelScope(shield=True):
-                if self.pause:
-                    await _settle([c.resume for c in self.clients], self.timeout)
+                await _settle([c.resume for c in self.clients], self.timeout)
                 # Aborted, not shut down: a broadcast of ours may still be waiting for a
                 # server that refused its bucket or went away.
                 await self._teardown(abort=True)
             raise
         finally:
             await anyio.to_thread.run_sync(sender.finish)
-        if self.pause:
-            await _all([c.resume for c in self.clients])
+        await _all([c.resume for c in self.clients])
 
     async def aclose(self) -> None:
         """Destroy the group on the servers (best effort) and here; later calls raise
@@ -262,8 +253,6 @@ class DistributedSync:
 
     async def _form(self, sender: WeightSender) -> None:
         address, port = await anyio.to_thread.run_sync(sender.rendezvous, self.master_address)
-        if self.master_port is not None:
-            port = self.master_port
         world = 1 + len(self.clients)
         join = functools.partial(
             sender.join, address, port, world_size=world, name=self.group_name,
