@@ -135,16 +135,10 @@ _JSON_HINT = (
 
 
 def check_metadata(metadata: Any) -> None:
-    """:class:`SampleError` unless ``metadata`` is plain JSON: a dict with str keys whose
-    values are dicts (str keys), lists, str, bool, int, finite floats or None.
-
-    Anything else could not be stored, sent or exported as it is (a set, bytes, a numpy
-    array), would come back changed (a tuple as a list, ``{1: 2}`` as ``{"1": 2}``), or is
-    not JSON at all (NaN, infinity). Numpy numbers are refused too: convert them with
-    ``float(x)`` or ``int(x)`` (``np.float64`` is a float and passes). The walk is iterative,
-    so deeply nested metadata cannot exhaust the stack; the error names the key path and
-    the type of the first bad value.
-    """
+    """:class:`SampleError` unless ``metadata`` is plain JSON (docs/guide.md, "Samples"),
+    naming the key path and the type of the first bad value. Anything else could not be
+    stored or sent as it is, or would come back changed (a tuple as a list). The walk is
+    iterative: deeply nested metadata cannot exhaust the stack."""
     if not isinstance(metadata, dict):
         raise SampleError(f"metadata must be a dict, got {type(metadata).__name__}")
     stack: list[tuple[str, Any]] = [("metadata", metadata)]

@@ -14,7 +14,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -140,10 +140,6 @@ def _special_token_splitter(tok: tokenizers.Tokenizer) -> re.Pattern[str] | None
         return None
     alternatives = sorted((a.content for a in added), key=len, reverse=True)
     return re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
-
-
-def _concat(parts: Iterable[str]) -> str:
-    return "".join(parts)
 
 
 def _compile_template(source: str) -> jinja2.Template:
@@ -360,7 +356,7 @@ class ChatTokenizer:
             variables["tools"] = list(tools) if tools else None
             variables["add_generation_prompt"] = add_generation_prompt
             template = self._template
-            return _concat(template.root_render_func(template.new_context(variables, shared=True)))
+            return "".join(template.root_render_func(template.new_context(variables, shared=True)))
         except (TemplateError, ConfigError):
             raise
         except Exception as e:  # a template bug must name itself, not surface as a KeyError

@@ -263,8 +263,7 @@ class Endpoint:
                 "Endpoint.client() needs the openai package: pip install openai, or hand "
                 "the agent endpoint.base_url instead"
             ) from None
-        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0}
-        options.update(kwargs)
+        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0, **kwargs}
         # Its own httpx client (an agent may close it) over the server's shared pool;
         # openai takes an httpx client as well as its own httpx2 ones.
         http: Any = httpx.AsyncClient(
@@ -275,11 +274,9 @@ class Endpoint:
         return openai.AsyncOpenAI(base_url=self.base_url, http_client=http, **options)
 
     def anthropic_client(self, **kwargs: Any) -> Any:
-        """An ``anthropic.AsyncAnthropic`` pointed at this endpoint (the ``anthropic``
-        package is the agent's own dependency); ``kwargs`` go to ``AsyncAnthropic``.
-        Retries are off: a refused call is the agent's to see. Its connections are its
-        own (the SDK takes only its own HTTP client) and are closed when the episode
-        gives the endpoint back."""
+        """An ``anthropic.AsyncAnthropic`` pointed at this endpoint, as :meth:`client`; its
+        connections are its own (the SDK takes only its own HTTP client), closed when the
+        episode gives the endpoint back."""
         try:
             import anthropic
             import httpx2
@@ -290,8 +287,7 @@ class Endpoint:
             ) from None
         if self.recorder.closed:
             raise ConfigError("this episode's endpoint is closed")
-        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0}
-        options.update(kwargs)
+        options: dict[str, Any] = {"api_key": "agentenv", "max_retries": 0, **kwargs}
         if "http_client" not in options:
             # No proxy from the environment: the endpoint is on this machine.
             options["http_client"] = httpx2.AsyncClient(
@@ -348,9 +344,7 @@ class AgentServer:
             (408 beyond, and the connection is closed).
         max_requests_per_endpoint: requests one endpoint (an episode's, or one role's)
             may have in flight at once, bodies still arriving included (429 beyond,
-            before the body is read), so that one agent cannot take the connections
-            every other episode needs. A request for an ended episode is answered 410
-            before its body is read.
+            before the body is read), so one agent cannot take every connection.
         max_connections: connections held at once (default: below the descriptor limit,
             see :class:`~agentenv.http.HTTPServer`).
     """

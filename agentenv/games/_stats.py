@@ -128,12 +128,9 @@ _STEP_RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
 
 
 def game_metrics(samples: Iterable[Sample]) -> dict[str, float]:
-    """A training step's game figures, as flat metrics: ``game/win_rate``,
-    ``game/draw_rate``, ``game/loss_rate`` and ``game/invalid_move_rate`` over all seats,
-    and per role ``game/<role>/reward_mean`` (its samples' mean reward), ``.../win_rate``,
-    ``.../draw_rate``, ``.../loss_rate``, ``.../invalid_move_rate`` and
-    ``.../mean_return``. Empty when no sample is a game's (so other environments log no
-    ``game/`` key)."""
+    """A training step's game figures as flat metrics (``game/win_rate``, ...,
+    ``game/<role>/reward_mean``, ...: docs/games.md, "Self-play training"); empty when no
+    sample is a game's, so other environments log no ``game/`` key."""
     tally = GameTally()
     tally.add(samples)
     if not tally.seats:
