@@ -551,7 +551,7 @@ class SqliteStore:
     def _load(self, seqs: Iterable[int]) -> list[GroupRecord]:
         out = []
         for seq in seqs:
-            row = self._db.execute(
+            gid, role, task, state, reason, version, step = self._db.execute(
                 "SELECT group_id, role, task_id, state, reason, version, step FROM groups "
                 "WHERE seq = ?",
                 (seq,),
@@ -562,20 +562,10 @@ class SqliteStore:
                     "SELECT offset, length FROM samples WHERE seq = ? ORDER BY pos", (seq,)
                 )
             ]
-            out.append(
-                GroupRecord(
-                    group_id=row[0],
-                    role=row[1] or None,
-                    task_id=row[2],
-                    samples=[decode_sample(b) for b in blobs],
-                    state=row[3],
-                    reason=row[4],
-                    version=row[5],
-                    seq=seq,
-                    step=row[6],
-                    blobs=blobs,
-                )
-            )
+            samples = [decode_sample(b) for b in blobs]
+            record = GroupRecord(gid, role or None, task, samples, state, reason, version, seq)
+            record.step, record.blobs = step, blobs
+            out.append(record)
         return out
 
     def last_step(self) -> int | None:
