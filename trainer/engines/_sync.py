@@ -141,24 +141,15 @@ class DistributedSync:
     weight update, which ``agentenv serve`` speaks too.
 
     The tensors leave from where the weights are, the backend's
-    :meth:`~trainer.Backend.weight_sender`: this process for a backend in it, trainer rank
-    0's actor on Ray (never through the driver). The first call forms the group: the sender
-    is rank 0 and hosts the rendezvous (at ``master_address`` and a free port in this process,
-    at its node's address on Ray); server ``i`` (in ``clients`` order) joins as rank
-    ``i + 1`` of ``1 + len(clients)`` (``POST /init_weights_update_group``, sent while the
-    sender waits for them). Each call then pauses generation on the servers (mode
-    ``retract``: requests wait, none is lost), and sends the state dict in buckets of about
-    ``bucket_bytes``: for each bucket it posts the names, dtypes and shapes to every server
-    (``POST /update_weights_from_distributed``, stamped with the version) while a worker
-    thread broadcasts the tensors in that order, and waits for every server's answer before
-    the next bucket. Then generation continues. The group stays up between calls;
-    :meth:`aclose` (or leaving ``async with``) destroys it on both sides.
-
-    If a server refuses a bucket or anything times out, the call raises the server's
-    message (:class:`~agentenv.sglang.SGLangError`) or a :class:`TimeoutError`, the group
-    is aborted (best effort on the servers) and the next call forms a new one. A refusal
-    never leaves the trainer blocked: it stops waiting for its broadcast as soon as a
-    server answers.
+    :meth:`~trainer.Backend.weight_sender` (trainer rank 0's actor on Ray, never the
+    driver). The first call forms the group (the sender rank 0, server ``i`` rank
+    ``i + 1``); each call pauses generation on the servers (``retract``: none is lost),
+    sends the state dict in buckets of about ``bucket_bytes``, each announced to every
+    server as it is broadcast and answered before the next, and continues generation.
+    The group stays up between calls; :meth:`aclose` destroys it on both sides. A refused
+    bucket or a timeout raises at once (the trainer never waits on a refused broadcast),
+    the group is aborted and the next call forms a new one (docs/trainer.md, "Weight sync
+    to servers", has the protocol).
 
     Args:
         clients: :class:`~agentenv.sglang.SGLangClient` s, one per server; each server
@@ -168,7 +159,6 @@ class DistributedSync:
         master_address: the address at which the servers reach this process.
         bucket_bytes: bytes per bucket (a larger tensor goes alone); also the extra memory
             a server needs while it receives.
-        group_name: the group's name on the servers.
         timeout: seconds the servers may take to join, and a bucket to be broadcast and
             acknowledged by all of them.
     """
@@ -180,7 +170,6 @@ class DistributedSync:
         backend: Literal["nccl", "gloo"] = "nccl",
         master_address: str = "127.0.0.1",
         bucket_bytes: int = 512 << 20,
-        group_name: str = "weight_update_group",
         timeout: float = 120.0,
     ) -> None:
         if not clients:
@@ -191,13 +180,11 @@ class DistributedSync:
             raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
-        if not group_name:
-            raise ConfigError("group_name must not be empty")
         self.clients = list(clients)
         self.backend = backend
         self.master_address = master_address
         self.bucket_bytes = bucket_bytes
-        self.group_name = group_name
+        self.group_name = "weight_update_group"  # the group's name on the servers
         self.timeout = timeout
         self._sender: WeightSender | None = None  # the backend's, and which backend
         self._sender_of: Backend | None = None
