@@ -1,18 +1,11 @@
-"""What every trainer backend shares: the GRPO step (the optimizer settings,
-:class:`OptimConfig`, live in :mod:`trainer.config._optimizer`).
-
-A backend (:class:`~trainer.TorchBackend` for Hugging Face models on one device,
-:class:`~trainer.megatron.MegatronBackend` for megatron-core) is a :class:`Backend`: the
-loop sees only its ``logprobs``, ``train_step``, weight export and checkpoints. Every
-backend's step is planned and scored the same way: it packs samples into micro-batches by
-a token budget, takes the old policy's log-probs, when it is the current one (one
-optimizer step per rollout), from the training forward itself, detached (so the ratio is
-exactly 1 on fresh on-policy data and there is no separate pass), weights every token by
-its share of the step's loss (:func:`trainer.token_weights`, so packing does not change
-the gradients), runs the loss and backward per micro-batch, clips the gradient norm,
-skips a non-finite update and steps the optimizer at the scheduled learning rate.
-:class:`MicroBatchBackend` runs that step as a plain loop over one forward pass per
-micro-batch (the torch backend); megatron's runs it through megatron's own schedule.
+"""What every trainer backend shares: the :class:`Backend` interface the loop sees (the
+step, log-probs, weights, checkpoints) and the GRPO step every backend plans and scores
+the same way (:class:`StepCore`): samples packed into micro-batches by a token budget, the
+old policy's log-probs from the training forward itself when it is the current one (the
+ratio exactly 1, no separate pass), every token weighted by its share of the step's loss
+(:func:`trainer.token_weights`: packing does not change the gradients), the gradient norm
+clipped and a non-finite update skipped. :class:`MicroBatchBackend` runs it as a plain loop
+(the torch backend); megatron's through megatron's own schedule.
 """
 
 from __future__ import annotations

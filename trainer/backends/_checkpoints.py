@@ -1,18 +1,9 @@
-"""Checkpoints written in the background: the training step's state is copied to CPU
-memory (:func:`cpu_copy`, on the training thread, quickly), then written by a thread of
-its own while the next steps go on (:class:`CheckpointWriter`).
-
-A write replaces the previous checkpoint atomically (:func:`trainer._resources.replace_dir`:
-a crash mid-write keeps the previous one whole). At most one write is in flight: the next
-save waits for the previous one. An error in a write fails the run with that error (at
-the next step, save or the end: :meth:`CheckpointWriter.check`), and
-:meth:`CheckpointWriter.wait` returns only once the last write is complete.
-
-A resume needs only the newest checkpoint, so by default (``keep=1``) that is the only
-one on disk (two while the next is written). ``keep=N`` also keeps the N - 1 before it,
-as ``NAME.step-K`` beside ``NAME`` (hard links to the files of the checkpoint that is
-being replaced: setting one aside copies nothing); the oldest is removed only once the
-write that made it surplus is complete.
+"""Checkpoints written in the background (docs/trainer.md, "Checkpoint and resume"): the
+step's state is copied to CPU memory on the training thread (:func:`cpu_copy`), then
+written by a thread of its own while the next steps go on (:class:`CheckpointWriter`),
+replacing the previous checkpoint atomically. At most one write is in flight; a failed
+write fails the run at the next step, save or the end. ``keep=N`` keeps the N - 1 before
+the newest as ``NAME.step-K`` (hard links: setting one aside copies nothing).
 """
 
 from __future__ import annotations

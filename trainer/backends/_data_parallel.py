@@ -1,15 +1,9 @@
-"""Data parallelism for a backend whose step is a loop over micro-batches: every rank
-gets the whole step (its samples, advantages and loss weights, which are the step's),
-runs its share of the micro-batches, and the gradients are summed over the ranks by
-torch's ``DistributedDataParallel`` -- in buckets, during the backward of the rank's last
-micro-batch (``no_sync`` for the others), which ``agentenv bench data-parallel`` measured
-faster than one flat all-reduce after the step and than FSDP2 at the same exactness.
-Each micro-batch's loss is already its share of the step's
-(:func:`~trainer.algorithm._losses.token_weights`) and DDP averages, so the loss goes backward
-times the world size: the summed gradient is the step's gradient on one rank, up to the
-order of the fp32 additions, and every rank applies the same update to the same weights.
-The model itself stays unwrapped (log-probs, checkpoints and exports use it as on one
-device); only the training forward goes through DDP.
+"""Data parallelism for a backend whose step is a loop over micro-batches
+(docs/trainer.md, "Data parallel"): every rank gets the whole step, runs its share of the
+micro-batches, and torch's ``DistributedDataParallel`` sums the gradients during the
+backward of the rank's last one (``no_sync`` for the others). Each micro-batch's loss is
+already its share of the step's and DDP averages, so the loss goes backward times the
+world size. The model stays unwrapped: only the training forward goes through DDP.
 
     dp = DataParallel(rank=1, world_size=2)      # after torch.distributed is set up
     dp.attach(model, forward)                    # forward(batch, with_entropy) -> lps, ents

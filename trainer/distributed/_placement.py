@@ -1,17 +1,12 @@
-"""Placement in slime's terms: one Ray placement group of one-GPU bundles (one-CPU
-bundles on CPU) for the trainer ranks and the rollout engines, and where each bundle
-landed -- its node and GPU, *measured* by a probe scheduled into it, never derived from
-its index -- in (node id, GPU id) order.
+"""Placement in slime's terms (docs/distributed.md, "The placement"): one Ray placement
+group of one-GPU bundles (one-CPU on CPU) for the trainer ranks and the rollout engines,
+where each bundle landed *measured* by a probe scheduled into it, never derived from its
+index, in (node id, GPU id) order.
 
     placement = Placement(actor_num_nodes=2, actor_num_gpus_per_node=4, rollout_num_gpus=4)
     placed = placement.place(ray, timeout=60)      # waits, bounded, for the resources
     placed.trainer                                 # 8 bundles, rank r on placed.trainer[r]
     placed.engines                                 # 4 engines of 1 GPU each
-
-Disaggregated, the trainer takes the first ``actor GPUs`` bundles in that order and the
-engines the rest; colocated (``--colocate``), both share ``max(actor GPUs, rollout GPUs)``
-bundles from the first, each taking a fraction of a bundle's GPU. An engine of several
-GPUs takes consecutive bundles, which must be on one node.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The torch backend across Ray actors: data-parallel ranks, each a whole
 :class:`~trainer.TorchBackend` in its actor, and :class:`TrainerGroup`, the backend the
-loop talks to, which fans each call out to them.
-
-A step goes to every rank with the whole batch; each runs its share of the micro-batches
-and the gradients are summed over the ranks by torch's DDP during the last one's backward
-(:class:`~trainer.backends._data_parallel.DataParallel`), so every rank holds the same weights
-and a step on N ranks is the step on one, up to the order of fp32 additions. Why DDP and
-not FSDP2 or one flat all-reduce: ``agentenv bench data-parallel`` (docs/benchmarks.md);
-the models this backend trains fit on one GPU, and a whole copy per rank keeps its
-checkpoints, its HF export and the engine's weight updates exactly as on one device;
-sharding is what megatron's distributed optimizer is for.
+loop talks to, which fans each call out to them. Every rank runs its share of a step's
+micro-batches and DDP sums the gradients (:class:`~trainer.backends.DataParallel`), so a
+step on N ranks is the step on one up to the order of fp32 additions; why DDP and whole
+copies rather than FSDP2 or sharding: docs/benchmarks.md (``agentenv bench data-parallel``).
 """
 
 from __future__ import annotations

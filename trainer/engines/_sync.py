@@ -1,20 +1,12 @@
 """Weight sync: after each update, the engines generate with the trainer's new weights.
 
-Four ways, one interface (``await sync(backend, version)``):
-
-* :class:`InProcessSync` -- the embedded :class:`~agentenv.engine.Engine` in this process
-  receives the HF-named tensors directly (a copy between two decode steps).
-* :class:`DiskSync` -- the trainer writes an HF safetensors directory and asks every
-  server (SGLang, or ``agentenv serve``) to load it with ``POST /update_weights_from_disk``.
-  The servers must see the same filesystem. Only the newest directory is kept.
-* :class:`DistributedSync` -- the trainer broadcasts the tensors to every server over a
-  process group of their own (SGLang's ``/update_weights_from_distributed``; NCCL between
-  GPUs, gloo on CPU): no disk, and the servers may be on other machines.
-* :class:`TensorSync` -- servers on the trainer's own GPU map its tensors by handle
-  (SGLang's ``/update_weights_from_tensor``; CUDA IPC, shared memory on CPU): colocated.
-
-Either way the new weight version (the trainer's step) is stamped on every token generated
-afterwards, so samples say which policy produced them.
+Four ways, one interface (``await sync(backend, version)``; docs/trainer.md, "Weight sync
+to servers"): :class:`InProcessSync` into the embedded engine in this process,
+:class:`DiskSync` through an HF directory every server loads
+(``/update_weights_from_disk``), :class:`DistributedSync` broadcast over a process group
+of the servers' (``/update_weights_from_distributed``) and :class:`TensorSync` by handle
+to servers on the trainer's own GPU (``/update_weights_from_tensor``). The new version
+is stamped on every token generated afterwards.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The data side of the training loop: tasks in a seeded order, rollouts into the Buffer.
 
-:class:`TaskStream` hands out tasks (optionally shuffled each pass over the data) and can
-save and restore its position, so a resumed run plays the tasks the original would have.
-:class:`Producer` plays rounds of tasks into the Buffer: ``fill`` until a batch of kept
-groups is ready (over-sampling and dynamic-sampling filters drop groups, so it may take
-several rounds), or ``run_forever`` for the asynchronous schedule, where the Buffer's
-admission control keeps every group within the staleness bound.
-
-A round's groups are named by its seed (``{task id}@s{seed}``). With a durable Buffer the
-producer keeps a note there (:data:`NOTE`) before each round starts: where the task
-stream stands, the rounds started and not known to be finished, and the asynchronous
-schedule's next round. A run that resumes (:meth:`Producer.resume`) takes the
-stream up where it stood and plays only the groups of those rounds that the Buffer does
-not hold (:meth:`Producer.replay_open`): no committed group is played again.
+:class:`TaskStream` hands out tasks (reshuffled each pass, if asked) and saves and
+restores its position. :class:`Producer` plays rounds into the Buffer: ``fill`` until a
+batch of kept groups is ready, or ``run_forever`` on the asynchronous schedule, where the
+Buffer's admission control bounds staleness. A round's groups are named by its seed
+(``{task id}@s{seed}``); with a durable Buffer the producer keeps a note there
+(:data:`NOTE`) before each round starts, so that a resumed run plays only the groups of
+unfinished rounds that the Buffer does not hold (docs/trainer.md, "The run's Buffer").
 """
 
 from __future__ import annotations
