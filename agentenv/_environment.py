@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, short_repr
-from agentenv._generator import Generator, SamplingParams
+from agentenv._generator import Completion, Generator, SamplingParams
 from agentenv._messages import Message
 from agentenv._sample import JSONValue, Sample, Status
 from agentenv._text_model import TextGenerator
@@ -93,6 +93,17 @@ def derive_seed(*parts: object, size: int = 4) -> int:
     of a str), so runs are reproducible."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=size).digest()
     return int.from_bytes(digest, "little")
+
+
+async def complete(
+    generator: Generator, transcript: Transcript, params: SamplingParams, rid: str
+) -> Completion:
+    """``generator``'s completion of ``transcript``: of its ids, or of its messages for a
+    chat API (:class:`TextGenerator`), with the tools the template would render."""
+    if isinstance(generator, TextGenerator):
+        tools = transcript.tools if transcript.tokenizer.supports_tools else None
+        return await generator.generate_chat(transcript.messages, params, tools=tools, rid=rid)
+    return await generator.generate(transcript.ids, params, rid=rid)
 
 
 class Episode:
@@ -217,15 +228,7 @@ class Episode:
         if self.transcripts and transcript is not self.transcripts[0]:
             # Transcripts of one role may generate at once (parallel sub-agents): one rid each.
             rid = f"{rid}/{self.transcripts.index(transcript)}"
-        generator = self.generator_for(transcript.role)
-        if isinstance(generator, TextGenerator):  # a chat API: messages in, text out
-            # Tools the template renders are not in the messages: the API gets them.
-            tools = transcript.tools if transcript.tokenizer.supports_tools else None
-            completion = await generator.generate_chat(
-                transcript.messages, params, tools=tools, rid=rid
-            )
-        else:
-            completion = await generator.generate(transcript.ids, params, rid=rid)
+        completion = await complete(self.generator_for(transcript.role), transcript, params, rid)
         if completion.finish_reason.type == "abort" and not completion.output_ids:
             raise EpisodeAborted(completion.finish_reason.message or "generation aborted")
         message = transcript.add_completion(completion)

@@ -235,11 +235,7 @@ class Completion:
         """Every weight version that produced a token of this completion, in order."""
         if not self.version_spans:
             return [self.weight_version]
-        out: list[str] = []
-        for version, _ in self.version_spans:
-            if version not in out:
-                out.append(version)
-        return out
+        return list(dict.fromkeys(version for version, _ in self.version_spans))
 
 
 class CompletionBuilder:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv._environment import Environment, Episode, Task, derive_seed
+from agentenv._environment import Environment, Episode, Task, complete, derive_seed
 from agentenv._errors import (
     ConfigError,
     EpisodeAborted,
@@ -25,7 +25,6 @@ from agentenv._errors import (
 )
 from agentenv._generator import Generator
 from agentenv._sample import JSONValue, Sample, Status
-from agentenv._text_model import TextGenerator
 from agentenv._transcript import Transcript
 from agentenv.games._baseline import RoleBaseline
 from agentenv.games._game import Game, InvalidMove, checked_legal_actions
@@ -421,12 +420,7 @@ class GameEnv(Environment):
                     seed=_derive_seed("frozen", episode.seed, role, move, attempt)
                 )
             try:
-                if isinstance(player.generator, TextGenerator):  # a chat API's text reply
-                    completion = await player.generator.generate_chat(
-                        transcript.messages, call, rid=rid
-                    )
-                else:
-                    completion = await player.generator.generate(transcript.ids, call, rid=rid)
+                completion = await complete(player.generator, transcript, call, rid)
                 if completion.finish_reason.type == "abort":
                     raise EpisodeAborted(completion.finish_reason.message or "opponent aborted")
                 reply = transcript.add_completion(completion)
