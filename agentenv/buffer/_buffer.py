@@ -195,7 +195,6 @@ class Buffer:
         except BaseException:
             self._store.close()  # and its directory's lock with it
             raise
-        self._stats.ready = len(self._ready)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Buffer:
@@ -282,7 +281,6 @@ class Buffer:
                     self._ready.append(self._group(record))
                 else:
                     self._stats.dropped[record.reason] += 1
-            self._stats.ready = len(self._ready)
 
     def _assemble(self, samples: Sequence[Sample]) -> list[GroupRecord]:
         if not samples:
@@ -524,7 +522,7 @@ class Buffer:
         """
         target = groups or self.config.rollout_batch_size or 1
         rate = max(self._stats.pass_rate, 0.05)
-        expected = self._stats.ready + self._stats.in_flight * rate
+        expected = len(self._ready) + self._stats.in_flight * rate
         missing = target - expected
         return max(0, math.ceil(missing / rate)) if missing > 0 else 0
 
@@ -639,7 +637,6 @@ class Buffer:
         self._handed[batch.id] = batch
         if lease_s is not None:
             self._leases[batch.id] = anyio.current_time() + lease_s
-        self._stats.ready = len(self._ready)
         self._stats.handed += n
         self._stats.batches += 1
         self._notify()  # room for producers
@@ -666,7 +663,6 @@ class Buffer:
                 self._expired.popitem(last=False)
         back.sort(key=lambda g: g.seq)  # oldest first, as they were put
         self._ready.extendleft(reversed(back))
-        self._stats.ready = len(self._ready)
         self._notify()
 
     def _handed_batch(self, batch_id: str) -> Batch:
@@ -693,7 +689,6 @@ class Buffer:
         del self._expired[batch_id]
         self._ready = collections.deque(g for g in self._ready if g.seq not in seqs)
         self._handed[batch_id] = batch
-        self._stats.ready = len(self._ready)
         self._stats.handed += len(batch.groups)
         return batch
 
@@ -732,7 +727,6 @@ class Buffer:
         async with self._lock:
             for reason, seqs in states.items():
                 await self._call(self._store.set_state, seqs, "stale", reason)
-        self._stats.ready = len(self._ready)
 
     # -- settling ------------------------------------------------------------------------
     async def ack(self, batch: Batch | str, *, step: int | None = None) -> None:
@@ -778,7 +772,6 @@ class Buffer:
             raise UnknownBatchError(f"unknown batch {batch_id!r}")
         self._ready.extendleft(reversed(taken.groups))
         self._stats.handed -= len(taken.groups)
-        self._stats.ready = len(self._ready)
         self._notify()
 
     async def position(self) -> int | None:
@@ -803,7 +796,6 @@ class Buffer:
         self._expired.clear()
         back.sort(key=lambda g: g.seq)
         self._ready.extendleft(reversed(back))
-        self._stats.ready = len(self._ready)
         self._stats.consumed -= min(self._stats.consumed, len(records))
         self._notify()
         return len(back)
@@ -843,4 +835,5 @@ class Buffer:
     async def statistics(self) -> BufferStats:
         """A snapshot of the counters."""
         self._expire_leases()
-        return dataclasses.replace(self._stats, dropped=collections.Counter(self._stats.dropped))
+        dropped = collections.Counter(self._stats.dropped)
+        return dataclasses.replace(self._stats, ready=len(self._ready), dropped=dropped)
