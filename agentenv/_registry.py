@@ -1,12 +1,7 @@
-"""Finding environments by name: ``register``, entry points, or ``module:Class``.
-
-Packages register environments under the entry-point group ``agentenv.environments``
-(the bundled ones do, in ``pyproject.toml``); code can call :func:`register`. ``--env``
-also accepts ``package.module:ClassName`` for anything importable and
-``path/to/file.py:ClassName`` for a file. A name that is not found comes with the close
-names; the keyword arguments are checked against the constructor's signature and type
-hints before it is called.
-"""
+"""Finding environments by name (``--env``): :func:`register`, the entry-point group
+``agentenv.environments``, ``package.module:ClassName`` or ``path/to/file.py:ClassName``;
+the keyword arguments are checked against the constructor's signature and type hints
+before it is called (docs/guide.md, "Errors")."""
 
 from __future__ import annotations
 

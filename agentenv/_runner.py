@@ -1,13 +1,9 @@
 """The rollout runner: many episodes at once, grouped, with failures as data.
 
-:func:`run_rollouts` plays ``n_samples_per_prompt`` episodes of every task with at most
-``concurrency`` in flight (a fixed pool of worker tasks, so memory does not grow with the
-number of tasks). A finished group is scored by the environment's group rewards and put
-into the sink (the Data Buffer, a JSONL file, a list). An episode that raises, overruns
-its timeout or returns a bad reward becomes a *failed sample* naming the error and
-keeping the tokens recorded so far (never trained on); its siblings are unaffected.
-Cancelling the caller cancels every episode.
-"""
+:func:`run_rollouts` plays ``n_samples_per_prompt`` episodes of every task on a fixed pool
+of ``concurrency`` worker tasks and puts each finished group, scored by the environment's
+group rewards, into the sink. An episode that raises, overruns its timeout or returns a
+bad reward is a *failed sample*; its siblings carry on (docs/guide.md, "Running rollouts")."""
 
 from __future__ import annotations
 

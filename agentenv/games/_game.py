@@ -1,15 +1,9 @@
-"""The game protocol: the rules of a turn-based game as plain synchronous code.
+"""The game protocol: the rules of a turn-based game as plain synchronous code, no model.
 
-A :class:`Game` object holds one match. It knows its roles, whose turn it is, what each
-role may see (as chat messages), which moves are legal and what each role gets at the
-end. No model is involved: :class:`~agentenv.GameEnv` asks the game whose turn it is,
-shows that role its observation, parses the completion into a move with
-:meth:`Game.parse` and plays it with :meth:`Game.play`.
-
-Moves are strings: the canonical text of a move (``"5"`` for a TicTacToe cell, ``"bet"``
-in Kuhn Poker, ``"2 3"`` in Nim). Players write their move in square brackets; the last
-``[...]`` of a completion is the move, so a model may reason before it.
-"""
+A :class:`Game` object holds one match: its roles, whose turn it is, what each role may
+see (as chat messages), the legal moves and the returns. Moves are strings (``"5"``,
+``"bet"``, ``"2 3"``); players write theirs in square brackets, and the last ``[...]`` of a
+completion is the move, so a model may reason before it (docs/games.md)."""
 
 from __future__ import annotations
 
