@@ -78,8 +78,7 @@ def save_hf_weights(
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
         if source is not None:
             copy_model_files(source, tmp)
-    final = Path(directory)
-    return final
+    return Path(directory)
 
 
 def export_hf(

@@ -106,12 +106,8 @@ def _main(args: argparse.Namespace) -> int:
 
         result = train(config)
     except ConfigError as e:
-        return _error(str(e))
+        print(f"agentenv train: error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result))
     return 0
-
-
-def _error(message: str) -> int:
-    print(f"agentenv train: error: {message}", file=sys.stderr)
-    return 2
