@@ -58,20 +58,11 @@ class GRPOConfig(Group):
 
     ``rollout_batch_size × n_samples_per_prompt`` must equal
     ``global_batch_size × num_steps_per_rollout``: every sample of a rollout is trained
-    on exactly once.
-
-    Settings without a flag: ``concurrency``, episodes in flight per round and generate
-    calls in flight over all rounds (default: what the engine decodes together,
-    :attr:`RolloutEngine.capacity <trainer.RolloutEngine.capacity>` -- the embedded
-    engine's ``max_running``, the ``--rollout-max-running`` or
-    ``--sglang-server-concurrency`` of each server -- else every episode of a round at
-    once: :meth:`concurrency_for`); ``max_rounds``, rounds per step at most while filters
-    drop groups (``sync`` and ``one_step_off`` then train on the groups they have;
-    ``async`` stops with an error after that many rounds in a row keep nothing).
-    ``max_failed_rounds``: a round in which every sample failed (a reward service that is
-    down, an environment that always raises) is not replayed without end: after that many
-    in a row, on any schedule, the run stops with an error naming the commonest reasons.
-    ``filters`` takes group filters (``RewardStdFilter()``) or their ``module:name``.
+    on exactly once. ``concurrency`` defaults to what the engine decodes together
+    (:meth:`concurrency_for`); ``max_rounds`` bounds the rounds of a step while filters
+    drop groups (``sync`` and ``one_step_off`` then train on what they have, ``async``
+    stops with an error after that many barren rounds in a row); ``filters`` takes group
+    filters (``RewardStdFilter()``) or their ``module:name``.
     """
 
     num_rollout: int = setting("--num-rollout", 10, "rollout steps", ge=1)
