@@ -148,7 +148,6 @@ class HTTPServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._done = anyio.Event()
         self._accepting = anyio.CancelScope()
-        self._closing = False  # from the first aclose on
         self._conns = Connections(
             self._slots, head_timeout=head_timeout, max_header_bytes=max_header_bytes
         )
@@ -185,7 +184,7 @@ class HTTPServer:
         return self._slots.open
 
     async def __aenter__(self) -> HTTPServer:
-        if self._closing or self._listener is not None:
+        if self._conns.closing or self._listener is not None:
             raise ClosedResourceError("an HTTPServer can be started once")
         try:
             self._listener = await anyio.create_tcp_listener(
@@ -217,11 +216,10 @@ class HTTPServer:
         """Stop: no new connections; in-flight requests get ``shutdown_grace`` seconds
         (``graceful=False``: none), then are cancelled. Idle keep-alive connections are
         closed at once; long-poll requests are answered 503 at once."""
-        if self._closing:
+        if self._conns.closing:
             if self._manager is not None:
                 await self._done.wait()
             return
-        self._closing = True
         self._conns.close()
         self._accepting.cancel()
         self._slots.close_idle()
@@ -318,7 +316,7 @@ class HTTPServer:
         self._tasks.add(task)
         try:
             answer, keep = await self._answer(raw, conn)
-            keep = keep and not self._closing and not conn.probe_only
+            keep = keep and not self._conns.closing and not conn.probe_only
             if answer is None or conn.gone:  # the client left while the handler ran
                 if isinstance(answer, Response):
                     await _undelivered(answer)
@@ -339,7 +337,7 @@ class HTTPServer:
     ) -> tuple[Response | StreamingResponse | None, bool]:
         """The handler's answer (None: the client left) and whether to keep the connection."""
         refusal = self.router.refusal
-        if self._closing:  # a request that arrived on a kept-alive connection meanwhile
+        if self._conns.closing:  # a request that arrived on a kept-alive connection meanwhile
             return refusal(raw.method, raw.path, _shutting_down()), False
         try:
             request = await self._read(raw, conn)
@@ -457,7 +455,7 @@ class HTTPServer:
             self._polls.add(scope)
             conn.polls.add(scope)
             try:
-                if self._closing or conn.gone:
+                if self._conns.closing or conn.gone:
                     scope.cancel()
                 result = await handler(request)
             finally:
