@@ -283,10 +283,7 @@ class EngineGroup:
             raise ConfigError("the EngineGroup is not started")
         return self._router.url
 
-    @property
-    def url(self) -> str:
-        """The router's URL (rollout workers generate through it)."""
-        return self.router_url
+    url = router_url  # the RolloutEngine's: rollout workers generate through the router
 
     @property
     def capacity(self) -> int | None:
