@@ -1,16 +1,9 @@
-"""The torch backend's numerics: which dtype the trained weights have, which dtype the
-matrix multiplications run in, and what the rollout engine runs to sample from the same.
-
-Three modes (``TorchBackend(precision=...)``, ``agentenv train --precision``):
-
-* ``fp32``: fp32 weights, fp32 compute. The CPU default.
-* ``bf16-autocast``: fp32 weights are the trained parameters; the forward runs under
-  ``torch.autocast(device, torch.bfloat16)`` as Hugging Face's Trainer and TRL do: the
-  matrix multiplications in bf16, the embeddings, norms, residual stream and loss in fp32.
-  No master copies: every Adam update lands in fp32. The CUDA default.
-* ``bf16``: bf16 weights with fp32 master copies for the optimizer (what Megatron does
-  too): half the weight memory, but an update moves a bf16 weight only when it crosses half
-  the weight's bf16 spacing, so RL-sized learning rates move few weights per step.
+"""The torch backend's numerics (``TorchBackend(precision=...)``, ``agentenv train
+--precision``; docs/trainer.md, "Precision"): the trained weights' dtype, the matrix
+multiplications', and what the rollout engine runs to sample from the same. ``fp32`` (the
+CPU default); ``bf16-autocast``, fp32 weights under ``torch.autocast`` with no master
+copies, as Hugging Face's Trainer and TRL do (the CUDA default); ``bf16``, bf16 weights
+with fp32 master copies for the optimizer.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device.
+"""The torch backend: any Hugging Face causal LM trained with the GRPO loss on one device
+(docs/trainer.md, "Torch backend"), in one of :data:`~trainer.PRECISIONS`.
 
-Samples arrive as token ids (never re-tokenized);
-:class:`~trainer.backends._backend.MicroBatchBackend` runs the step. The numerics are one
-of :data:`~trainer.PRECISIONS` (fp32; fp32 weights under bf16 autocast, the CUDA default;
-bf16 weights with fp32 master copies). For each micro-batch this backend runs the decoder,
-then the output layer *in chunks of tokens*. Which way is chosen by the dtype the output
-layer *computes* in, not by the weights': in fp32 under activation checkpointing (the
-full-vocabulary logits of one chunk exist at a time, in the forward and again in the
-backward); in bf16 (bf16 weights, or fp32 weights under autocast) through a custom
-autograd function that keeps the response tokens' logits in bf16 and does the fp32
+:class:`~trainer.backends._backend.MicroBatchBackend` runs the step; for each micro-batch
+this backend runs the decoder, then the output layer on the response tokens *in chunks*,
+chosen by the dtype the output layer computes in: fp32 under activation checkpointing, or
+bf16 through a custom autograd function that keeps the logits in bf16 and does the fp32
 log-softmax and its gradient a chunk at a time. Log-probs and entropies are of
-``softmax(logits / temperature)`` (each call's), the rollout's sampling distribution."""
+``softmax(logits / temperature)``, the rollout's sampling distribution."""
 
 from __future__ import annotations
 

@@ -2,21 +2,13 @@
 tensor-parallel shard), megatron's optimizer, and what every rank runs together: the
 training step, log-probs, the weights gathered to HF names, its checkpoint shards.
 
-A step: the samples are packed into micro-batches by the token budget and dealt to the
-data-parallel replicas; megatron's forward-backward schedule (``get_forward_backward_func``:
-1F1B across pipeline stages, a plain loop without) runs them through the model wrapped in
-megatron's ``DistributedDataParallel``; on the last stage each micro-batch's vocab-parallel
-logits give the log-probs (padding columns masked, fp32) and the shared GRPO loss
-(:meth:`trainer.backends.StepCore._micro_loss`, weighted for the whole step, so neither the
-packing nor the layout changes the gradient). ``finalize_model_grads`` reduces the gradients
-(data-parallel replicas, tied embeddings across stages, sequence-parallel norms); megatron's
-optimizer (``get_megatron_optimizer``: fp32 main weights, clipping by the global norm, the
-distributed optimizer with ``--use-distributed-optimizer``) applies them. A non-finite
-gradient anywhere skips the update on every rank.
-
-Every rank builds one (``MegatronWorker(options, rendezvous)``, set up by
-:mod:`trainer.megatron._setup`) and the public methods are collective: the rank manager
-(:class:`~trainer.distributed.Ranks`) runs each on all ranks at once.
+A step (docs/megatron.md, "The training step") deals the micro-batches to the
+data-parallel replicas and runs them through megatron's forward-backward schedule; the
+last stage scores each with the shared GRPO loss (:meth:`trainer.backends.StepCore._micro_loss`,
+weighted for the whole step, so neither the packing nor the layout changes the
+gradient), and megatron's optimizer applies the reduced gradients. A non-finite gradient
+anywhere skips the update on every rank. The public methods are collective: the rank
+manager (:class:`~trainer.distributed.Ranks`) runs each on all ranks at once.
 """
 
 from __future__ import annotations
