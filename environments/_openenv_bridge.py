@@ -47,6 +47,10 @@ async def main(base_url: str, message_timeout_s: float) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
+    async def drop() -> None:  # best effort: the session is over or broken
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), timeout=5)
+
     while True:
         line = await reader.readline()
         if not line:
@@ -74,14 +78,11 @@ async def main(base_url: str, message_timeout_s: float) -> None:
                 raise ValueError(f"unknown op {op!r}")
         except Exception as e:  # every failure goes back to the adapter, as data
             reply({"ok": False, "error": f"{type(e).__name__}: {e}"})
-            if client is not None:
-                # The session is broken: drop it (best effort); the next reset opens a new one.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.close(), timeout=5)
+            if client is not None:  # broken: the next reset opens a new session
+                await drop()
                 client = None
     if client is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), timeout=5)
+        await drop()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +192,3 @@ def _batch(args: argparse.Namespace) -> int:
     except SandboxError as e:
         return _fail(str(e))
     return 0 if all(isinstance(e, Job) for e in entries) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sandboxes._cli exec|batch ...`` (the same as ``agentenv sandbox``)."""
-    parser = argparse.ArgumentParser(prog="agentenv")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["sandbox", *(sys.argv[1:] if argv is None else argv)])
-    code: int = args.handler(args)
-    return code

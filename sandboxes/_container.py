@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import tarfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandboxes._docker import IMAGE, LABEL, docker_available, ensure_image
-from sandboxes._protocol import run_command
+from sandboxes._protocol import run_command, tar_bytes
 from sandboxes._types import Limits, Result, SandboxError, SandboxUnavailable
 
 __all__ = ["SANDBOX_IMAGE", "Container", "build_image"]
@@ -235,31 +233,25 @@ class Container:
         await run_command(
             "docker", "exec", "-u", "0", self.name, "sh", "-c", script, "sh", *dirs, limit_s=60
         )  # fmt: skip
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            made: set[str] = set()
+        entries: dict[str, tuple[str, int, bytes | None]] = {}  # each directory once
 
-            def add_dir(name: str) -> None:
-                if name not in made:
-                    made.add(name)
-                    info = tarfile.TarInfo(name)
-                    info.type, info.mode = tarfile.DIRTYPE, 0o755
-                    tar.addfile(info)
+        def add_dirs(parts: Sequence[str]) -> None:
+            for i in range(1, len(parts) + 1):
+                name = "/".join(parts[:i])
+                entries.setdefault(name, (name, 0o755, None))
 
-            for directory, files in trees.items():
-                base = Path(directory.strip("/")).parts
-                for i in range(1, len(base) + 1):
-                    add_dir("/".join(base[:i]))
-                for name, data in sorted(files.items()):
-                    parts = Path(name).parts
-                    if not parts or ".." in parts or Path(name).is_absolute():
-                        raise SandboxError(f"file name {name!r} must be a relative path")
-                    for i in range(1, len(parts)):
-                        add_dir("/".join((*base, *parts[:i])))
-                    info = tarfile.TarInfo("/".join((*base, *parts)))
-                    info.size, info.mode = len(data), mode
-                    tar.addfile(info, io.BytesIO(data))
-        await run_command("docker", "cp", "-", f"{self.name}:/", stdin=buf.getvalue(), limit_s=120)
+        for directory, files in trees.items():
+            base = Path(directory.strip("/")).parts
+            add_dirs(base)
+            for name, data in sorted(files.items()):
+                parts = Path(name).parts
+                if not parts or ".." in parts or Path(name).is_absolute():
+                    raise SandboxError(f"file name {name!r} must be a relative path")
+                add_dirs((*base, *parts[:-1]))
+                path = "/".join((*base, *parts))
+                entries[path] = (path, mode, data)
+        archive = tar_bytes(entries.values())
+        await run_command("docker", "cp", "-", f"{self.name}:/", stdin=archive, limit_s=120)
 
     async def read(self, path: str, *, limit_bytes: int = 1 << 16) -> bytes | None:
         """The first ``limit_bytes`` of the regular file at ``path`` (read as root); None if

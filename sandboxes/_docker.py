@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import tarfile
 import time
 import uuid
 from collections.abc import Coroutine
@@ -28,6 +26,7 @@ from sandboxes._protocol import (
     job_line,
     read_message,
     run_command,
+    tar_bytes,
     to_result,
 )
 from sandboxes._types import Job, Limits, Result, SandboxError, SandboxUnavailable
@@ -64,47 +63,19 @@ async def ensure_image(docker: str = "docker") -> None:
 
 def _rootfs() -> bytes:
     """A root file system of links and mount points (the host's /usr is mounted in)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-
-        def add(
-            name: str, *, mode: int = 0o755, link: str | None = None, data: bytes = b""
-        ) -> None:
-            info = tarfile.TarInfo(name)
-            info.mtime = 0
-            if link is not None:
-                info.type, info.linkname = tarfile.SYMTYPE, link
-            elif name.endswith("/"):
-                info.type, info.mode = tarfile.DIRTYPE, mode
-                info.name = name.rstrip("/")
-            else:
-                info.mode, info.size = mode, len(data)
-            tar.addfile(info, io.BytesIO(data) if data else None)
-
-        # /sbin stays a directory: Docker mounts its init at /sbin/docker-init.
-        for d in (
-            "usr/",
-            "etc/",
-            "proc/",
-            "sys/",
-            "dev/",
-            "work/",
-            "opt/",
-            "opt/agentenv/",
-            "run/",
-            "sbin/",
-        ):
-            add(d)
-        add("tmp/", mode=0o1777)
-        for name in ("bin", "lib", "lib64", "lib32", "libx32"):
-            add(name, link=f"usr/{name}")
-        add(
-            "etc/passwd",
-            mode=0o644,
-            data=b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\n",
-        )
-        add("etc/group", mode=0o644, data=b"root:x:0:\nsandbox:x:1000:\n")
-    return buf.getvalue()
+    # /sbin stays a directory: Docker mounts its init at /sbin/docker-init.
+    dirs = ("usr", "etc", "proc", "sys", "dev", "work", "opt", "opt/agentenv", "run", "sbin")
+    links = ("bin", "lib", "lib64", "lib32", "libx32")
+    passwd = b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\n"
+    return tar_bytes(
+        [
+            *((d, 0o755, None) for d in dirs),
+            ("tmp", 0o1777, None),
+            *((name, 0o644, f"usr/{name}") for name in links),
+            ("etc/passwd", 0o644, passwd),
+            ("etc/group", 0o644, b"root:x:0:\nsandbox:x:1000:\n"),
+        ]
+    )
 
 
 class _Container:

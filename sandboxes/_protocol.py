@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
+import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,24 @@ async def run_command(*args: str, limit_s: float = 60.0, stdin: bytes | None = N
         message = err.decode(errors="replace").strip() or f"exit status {proc.returncode}"
         raise SandboxError(f"{' '.join(args[:3])} … failed: {message}")
     return out.decode(errors="replace")
+
+
+def tar_bytes(entries: Iterable[tuple[str, int, bytes | str | None]]) -> bytes:
+    """A tar archive of ``(name, mode, content)`` entries, in order: bytes content is a
+    file, a str a symbolic link to it, None a directory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, mode, content in entries:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+            elif content is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(content)
+            tar.addfile(info, io.BytesIO(content) if isinstance(content, bytes) else None)
+    return buf.getvalue()
 
 
 def cpu_count() -> int:

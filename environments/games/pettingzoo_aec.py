@@ -11,11 +11,10 @@ over when no agent is left.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from agentenv import ConfigError, Game, GameEnv, IllegalMoveError, Message
+from agentenv import ConfigError, Game, GameEnv, IllegalMoveError, Message, resolve_name
 
 Describe = Callable[[Any, str], str]
 
@@ -122,13 +121,7 @@ class PettingZooGame(Game):
 
 def import_factory(spec: str) -> Callable[[], Any]:
     """The callable named ``package.module:attribute``."""
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ConfigError(f"env must be 'package.module:function', got {spec!r}")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"cannot load PettingZoo environment {spec!r}: {e}") from None
+    factory = resolve_name(spec, what="PettingZoo environment", kind="function")
     if not callable(factory):
         raise ConfigError(f"{spec!r} is not callable")
     return factory  # type: ignore[no-any-return]
