@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import json
 import math
+import operator
 import struct
 import sys
 from collections.abc import Iterable
@@ -35,6 +36,14 @@ _HEADER = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
 # One encoder for every header: json.dumps with options builds a new encoder per call.
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+# The header: these fields of the Sample, then the arrays' layout (prompt and completion
+# lengths, whether there are log-probs, whether the mask is all ones), then
+# advantage_scale (last: older records have none).
+_SCALARS = (
+    "reward", "group_id", "role", "id", "task_id", "episode", "weight_versions", "status",
+    "reason", "error_type", "metadata",
+)  # fmt: skip
+_scalars = operator.attrgetter(*_SCALARS)
 
 
 def _raw(values: array.array[Any]) -> bytes:
@@ -53,26 +62,8 @@ def encode_sample(s: Sample) -> bytes:
     mask = mask_array(s.loss_mask if s.loss_mask is not None else bytes([1]) * n, n).tobytes()
     all_ones = mask.count(1) == n  # the common case: store no mask at all
     lp = s.rollout_logprobs
-    header = _dumps(
-        [
-            s.reward,
-            s.group_id,
-            s.role,
-            s.id,
-            s.task_id,
-            s.episode,
-            s.weight_versions,
-            s.status.value,
-            s.reason,
-            s.error_type,
-            s.metadata,
-            len(s.prompt_ids),
-            n,
-            lp is not None,
-            all_ones,
-            s.advantage_scale,
-        ]
-    ).encode()
+    layout = (len(s.prompt_ids), n, lp is not None, all_ones)
+    header = _dumps([*_scalars(s), *layout, s.advantage_scale]).encode()  # (status: a str)
     parts = [
         _HEADER.pack(len(header)),
         header,
@@ -110,23 +101,8 @@ def decode_sample(data: bytes | memoryview) -> Sample:
         if type(header) is not list or len(header) not in (15, 16):
             raise ValueError("the header is not a list of 16 fields")
         advantage_scale = header.pop() if len(header) == 16 else 1.0
-        (
-            reward,
-            group_id,
-            role,
-            sid,
-            task_id,
-            episode,
-            versions,
-            status,
-            reason,
-            error_type,
-            metadata,
-            n_prompt,
-            n_completion,
-            has_lp,
-            all_ones,
-        ) = header
+        fields = dict(zip(_SCALARS, header, strict=False))
+        n_prompt, n_completion, has_lp, all_ones = header[len(_SCALARS) :]
         if not (
             type(n_prompt) is int
             and type(n_completion) is int
@@ -158,11 +134,10 @@ def decode_sample(data: bytes | memoryview) -> Sample:
             "malformed encoded sample: its header is nested too deeply (metadata should be "
             "small, flat JSON)"
         ) from None
-    for name, value in zip(
-        _OPTIONAL_STRINGS, (group_id, role, sid, task_id, reason, error_type), strict=True
-    ):
-        if value is not None and type(value) is not str:
+    for name in _OPTIONAL_STRINGS:
+        if (value := fields[name]) is not None and type(value) is not str:
             raise SampleError(f"{name} must be a string or null, got {type(value).__name__}")
+    versions, metadata = fields["weight_versions"], fields["metadata"]
     if type(versions) is not list or not all(type(v) is str for v in versions):
         raise SampleError("weight_versions must be a list of strings")
     if type(metadata) is not dict:
@@ -180,18 +155,8 @@ def decode_sample(data: bytes | memoryview) -> Sample:
     sample = Sample(
         prompt_ids=_ONE_ID if n_prompt else _NO_IDS,
         completion_ids=_NO_IDS,
-        reward=reward,
-        group_id=group_id,
-        role=role,
-        id=sid,
-        task_id=task_id,
-        episode=episode,
-        weight_versions=versions,
-        status=status,
-        reason=reason,
-        error_type=error_type,
         advantage_scale=advantage_scale,
-        metadata=metadata,
+        **fields,
     )
     sample.prompt_ids = ids[:n_prompt]
     sample.completion_ids = ids[n_prompt:]
