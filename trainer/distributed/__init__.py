@@ -23,21 +23,21 @@ from trainer.distributed._engine_actor import EngineInfo, EngineSpec
 from trainer.distributed._engine_group import (
     EngineGroup,
     EngineGroupError,
+    EngineHooks,
     EngineSlot,
     EngineStatistics,
     GroupSync,
 )
-from trainer.distributed._engine_hooks import EngineHooks
 from trainer.distributed._placement import Bundle, Placed, Placement, PlacementTimeoutError
 from trainer.distributed._ranks import (
     LocalRanks,
     RankGroup,
     Ranks,
+    RankSender,
     Rendezvous,
     TrainerRankError,
     Worker,
 )
-from trainer.distributed._sender import RankSender
 from trainer.distributed._workers import (
     PlayResult,
     RolloutWorkers,

@@ -24,6 +24,7 @@ import anyio.abc
 
 from agentenv import ClosedResourceError, ConfigError, GenerationError
 from trainer.distributed._engine_actor import EngineActor, EngineInfo, EngineSpec
+from trainer.engines import OffloadHooks
 
 if TYPE_CHECKING:
     from agentenv import Completion, SamplingParams
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from trainer.backends import Backend, WeightSender
     from trainer.engines import WeightSync
 
-__all__ = ["EngineGroup", "EngineGroupError", "EngineSlot", "EngineStatistics"]
+__all__ = ["EngineGroup", "EngineGroupError", "EngineHooks", "EngineSlot", "EngineStatistics"]
 
 log = logging.getLogger("trainer.distributed")
 
@@ -820,6 +821,32 @@ class GroupSync:
     async def aclose(self) -> None:
         """Leave the distributed group (if one was formed)."""
         await self._drop()
+
+
+class EngineHooks(OffloadHooks):
+    """The loop's :class:`~trainer.StepHooks` for an :class:`EngineGroup`: with
+    ``colocated`` (``--colocate``: the engines share the trainer's GPUs) every engine
+    releases its memory before a step's training and resumes it after, before the weight
+    sync (:class:`~trainer.OffloadHooks`, whose metrics join the step's); and each step's
+    metrics get the group's statistics as ``rollout/engine_*`` (``routed``, ``deaths``,
+    ``replacements``, ``retried_requests``, ``failed_requests``: counts since the run
+    began)."""
+
+    def __init__(self, group: EngineGroup, *, colocated: bool = False) -> None:
+        super().__init__(group)
+        self.group = group
+        self.colocated = colocated
+
+    async def before_train(self, step: int) -> None:
+        if self.colocated:
+            await super().before_train(step)
+
+    async def after_train(self, step: int) -> None:
+        if self.colocated:
+            await super().after_train(step)
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.group.metrics(), **(super().metrics() if self.colocated else {})}
 
 
 async def _listening(url: str) -> bool:

@@ -1,7 +1,7 @@
 """Trainer ranks behind one seam (:class:`Ranks`): as Ray actors (:class:`RankGroup`),
 one actor per rank, each in its bundle of the placement, each building a *worker* (its
-share of the model) and running the calls fanned out to all of them; or one rank in this
-process (:class:`LocalRanks`).
+share of the model) and running the calls fanned out to all of them, the weights leaving
+from a rank's actor (:class:`RankSender`); or one rank in this process (:class:`LocalRanks`).
 
     group = RankGroup(TorchRank, spec, placed)      # rank r in placed.trainer[r]
     metrics = group.call(TorchRank.train_step, batch, advantages)   # every rank; rank 0's
@@ -26,9 +26,18 @@ from agentenv import AgentEnvError, ClosedResourceError, ConfigError
 from trainer.distributed._cluster import node_address
 
 if TYPE_CHECKING:
+    from trainer.backends import TensorMeta, Transport
     from trainer.distributed._placement import Bundle, Placed
 
-__all__ = ["LocalRanks", "RankGroup", "Ranks", "Rendezvous", "TrainerRankError", "Worker"]
+__all__ = [
+    "LocalRanks",
+    "RankGroup",
+    "RankSender",
+    "Ranks",
+    "Rendezvous",
+    "TrainerRankError",
+    "Worker",
+]
 
 P = ParamSpec("P")
 #: Seconds the other ranks of a failed call get to be reported dead by Ray: a rank whose
@@ -375,6 +384,58 @@ class RankGroup(Generic[V]):
         with contextlib.suppress(RayActorError, GetTimeoutError):
             self._ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout)
         self._kill()
+
+
+class RankSender:
+    """Rank ``rank``'s :class:`~trainer.backends.WeightSender`: every call runs in its actor
+    (:meth:`RankGroup.weights`), so the weights leave from the rank's GPU, never through
+    the driver. ``collective``: reading the weights is a collective
+    of every rank (megatron gathers its shards to rank 0), so :meth:`prepare` runs on all
+    of them and the others' share is empty; otherwise only this rank reads them (the torch
+    backend's data-parallel ranks each hold all the weights)."""
+
+    def __init__(self, ranks: RankGroup[Any], rank: int = 0, *, collective: bool = False) -> None:
+        self.ranks = ranks
+        self.rank = rank
+        self.collective = collective
+
+    def _call(self, op: str, *args: Any, every: bool = False, **kwargs: Any) -> Any:
+        others = [r for r in range(self.ranks.world_size) if r != self.rank] if every else []
+        return self.ranks.weights(op, *args, on=[self.rank, *others], **kwargs)
+
+    def prepare(self, bucket_bytes: int, backend: Transport) -> list[list[TensorMeta]]:
+        out: list[list[TensorMeta]] = self._call(
+            "prepare", bucket_bytes, backend, every=self.collective
+        )
+        return out
+
+    def rendezvous(self, address: str) -> tuple[str, int]:
+        host, port = self._call("rendezvous")
+        return str(host), int(port)
+
+    def join(
+        self, address: str, port: int, *, world_size: int, name: str, backend: Transport,
+        timeout: float,
+    ) -> None:  # fmt: skip
+        self._call(
+            "join", address, port, world_size=world_size, name=name, backend=backend,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def broadcast(self, index: int) -> None:
+        self._call("broadcast", index)
+
+    def finish(self) -> None:
+        self._call("finish")
+
+    def destroy(self) -> None:
+        self._call("destroy")
+
+    def abort(self) -> None:
+        self._call("abort")
+
+    def post_tensors(self, urls: Sequence[str], version: str, api_key: str | None) -> None:
+        self._call("post_tensors", list(urls), version, api_key, every=self.collective)
 
 
 class LocalRanks(Generic[V]):

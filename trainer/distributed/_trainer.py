@@ -19,8 +19,7 @@ from agentenv import Sample
 from trainer._resources import peak_rss_gib
 from trainer.backends import DataParallel, RanksBackend, TorchBackend, resolve_precision
 from trainer.config import LossConfig, OptimConfig
-from trainer.distributed._ranks import RankGroup, Rendezvous
-from trainer.distributed._sender import RankSender
+from trainer.distributed._ranks import RankGroup, RankSender, Rendezvous
 
 if TYPE_CHECKING:
     from trainer.distributed._placement import Placed

@@ -4,8 +4,7 @@ them (:class:`WeightSync`) and how they give their memory back while a step trai
 (:class:`OffloadHooks`). Engine actors on Ray are :mod:`trainer.distributed`.
 """
 
-from trainer.engines._engines import EmbeddedEngine, RolloutEngine, ServerEngine
-from trainer.engines._offload import OffloadHooks
+from trainer.engines._engines import EmbeddedEngine, OffloadHooks, RolloutEngine, ServerEngine
 from trainer.engines._sync import DiskSync, DistributedSync, InProcessSync, TensorSync, WeightSync
 
 __all__ = [

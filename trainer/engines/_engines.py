@@ -6,10 +6,11 @@ the run or already running, behind an :class:`~agentenv.sglang.SGLangClient`) an
 :class:`~trainer.distributed.EngineGroup` (engine actors on Ray behind SGLang's router).
 The loop generates through it, sizes its rounds by its capacity, pushes the trainer's
 weights into it at each version and, between rollouts, has it give its memory back while
-the trainer trains."""
+the trainer trains (:class:`OffloadHooks`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from trainer.backends import Backend
     from trainer.engines._sync import WeightSync
 
-__all__ = ["EmbeddedEngine", "RolloutEngine", "ServerEngine"]
+__all__ = ["EmbeddedEngine", "OffloadHooks", "RolloutEngine", "ServerEngine"]
 
 
 @runtime_checkable
@@ -149,3 +150,38 @@ class ServerEngine:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class OffloadHooks:
+    """The loop's :class:`~trainer.StepHooks` for an engine that shares the trainer's
+    memory: before a step's training ``engine`` releases it (SGLang's
+    ``/release_memory_occupation``: on the ``sync`` schedule no episode runs meanwhile);
+    after it, before the weight sync, it takes the memory back. The embedded engine on CPU
+    does this by default (``--offload-rollout``); engines on Ray with ``--colocate`` always
+    do. Each step's metrics get ``rollout/engine_memory_releases`` (releases so far) and
+    ``time_engine_memory_s`` (this step's release and resume)."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+        self.releases = 0  #: releases so far (each followed by a resume)
+        self._memory_s = 0.0
+
+    async def before_train(self, step: int) -> None:
+        """The engine gives its memory back."""
+        start = time.perf_counter()
+        await self.engine.release_memory()
+        self.releases += 1
+        self._memory_s = time.perf_counter() - start
+
+    async def after_train(self, step: int) -> None:
+        """The engine takes its memory back (the sync that follows writes into it)."""
+        start = time.perf_counter()
+        await self.engine.resume_memory()
+        self._memory_s += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        """The releases so far and this step's time in them."""
+        return {
+            "rollout/engine_memory_releases": float(self.releases),
+            "time_engine_memory_s": self._memory_s,
+        }
