@@ -14,11 +14,17 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv._errors import ConfigError, EpisodeAborted, EpisodeTruncated, short_repr
+from agentenv._errors import (
+    ConfigError,
+    EpisodeAborted,
+    EpisodeTruncated,
+    at_least,
+    positive,
+    short_repr,
+)
 from agentenv._generator import Completion, Generator, SamplingParams
 from agentenv._messages import Message
 from agentenv._sample import JSONValue, Sample, Status
@@ -78,14 +84,12 @@ class Limits:
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
-        if self.context_length is not None and self.context_length < 2:
-            raise ConfigError(f"context_length must be at least 2, got {self.context_length}")
-        if self.timeout_s is not None and not (
-            self.timeout_s > 0 and math.isfinite(self.timeout_s)
-        ):
-            raise ConfigError(f"timeout_s must be a positive number, got {self.timeout_s}")
+        if self.max_turns is not None:
+            at_least("max_turns", self.max_turns, 1)
+        if self.context_length is not None:
+            at_least("context_length", self.context_length, 2)
+        if self.timeout_s is not None:
+            positive("timeout_s", self.timeout_s)
 
 
 def derive_seed(*parts: object, size: int = 4) -> int:

@@ -57,6 +57,8 @@ back to the model as a tool message.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "AgentEnvError",
     "ClosedResourceError",
@@ -74,6 +76,8 @@ __all__ = [
     "SampleError",
     "TemplateError",
     "ToolCallError",
+    "at_least",
+    "positive",
     "short_repr",
 ]
 
@@ -82,6 +86,20 @@ def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, for quoting a bad value in a message."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def at_least(name: str, value: object, low: int) -> int:
+    """``value``, an int (not a bool) of at least ``low``; else a :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be at least {low}, got {value!r}")
+    return value
+
+
+def positive(name: str, value: object) -> float:
+    """``value``, a finite number (not a bool) above 0, as a float; else a :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
 
 
 class AgentEnvError(Exception):

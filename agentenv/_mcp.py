@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from agentenv._errors import ClosedResourceError, ConfigError, ToolCallError
+from agentenv._errors import ClosedResourceError, ConfigError, ToolCallError, positive
 from agentenv._rewards import State
 from agentenv._tools import Tool
 
@@ -169,9 +169,6 @@ class MCPServer:
                 "env, cwd and per_episode apply to a server this process starts (command=...); "
                 f"the server at {url!r} runs elsewhere"
             )
-        for what, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise ConfigError(f"MCPServer {what} must be a positive number, got {value!r}")
         if prefix and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", prefix):
             raise ConfigError(
                 f"MCPServer prefix must start with a letter or _ and hold only letters, "
@@ -183,8 +180,8 @@ class MCPServer:
         self.cwd = os.fspath(cwd) if cwd is not None else None
         self.per_episode = per_episode
         self.prefix = prefix
-        self.timeout_s = float(timeout_s)
-        self.start_timeout_s = float(start_timeout_s)
+        self.timeout_s = positive("MCPServer timeout_s", timeout_s)
+        self.start_timeout_s = positive("MCPServer start_timeout_s", start_timeout_s)
         self._warned: set[str] = set()
         # The shared server of this event loop (a class-level server outlives a run).
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -37,6 +37,7 @@ from agentenv._errors import (
     EpisodeAborted,
     EpisodeTruncated,
     RewardError,
+    at_least,
 )
 from agentenv._generator import Generator, SamplingParams
 from agentenv._sample import Sample, Status
@@ -155,12 +156,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         kwargs = check_template_kwargs(self.chat_template_kwargs)
         object.__setattr__(self, "chat_template_kwargs", kwargs)
-        if self.n_samples_per_prompt < 1:
-            raise ConfigError(
-                f"n_samples_per_prompt must be at least 1, got {self.n_samples_per_prompt}"
-            )
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
+        at_least("n_samples_per_prompt", self.n_samples_per_prompt, 1)
+        at_least("concurrency", self.concurrency, 1)
 
 
 @dataclasses.dataclass(slots=True)

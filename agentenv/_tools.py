@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, get_args, get_type_hints, overload
@@ -22,7 +21,7 @@ import anyio
 import pydantic
 
 from agentenv._environment import Task
-from agentenv._errors import ConfigError, ToolCallError
+from agentenv._errors import ConfigError, ToolCallError, positive
 from agentenv._messages import Message
 from agentenv._rewards import State
 
@@ -154,8 +153,8 @@ class Tool:
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"@tool needs a function, got {type(fn).__name__}")
-        if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ConfigError(f"tool timeout_s must be a positive number, got {timeout_s}")
+        if timeout_s is not None:
+            positive("tool timeout_s", timeout_s)
         self.fn = fn
         # ``is None``, not ``or``: an explicit empty name is a mistake to report, not ignore.
         self.name = fn.__name__ if name is None else name

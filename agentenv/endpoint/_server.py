@@ -28,7 +28,7 @@ import anyio
 import httpx
 
 from agentenv._environment import Episode, Limits, Task
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, at_least, positive
 from agentenv._generator import Generator, SamplingParams
 from agentenv._http import (
     AiohttpTransport,
@@ -362,21 +362,11 @@ class AgentServer:
         max_requests_per_endpoint: int = MAX_REQUESTS_PER_ENDPOINT,
         max_connections: int | None = None,
     ) -> None:
-        for name, value in (
-            ("max_body_bytes", max_body_bytes),
-            ("max_requests_per_endpoint", max_requests_per_endpoint),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}")
-        if isinstance(body_timeout_s, bool) or not (
-            isinstance(body_timeout_s, int | float) and body_timeout_s > 0
-        ):
-            raise ConfigError(
-                f"body_timeout_s must be a number > 0 seconds, got {body_timeout_s!r}"
-            )
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = float(body_timeout_s)
-        self.max_requests_per_endpoint = max_requests_per_endpoint
+        self.max_body_bytes = at_least("max_body_bytes", max_body_bytes, 1)
+        self.body_timeout_s = positive("body_timeout_s", body_timeout_s)
+        self.max_requests_per_endpoint = at_least(
+            "max_requests_per_endpoint", max_requests_per_endpoint, 1
+        )
         self.max_connections = max_connections
         self.model = model
         self.parser = parser

@@ -22,6 +22,7 @@ from agentenv._errors import (
     EpisodeTruncated,
     IllegalMoveError,
     OpponentError,
+    at_least,
 )
 from agentenv._generator import Generator
 from agentenv._sample import JSONValue, Sample, Status
@@ -106,27 +107,22 @@ class GameEnv(Environment):
         n_test: int = 200,
     ) -> None:
         self._factory = game
-        if retries < 0:
-            raise ConfigError(f"retries must be at least 0, got {retries}")
         if not (0.0 < discount <= 1.0):
             raise ConfigError(f"discount must be in (0, 1], got {discount}")
-        if max_moves < 1:
-            raise ConfigError(f"max_moves must be at least 1, got {max_moves}")
-        if min(n_train, n_test) < 1:
-            raise ConfigError(f"n_train and n_test must be at least 1, got {n_train}, {n_test}")
         for label, value in (
             ("invalid_penalty", invalid_penalty),
             ("forfeit_reward", forfeit_reward),
         ):
             if not math.isfinite(value):
                 raise ConfigError(f"{label} must be finite, got {value}")
-        self.retries = retries
+        self.retries = at_least("retries", retries, 0)
         self.invalid_penalty = float(invalid_penalty)
         self.forfeit_reward = float(forfeit_reward)
         self.discount = discount
         self.baseline = RoleBaseline(baseline) if isinstance(baseline, (int, float)) else baseline
-        self.max_moves = max_moves
-        self.sizes = {"train": n_train, "test": n_test}
+        self.max_moves = at_least("max_moves", max_moves, 1)
+        self.sizes = {"train": at_least("n_train", n_train, 1)}
+        self.sizes["test"] = at_least("n_test", n_test, 1)
         probe = self.new_game()
         self.roles: tuple[str, ...] = tuple(probe.roles)
         self.game_name = probe.name or type(probe).__name__

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from agentenv._errors import ConfigError, RewardError
+from agentenv._errors import ConfigError, RewardError, at_least
 from agentenv._generator import Generator, SamplingParams
 from agentenv._rewards import Rubric
 from agentenv.rewards._extract import after_thinking
@@ -161,8 +161,7 @@ class JudgeRubric(Rubric):
                 f"the judge template's fields are {{question}}, {{answer}} and "
                 f"{{reference}} (write {{{{ }}}} for a brace), got {e!r}"
             ) from None
-        if max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        at_least("max_concurrency", max_concurrency, 1)
         if tokenizer is None:
             from agentenv._runner import policy_tokenizer
 

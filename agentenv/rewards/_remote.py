@@ -9,14 +9,13 @@ and backoff included) and ``max_response_bytes``. What still fails is a
 from __future__ import annotations
 
 import json
-import math
 import random
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
-from agentenv._errors import ConfigError, RewardError
+from agentenv._errors import ConfigError, RewardError, at_least, positive
 from agentenv._rewards import check_reward
 
 if TYPE_CHECKING:
@@ -50,19 +49,11 @@ class RemoteReward:
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--rm-url must start with http:// or https://, got {url!r}")
-        if max_retries < 0:
-            raise ConfigError(f"max_retries must be at least 0, got {max_retries}")
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ConfigError(f"--rm-timeout must be a positive number of seconds, got {timeout_s}")
-        if max_response_bytes < 1:
-            raise ConfigError(
-                f"--rm-max-response-bytes must be at least 1, got {max_response_bytes}"
-            )
         self.url = url
         self.reward_key = reward_key
-        self.timeout_s = timeout_s
-        self.max_response_bytes = max_response_bytes
-        self.max_retries = max_retries
+        self.timeout_s = positive("--rm-timeout", timeout_s)
+        self.max_response_bytes = at_least("--rm-max-response-bytes", max_response_bytes, 1)
+        self.max_retries = at_least("max_retries", max_retries, 0)
         self.backoff_s = backoff_s
         self._limits = httpx.Limits(max_connections=max_connections)
         self._client: httpx.AsyncClient | None = None

@@ -17,7 +17,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, at_least, positive
 
 __all__ = ["Equivalence", "MathVerifier"]
 
@@ -111,12 +111,8 @@ class MathVerifier:
     process)."""
 
     def __init__(self, *, max_workers: int = 2, timeout_s: float = 10.0) -> None:
-        if max_workers < 1:
-            raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
-        if not timeout_s > 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
-        self.max_workers = max_workers
-        self.timeout_s = timeout_s
+        self.max_workers = at_least("max_workers", max_workers, 1)
+        self.timeout_s = positive("timeout_s", timeout_s)
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
