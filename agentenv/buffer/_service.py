@@ -188,13 +188,12 @@ class _GetBatch(_Message):
     timeout: Annotated[float, pydantic.Field(ge=0, allow_inf_nan=False)] | None = None
 
 
-class _Ack(_Message):
-    batch: _BatchIdStr
-    step: _Int64 | None = None
-
-
 class _BatchId(_Message):
     batch: _BatchIdStr
+
+
+class _Ack(_BatchId):
+    step: _Int64 | None = None
 
 
 class _Renew(_Message):

@@ -50,10 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentenv", description="RL of language models on agentic tasks"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _eval.add_parser(sub)
-    _serve.add_parser(sub)
-    _bench.add_parser(sub)
-    _buffer.add_parser(sub)
+    for command in (_eval, _serve, _bench, _buffer):
+        command.add_parser(sub)
     add_plugins(sub, "agentenv.commands")
     return parser
 

@@ -380,13 +380,12 @@ def run_stats(args: argparse.Namespace) -> int:
         if args.token_file is None:
             args.token_file = path.with_name("buffer.token")
         return _served_stats(str(info["url"]), args)
-    args.path = path
-    store = open_readonly(args.path)
+    store = open_readonly(path)
     try:
         summary = summarise(store)
     finally:
         store.close()
-    print(render(args.path, summary))
+    print(render(path, summary))
     if args.json:
         print(json.dumps(summary, separators=(",", ":")))
     return 0
