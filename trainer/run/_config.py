@@ -14,6 +14,7 @@ Everything here is light: the tree validates before anything heavy loads.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -743,20 +744,16 @@ class TrainConfig(Group):
         return out
 
 
-_TABLE: dict[str, Flag] = {}
-
-
+@functools.cache
 def flag_table() -> dict[str, Flag]:
     """Every flag of :class:`TrainConfig` by its flat key (``eps_clip``)."""
-    if not _TABLE:
-        table: dict[str, Flag] = {}
-        for flag in flags(TrainConfig):
-            if flag.key in table:
-                raise TypeError(f"two settings declare {flag.name}: {flag.path} and "
-                                f"{table[flag.key].path}")  # fmt: skip
-            table[flag.key] = flag
-        _TABLE.update(table)
-    return _TABLE
+    table: dict[str, Flag] = {}
+    for flag in flags(TrainConfig):
+        if flag.key in table:
+            raise TypeError(f"two settings declare {flag.name}: {flag.path} and "
+                            f"{table[flag.key].path}")  # fmt: skip
+        table[flag.key] = flag
+    return table
 
 
 def _without_flag(args: list[str], flag: str) -> list[str]:
