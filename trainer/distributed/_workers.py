@@ -70,15 +70,12 @@ class PlayResult:
 
 
 @dataclasses.dataclass
-class _Part:
-    """A worker's answer for one part of a round."""
+class _Part(PlayResult):
+    """A worker's answer for one part of a round: what it played, its time, its process's
+    resident set now (MB) and at most so far (GiB)."""
 
-    stats: RolloutStats
-    groups_put: int
-    roles: int
-    wall_s: float
-    rss_mb: float
-    #: The worker process's peak resident set so far (GiB).
+    wall_s: float = 0.0
+    rss_mb: float = 0.0
     peak_rss_gib: float = 0.0
 
 
