@@ -414,14 +414,10 @@ class SqliteStore:
         db = sqlite3.connect(tmp, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("BEGIN")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                db.execute(statement)
-            db.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("format", FORMAT), ("version", VERSION)],
+            db.executescript(
+                f"BEGIN; {_SCHEMA} INSERT INTO meta (key, value) VALUES "
+                f"('format', '{FORMAT}'), ('version', '{VERSION}'); COMMIT;"
             )
-            db.execute("COMMIT")
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()  # the last connection: the WAL is folded in and removed
