@@ -202,9 +202,11 @@ class Producer:
         self.groups_per_prompt = max(self.groups_per_prompt, int(note["groups_per_prompt"]))
         return True
 
-    async def _note(self) -> None:
+    async def _begin(self, tasks: Sequence[Task], seed: int) -> None:
+        """Note a round about to start (after its tasks were taken from the stream)."""
         if not self.notes:
             return
+        self.open[seed] = [t.id for t in tasks]
         async with self._note_lock:  # the state as it is once the previous note is written
             await self.buffer.set_note(
                 NOTE,
@@ -216,12 +218,6 @@ class Producer:
                     "groups_per_prompt": self.groups_per_prompt,
                 },
             )
-
-    async def _begin(self, tasks: Sequence[Task], seed: int) -> None:
-        """Note a round about to start (after its tasks were taken from the stream)."""
-        if self.notes:
-            self.open[seed] = [t.id for t in tasks]
-            await self._note()
 
     async def _missing(self, seed: int, ids: Sequence[str]) -> list[Task]:
         """The tasks of an unfinished round whose groups the Buffer does not hold."""
