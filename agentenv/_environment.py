@@ -113,12 +113,9 @@ async def complete(
 class Episode:
     """The handle a rollout uses: make transcripts, generate, build samples.
 
-    One policy per role: ``policies`` maps role names to generators; roles not in it use
-    the default policy (self-play). ``generate`` enforces the turn limit and the context
-    budget, raising :class:`EpisodeTruncated`, and turns an engine abort into
-    :class:`EpisodeAborted`; the convenience environments and the runner turn those into
-    truncated and aborted samples. ``chat_template_kwargs`` are template arguments for
-    every transcript of the episode (e.g. ``{"enable_thinking": False}``).
+    ``policies`` maps roles to generators (the others play ``policy``: self-play);
+    ``chat_template_kwargs`` are template arguments for every transcript of the episode.
+    See docs/guide.md ("Environments").
     """
 
     # Slots: a run holds thousands of episodes in flight.
@@ -264,13 +261,11 @@ class Episode:
 class Environment(abc.ABC):
     """Base class of every environment.
 
-    Subclasses implement :meth:`rollout` (and usually :meth:`tasks`). Set ``name`` to
-    register it under a short name for ``agentenv eval --env``. ``chat_template_kwargs``
-    are template arguments for every episode (e.g. ``{"enable_thinking": False}``), laid
-    over the run's (:class:`~agentenv.RolloutConfig`). ``sampling`` holds the
-    environment's own defaults of :class:`~agentenv.SamplingParams` fields (e.g.
-    ``{"max_new_tokens": 512}``): they replace the run's defaults, never what the run was
-    given explicitly (:func:`resolve_sampling`).
+    Subclasses implement :meth:`rollout` (and usually :meth:`tasks`); ``name`` registers
+    it for ``agentenv eval --env``. ``chat_template_kwargs`` (template arguments laid over
+    the run's) and ``sampling`` (defaults of :class:`~agentenv.SamplingParams` fields
+    that the run's explicit settings win over, :func:`resolve_sampling`) apply to every
+    episode.
     """
 
     name: ClassVar[str] = ""

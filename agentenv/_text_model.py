@@ -36,13 +36,9 @@ _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 @runtime_checkable
 class TextGenerator(Protocol):
-    """A model that takes chat messages and answers text (not token ids).
-
-    :meth:`~agentenv.Episode.generate` hands it the transcript's messages; the
-    :class:`~agentenv.Completion` it returns holds its reply tokenized locally (not the
-    ids it sampled) and no log-probs. Samples it plays are marked
-    ``metadata["token_exact"] = False``: fine to evaluate, refused for training.
-    """
+    """A model that takes chat messages and answers text (not token ids): its
+    :class:`~agentenv.Completion` holds the reply tokenized locally and no log-probs, so
+    the samples it plays are marked ``metadata["token_exact"] = False``."""
 
     async def generate_chat(
         self,

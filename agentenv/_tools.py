@@ -392,12 +392,9 @@ async def run_tool_calls(
     ) = None,
     state: State | None = None,
 ) -> list[Message]:
-    """Run ``calls`` in order and return one tool message per call.
-
-    Errors (bad JSON, unknown tool, schema failures, exceptions, timeouts) come back as
-    tool messages starting with ``Error:`` so the model can correct itself.
-    ``on_result(call, text, ok)`` is told each outcome (e.g. to count errors).
-    ``state``: the episode's, for tools with parameters annotated ``Task`` or ``State``.
+    """Run ``calls`` in order and return one tool message per call; every error is a tool
+    message starting with ``Error:``. ``on_result(call, text, ok)`` is told each outcome;
+    ``state`` is the episode's, for tools with parameters annotated ``Task`` or ``State``.
 
     Raises:
         ConfigError: a tool that takes the episode's task or state was called without

@@ -241,14 +241,9 @@ class Transcript:
         generation_prompt: bool = True,
     ) -> list[int]:
         """Continue from ``messages``, which replace the conversation (an agent that
-        summarises, drops or edits earlier messages).
-
-        The same check as :meth:`add_messages`: when the new conversation still renders as
-        a continuation of what the model saw, only its suffix is appended (mask 0);
-        otherwise the history was rewritten, and ``on_history_rewrite`` decides (a new
-        segment whose prompt is the new conversation, or :class:`HistoryRewriteError`).
-        Returns the ids appended (or the new segment's prompt ids).
-        """
+        summarises, drops or edits earlier messages), with the check of
+        :meth:`add_messages`: a continuation appends only its suffix, anything else is a
+        rewritten history (``on_history_rewrite``). Returns the ids appended."""
         return self._continue(self._conversation(messages), generation_prompt)
 
     def _conversation(self, messages: Iterable[Mapping[str, Any]] | str) -> list[Message]:

@@ -139,13 +139,10 @@ def reward_rubric(
     rm_max_response_bytes: int | None = None,
     verifier: MathVerifier | None = None,
 ) -> Rubric:
-    """The rubric slime's reward flags describe: ``custom_rm_path``'s function (sync or
-    async; ``(task, state) -> float``, or with ``group_rm`` ``(task, samples) ->
-    [float, ...]`` for a whole group; a function with a parameter named ``completions``
-    and none named ``task`` is TRL's kind, called through :func:`from_trl` with the
-    answer as the ``label_key`` column), else the ``rm_type`` (``remote_rm`` asks
-    ``rm_url``, within ``rm_timeout`` seconds and ``rm_max_response_bytes``; ``None``:
-    :class:`RemoteReward`'s bounds)."""
+    """The rubric slime's reward flags describe (docs/rewards.md): ``custom_rm_path``'s
+    function (a whole group's with ``group_rm``; a TRL function through :func:`from_trl`,
+    the answer as the ``label_key`` column), else the ``rm_type`` (``remote_rm`` asks
+    ``rm_url``; ``None`` bounds: :class:`RemoteReward`'s)."""
     if custom_rm_path is not None:
         if rm_type is not None:
             raise ConfigError(
