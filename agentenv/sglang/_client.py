@@ -275,6 +275,8 @@ class SGLangClient:
         return_logprob: bool,
         stream: bool,
     ) -> dict[str, Any]:
+        """The ``/generate`` body, its sampling parameters checked first."""
+        params.verify()
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": params.to_sglang(),
@@ -298,7 +300,6 @@ class SGLangClient:
     ) -> Completion:
         """Generate a continuation of ``input_ids`` (``POST /generate``)."""
         ids = _check_input(input_ids)
-        params.verify()
         data = await self._json(
             "POST",
             "/generate",
@@ -322,7 +323,6 @@ class SGLangClient:
         if not batch:
             raise ConfigError("generate_batch needs at least one prompt")
         ids = [_check_input(p, f"input_ids[{i}]") for i, p in enumerate(batch)]
-        params.verify()
         rids = None if rid is None else [f"{rid}_{i}" for i in range(len(ids))]
         data = await self._json(
             "POST", "/generate", self._generate_body(ids, params, rids, return_logprob, False)
@@ -352,9 +352,8 @@ class SGLangClient:
         import aiohttp
 
         ids = _check_input(input_ids)
-        params.verify()
-        session = self._http()
         body = self._generate_body(ids, params, rid, return_logprob, True)
+        session = self._http()
         headers = {"content-type": "application/json", **(self._routing(rid, routing_key) or {})}
         seen_ids = 0
         try:
