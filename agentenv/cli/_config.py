@@ -205,9 +205,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             _usage_error(f"--config {str(path)!r}: expected a .yaml, .yml, .json or .toml file")
-    except SystemExit:
-        raise
-    except Exception as e:  # each parser has its own error type
+    except Exception as e:  # each parser has its own error type (SystemExit is none)
         _usage_error(f"--config {str(path)!r} does not parse: {e}")
     if not isinstance(data, dict):
         _usage_error(f"--config {str(path)!r} must hold a mapping of settings")
