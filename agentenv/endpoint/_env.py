@@ -44,15 +44,12 @@ class AgentEnv(Environment):
         model: the model name the endpoint reports.
         max_turns: model calls per transcript (``None``: the run's limit only).
         timeout_s: wall-clock limit of one agent run.
-        request_sampling: honour the calls' ``temperature``/``top_p``/``seed`` (default:
-            the run's sampling wins; ``max_tokens`` and ``stop`` always apply).
+        request_sampling: honour the calls' ``temperature``/``top_p``/``seed``.
         parser: finds tool calls in the model's text (Hermes ``<tool_call>``).
         client_kind: ``"openai"`` (an ``AsyncOpenAI``), ``"anthropic"`` (an
             ``AsyncAnthropic``), ``"base_url"`` or ``"endpoint"``.
         max_body_bytes, body_timeout_s, max_requests_per_endpoint: the endpoints' bounds
-            on one request's body, on the seconds it may take to arrive, and on the
-            requests one endpoint may have in flight (see
-            :class:`~agentenv.endpoint.AgentServer`).
+            (:class:`~agentenv.endpoint.AgentServer`).
     """
 
     rubric: Rubric = NO_RUBRIC

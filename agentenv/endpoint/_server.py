@@ -340,13 +340,10 @@ class AgentServer:
             :class:`~agentenv.endpoint.EpisodeRecorder`.
         host: the interface to bind (127.0.0.1: this machine only).
         max_body_bytes: a request body, at most (413 beyond, before it is read).
-        body_timeout_s: seconds a request's body may take to arrive once its head has
-            (408 beyond, and the connection is closed).
-        max_requests_per_endpoint: requests one endpoint (an episode's, or one role's)
-            may have in flight at once, bodies still arriving included (429 beyond,
-            before the body is read), so one agent cannot take every connection.
-        max_connections: connections held at once (default: below the descriptor limit,
-            see :class:`~agentenv.http.HTTPServer`).
+        body_timeout_s: seconds a body may take to arrive after its head (408 beyond).
+        max_requests_per_endpoint: requests one endpoint may have in flight, bodies still
+            arriving included (429 beyond), so one agent cannot take every connection.
+        max_connections: connections held at once (:class:`~agentenv.http.HTTPServer`'s).
     """
 
     def __init__(

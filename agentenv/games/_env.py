@@ -68,19 +68,15 @@ def _outcomes(returns: Mapping[str, float]) -> dict[str, str]:
 class GameEnv(Environment):
     """Self-play, or play against a fixed opponent, in a :class:`Game`.
 
-    Args:
-        game: makes a new match (a :class:`Game` subclass or any factory); subclasses
-            override :meth:`new_game` instead.
-        opponent: ``None`` for self-play (the trained policy in every seat), the name of
-            one of :attr:`players` (``"random"``, ``"optimal"``), a :class:`Player`, a
-            :class:`ModelPlayer`, or a generator (a frozen model in the other seats).
-        seat: with an opponent, where the trained policy sits: ``"alternate"`` (by task
-            index), ``"random"`` (per episode) or a role name.
-        retries: after an invalid move the player is told why and tries again, up to
-            ``retries`` times; then it forfeits.
+    Args (the playing ones as docs/games.md's table explains them):
+        game: makes a new match (a :class:`Game` subclass or any factory; or override
+            :meth:`new_game`).
+        opponent: ``None`` (self-play), a name in :attr:`players`, a :class:`Player`, a
+            :class:`ModelPlayer` or a generator (a frozen model in the other seats).
+        seat: with an opponent: ``"alternate"`` (by task index), ``"random"`` or a role.
+        retries: invalid moves a player may retry, told why, before it forfeits.
         invalid_penalty, forfeit_reward: the forfeiting role's return; every other's.
-        discount: in ``(0, 1]``; turn ``k`` of a role's ``K`` turns gets
-            ``Sample.advantage_scale = discount ** (K - 1 - k)`` (the reward stays the return).
+        discount: in ``(0, 1]``: ``Sample.advantage_scale = discount ** (K - 1 - k)``.
         baseline: a :class:`RoleBaseline` (or its decay) subtracted from returns.
         max_moves: moves per match before it ends truncated.
         n_train, n_test: tasks per split (each a seed).

@@ -118,15 +118,12 @@ class JudgeRubric(Rubric):
 
     Args:
         judge: the judge model (any :class:`~agentenv.Generator`).
-        tokenizer: renders the judge's prompt with its chat template (default: the
-            judge's own, as for a policy: the embedded engine's or a scripted model's).
-        template: the judge's prompt; ``{question}``, ``{answer}`` and ``{reference}``
-            are filled in (the task's prompt, the reply after its thinking, the task's
-            answer).
+        tokenizer: renders the judge's prompt (default: the judge's own, as a policy's).
+        template: the judge's prompt, with ``{question}`` (the task's prompt), ``{answer}``
+            (the reply after its thinking) and ``{reference}`` (the task's answer).
         parser: reads the verdict (default :func:`label_verdict`).
-        extract: what of the reply the judge sees, and the cache keys on (default: the
-            reply after its thinking); e.g. :func:`~agentenv.rewards.last_number` judges
-            the final answer only, so the answers a group repeats cost one call. A reply
+        extract: what of the reply the judge sees and the cache keys on (default: the
+            reply after its thinking; e.g. :func:`~agentenv.rewards.last_number`); a reply
             it finds nothing in is judged as it is.
         sampling: the judge's sampling (default greedy, 16 new tokens).
         max_concurrency: judge calls in flight at once.
