@@ -625,11 +625,8 @@ class Buffer:
                     break
                 changed = self._changed
                 # A lease that runs out returns groups: wake for it too.
-                if self._leases:
-                    wake = min(self._leases.values())
-                    with anyio.move_on_after(wake - anyio.current_time()):
-                        await changed.wait()
-                else:
+                wake = min(self._leases.values(), default=math.inf)
+                with anyio.move_on_after(wake - anyio.current_time()):
                     await changed.wait()
                 self._check_open()
         taken = tuple(self._ready.popleft() for _ in range(n))
