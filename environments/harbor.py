@@ -296,26 +296,24 @@ class TaskSession:
 
         A container that no longer runs (the agent broke it) scores 0, with the reason.
         """
+        box, cfg = self.container, self.task.config
         try:
-            return await self._verify()
+            await box.kill_all()
+            await box.put({"/tests": self.task.tests, "/logs/verifier": {}})
+            if cfg.verifier_user not in ("root", "0", "0:0"):
+                chown = ["chown", cfg.verifier_user, "/logs/verifier"]
+                await box.exec(chown, user="0", timeout_s=30)
+            r = await box.exec(
+                ["bash", "/tests/test.sh"],
+                user=cfg.verifier_user,
+                env=cfg.verifier_env,
+                timeout_s=cfg.verifier_timeout_s,
+                output_bytes=1 << 16,
+            )
+            await box.kill_all()
         except SandboxError as e:
             why = f"the tests could not run: the container is broken ({e})"
             return Verdict(reward=0.0, reason=why, exit_code=-1, timed_out=False, output="")
-
-    async def _verify(self) -> Verdict:
-        box, cfg = self.container, self.task.config
-        await box.kill_all()
-        await box.put({"/tests": self.task.tests, "/logs/verifier": {}})
-        if cfg.verifier_user not in ("root", "0", "0:0"):
-            await box.exec(["chown", cfg.verifier_user, "/logs/verifier"], user="0", timeout_s=30)
-        r = await box.exec(
-            ["bash", "/tests/test.sh"],
-            user=cfg.verifier_user,
-            env=cfg.verifier_env,
-            timeout_s=cfg.verifier_timeout_s,
-            output_bytes=1 << 16,
-        )
-        await box.kill_all()
         if r.timed_out:
             reward, reason = 0.0, f"test.sh timed out after {cfg.verifier_timeout_s:g} s"
         else:

@@ -137,9 +137,11 @@ class _Slot:
         self.server_log = self.bridge_log = None
         self.broken = True
 
-    def _spawn(self, argv: list[str], cwd: str | None, log: Path, *, pipes: bool) -> Any:
+    def _spawn(self, argv: list[str], cwd: str | None, what: str, *, pipes: bool) -> Any:
+        """The process and the file its stderr goes to."""
+        log = Path(tempfile.mkstemp(prefix=f"openenv-{what}-", suffix=".log")[1])
         with log.open("w") as err:
-            return subprocess.Popen(
+            return log, subprocess.Popen(
                 argv,
                 cwd=cwd,
                 stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
@@ -156,18 +158,12 @@ class _Slot:
         if env.server is not None:
             port = _free_port()
             argv = [a.replace("{port}", str(port)) for a in env.server]
-            self.server_log = Path(tempfile.mkstemp(prefix="openenv-server-", suffix=".log")[1])
-            self.server = self._spawn(argv, env.cwd, self.server_log, pipes=False)
+            self.server_log, self.server = self._spawn(argv, env.cwd, "server", pipes=False)
             self.url = f"http://127.0.0.1:{port}"
         assert self.url is not None
         self._wait_ready(self.url)
-        self.bridge_log = Path(tempfile.mkstemp(prefix="openenv-bridge-", suffix=".log")[1])
-        self.bridge = self._spawn(
-            [env.openenv_python, str(BRIDGE), self.url, str(env.client_timeout_s)],
-            None,
-            self.bridge_log,
-            pipes=True,
-        )
+        bridge = [env.openenv_python, str(BRIDGE), self.url, str(env.client_timeout_s)]
+        self.bridge_log, self.bridge = self._spawn(bridge, None, "bridge", pipes=True)
         self.broken = False
 
     def _wait_ready(self, url: str) -> None:
@@ -381,8 +377,7 @@ class OpenEnvEnv(Environment):
         return self._waiters
 
     async def _call(self, slot: _Slot, request: Mapping[str, Any]) -> OpenEnvStep:
-        reset = request["op"] == "reset"
-        timeout = self.reset_timeout_s if reset else self.step_timeout_s
+        timeout = self.reset_timeout_s if request["op"] == "reset" else self.step_timeout_s
         try:
             return await asyncio.wait_for(asyncio.to_thread(slot.call, request), timeout)
         except TimeoutError:

@@ -347,14 +347,8 @@ Outcome = tuple[str, bool, str]  # a test's name, whether it passed, why (or "pa
 
 
 def grade(remote: Remote, spec: dict[str, Any]) -> tuple[bool, str, list[Outcome]]:
-    """The verdict: whether every test passed, why not, and each test's outcome.
-
-    The tests are the function named by ``check`` (when ``tests`` defines it), then every
-    ``test*`` function ``tests`` defines, in order, each called without arguments; with
-    neither, the top-level statements are the one test, named ``tests``. A top-level
-    statement that fails stops there (what follows it is not even defined): the one
-    result is then ``tests``, failed. All tests share the solution's process, so one that
-    kills it or runs out the time fails the tests after it as well."""
+    """The verdict: whether every test passed, why not, and each test's outcome (the tests
+    as :func:`sandboxes.check_python` takes them)."""
     deadline = time.monotonic() + float(spec.get("timeout_s", 10))
     namespace: dict[str, object] = {"__name__": "grader"}
     source = spec["tests"]

@@ -64,19 +64,13 @@ async def check_python(
     """Run ``tests`` against the function ``entry_point`` defined by ``solution``.
 
     Args:
-        sandbox: where to run; a :class:`Sandbox` not started yet starts on this first
-            job (it stays up for the next ones: close it with ``aclose()`` or ``async
-            with``).
+        sandbox: where to run (one not started yet starts on this job and stays up).
         solution: the model's Python source; it must define ``entry_point``.
         tests: Python source run in the grader, where the solution's function is named
-            ``entry_point`` and ``candidate``. Each test gets its own result in
-            ``verdict.tests``: the function named by ``check`` (HumanEval's
-            ``check(candidate)``), called with the solution's function, and every
-            ``test*`` function (pytest style), called without arguments, in order; with
-            neither, the top-level asserts are the one test ``tests``. Top-level code runs
-            first; when it fails, nothing after it is defined and it is the one (failed)
-            test. All tests share the solution's process and the job's time: a test that
-            kills it or runs out the time fails the tests after it too.
+            ``entry_point`` and ``candidate``: the function named by ``check``, called with
+            it, then every ``test*`` function, or else the top-level asserts, each test
+            graded apart in ``verdict.tests`` (docs/sandboxes.md: how they share the
+            solution's process and time).
         entry_point: the name of the function under test.
         setup: trusted Python run in the grader before ``tests`` (e.g. HumanEval's prompt,
             whose helper functions some tests call).
