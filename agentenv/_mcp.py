@@ -24,7 +24,7 @@ import anyio
 
 from agentenv._errors import ClosedResourceError, ConfigError, ToolCallError, positive
 from agentenv._rewards import State
-from agentenv._tools import Tool
+from agentenv._tools import TOOL_NAME, Tool
 
 if TYPE_CHECKING:
     import mcp
@@ -37,9 +37,6 @@ log = logging.getLogger("agentenv.mcp")
 # Pages of ``tools/list`` read from one server: a server whose cursor never ends cannot
 # hang the start of an episode.
 MAX_TOOL_PAGES = 100
-
-# Tool names the chat template and the parser accept (as :class:`~agentenv.Tool` checks).
-_TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 _INSTALL_HINT = "install it with pip install 'agentenv[mcp]'"
 
@@ -468,7 +465,7 @@ class _Handle:
             name = server.prefix + remote.name
             schema = remote.input_schema
             why = None
-            if not _TOOL_NAME.fullmatch(name):
+            if not TOOL_NAME.fullmatch(name):
                 why = (
                     "its name must be at most 64 letters, digits, _ . - (not starting with a digit)"
                 )

@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+# Tool names the chat template and the parser accept.
+TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _OTHER_SECTIONS = {"returns", "return", "raises", "yields", "examples", "example", "note", "notes"}
 
 
@@ -158,7 +160,7 @@ class Tool:
         self.fn = fn
         # ``is None``, not ``or``: an explicit empty name is a mistake to report, not ignore.
         self.name = fn.__name__ if name is None else name
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
+        if not TOOL_NAME.fullmatch(self.name):
             raise ConfigError(f"tool name {self.name!r} must be an identifier of at most 64 chars")
         doc_description, arg_docs = _parse_docstring(fn.__doc__)
         self.description = description if description is not None else doc_description
