@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from agentenv import ConfigError, Game, GameEnv, Message, Player, RandomPlayer, StrategyPlayer
+from environments.games._prompt import prompt
 
 CARDS = ("J", "Q", "K")
 ROLES = ("player_0", "player_1")
@@ -96,16 +97,11 @@ class KuhnPoker(Game):
 
     def observation(self, role: str) -> list[Message]:
         me = ROLES.index(role)
-        legal = ", ".join(f"[{a}]" for a in self.legal_actions() or [])
-        return [
-            {"role": "system", "content": RULES},
-            {
-                "role": "user",
-                "content": f"You are {role} ({'first' if me == 0 else 'second'} to act). "
-                f"Your card: {CARDS[self.cards[me]]}.\nBetting so far: {self.describe()}.\n"
-                f"Legal moves: {legal}. Your move?",
-            },
-        ]
+        situation = (
+            f"You are {role} ({'first' if me == 0 else 'second'} to act). "
+            f"Your card: {CARDS[self.cards[me]]}.\nBetting so far: {self.describe()}."
+        )
+        return prompt(RULES, situation, self.legal_actions() or [])
 
 
 class NashPlayer(StrategyPlayer):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv import ConfigError, Game, GameEnv, Message, Player, RandomPlayer, StrategyPlayer
+from environments.games._prompt import prompt
 
 ROLES = ("player_0", "player_1")
 
@@ -69,13 +70,7 @@ class Nim(Game):
             f"{goal}. Think briefly, then end your reply with your move in square brackets "
             "as [heap count], e.g. [2 3] takes 3 objects from heap 2."
         )
-        return [
-            {"role": "system", "content": rules},
-            {
-                "role": "user",
-                "content": f"You are {role}. Heaps now: {heaps}. Your move?",
-            },
-        ]
+        return prompt(rules, f"You are {role}. Heaps now: {heaps}.")
 
 
 def winning_moves(heaps: Sequence[int], misere: bool) -> list[str]:

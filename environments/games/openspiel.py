@@ -16,6 +16,7 @@ import random
 from typing import Any, Self
 
 from agentenv import ConfigError, Game, GameEnv, IllegalMoveError, Message
+from environments.games._prompt import prompt
 
 
 def _pyspiel() -> Any:
@@ -111,17 +112,12 @@ class OpenSpielGame(Game):
             seen = self.state.information_state_string(player)
         else:
             seen = self.state.observation_string(player)
+        rules = (
+            f"You are playing {self.long_name} as {role}. Think briefly, then end your reply "
+            "with your move in square brackets, written as it appears in the list of legal moves."
+        )
         legal = self.legal_actions() if self.current_role() == role else []
-        moves = ", ".join(f"[{a}]" for a in legal or [])
-        return [
-            {
-                "role": "system",
-                "content": f"You are playing {self.long_name} as {role}. Think briefly, then "
-                "end your reply with your move in square brackets, written as it appears "
-                "in the list of legal moves.",
-            },
-            {"role": "user", "content": f"What you see:\n{seen}\nLegal moves: {moves}. Your move?"},
-        ]
+        return prompt(rules, f"What you see:\n{seen}", legal or [])
 
     def clone(self) -> Self:
         twin = object.__new__(type(self))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentenv import ConfigError, Game, GameEnv, IllegalMoveError, Message, resolve_name
+from environments.games._prompt import prompt
 
 Describe = Callable[[Any, str], str]
 
@@ -104,19 +105,12 @@ class PettingZooGame(Game):
 
     def observation(self, role: str) -> list[Message]:
         legal = self.legal_actions() if self.current_role() == role else []
-        moves = ", ".join(f"[{a}]" for a in legal or [])
         rules = self.rules or (
             f"You are playing {self.name}. Think briefly, then end your reply with the "
             "number of your action in square brackets."
         )
-        return [
-            {"role": "system", "content": rules},
-            {
-                "role": "user",
-                "content": f"You are {role}. What you see:\n{self.describe(self.env, role)}\n"
-                f"Legal moves: {moves}. Your move?",
-            },
-        ]
+        situation = f"You are {role}. What you see:\n{self.describe(self.env, role)}"
+        return prompt(rules, situation, legal or [])
 
 
 def import_factory(spec: str) -> Callable[[], Any]:

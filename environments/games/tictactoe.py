@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from agentenv import Game, GameEnv, Message, Player, RandomPlayer, StrategyPlayer
+from environments.games._prompt import prompt
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 RULES = (
@@ -80,15 +81,8 @@ class TicTacToe(Game):
         moves = ", ".join(
             f"{'X' if i % 2 == 0 else 'O'}:{cell}" for i, cell in enumerate(self.history)
         )
-        legal = ", ".join(f"[{a}]" for a in self.legal_actions() or [])
-        return [
-            {"role": "system", "content": RULES},
-            {
-                "role": "user",
-                "content": f"You play {role.upper()}. Moves so far: {moves or 'none'}.\n"
-                f"Board:\n{self.render()}\nLegal moves: {legal}. Your move?",
-            },
-        ]
+        situation = f"You play {role.upper()}. Moves so far: {moves or 'none'}.\n"
+        return prompt(RULES, f"{situation}Board:\n{self.render()}", self.legal_actions() or [])
 
 
 @functools.cache
