@@ -248,17 +248,11 @@ class Verdict:
 
 def format_output(r: Result, max_chars: int) -> str:
     """A command's outcome as the agent reads it: output, errors, status; long output cut."""
-    parts = [r.stdout] if r.stdout else []
-    if r.stderr:
-        parts.append(r.stderr)
-    text = "".join(parts)
-    if len(text) > max_chars or r.stdout_truncated or r.stderr_truncated:
-        half = max_chars // 2
-        text = (
-            text[:half] + "\n[... output cut ...]\n" + text[-half:]
-            if len(text) > max_chars
-            else text
-        )
+    text = r.stdout + r.stderr
+    half, cut = max_chars // 2, len(text) > max_chars
+    if cut:
+        text = text[:half] + "\n[... output cut ...]\n" + text[-half:]
+    if cut or r.stdout_truncated or r.stderr_truncated:
         text += "\n[output truncated]"
     status = ""
     if r.timed_out:

@@ -67,15 +67,11 @@ def _observation(r: Result) -> dict[str, Any]:
     output = r.stdout + r.stderr
     if r.stdout_truncated or r.stderr_truncated:
         output += "\n[output truncated]"
-    info = ""
     if r.timed_out:
-        info = (
-            f"An error occurred while executing the command: timed out after {r.duration_s:.0f} s"
-        )
-    elif r.oom_killed:
-        info = "An error occurred while executing the command: killed, out of memory"
-    elif r.error:
-        info = f"An error occurred while executing the command: {r.error}"
+        why = f"timed out after {r.duration_s:.0f} s"
+    else:
+        why = "killed, out of memory" if r.oom_killed else r.error or ""
+    info = f"An error occurred while executing the command: {why}" if why else ""
     code = -1 if info else r.exit_code
     return {"output": output, "returncode": code, "exception_info": info}
 

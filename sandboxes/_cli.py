@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -137,12 +138,10 @@ def _job(line: str, number: int, defaults: Limits) -> Job:
         raise SandboxError(f"line {number}: unknown job fields {sorted(unknown)}")
     if "cmd" not in data:
         raise SandboxError(f"line {number}: a job needs a cmd")
-    limits = Limits(
-        **{
-            **defaults.to_dict(),
-            "timeout_s": data.get("timeout", defaults.timeout_s),
-            "memory_mb": data.get("memory", defaults.memory_mb),
-        }
+    limits = dataclasses.replace(
+        defaults,
+        timeout_s=data.get("timeout", defaults.timeout_s),
+        memory_mb=data.get("memory", defaults.memory_mb),
     )
     job_id = data.get("id")
     return Job(
