@@ -459,20 +459,17 @@ class HarborEnv(ToolEnv):
             output_bytes=max(self.output_chars * 4, 1 << 16),
         )
         container = Container(image, limits=limits, user=cfg.agent_user, host_usr=task.host_usr())
-        async with self._slot():
+        # This event loop's bound on containers alive at once.
+        slot = self._slots.setdefault(
+            id(asyncio.get_running_loop()), asyncio.Semaphore(self.max_containers)
+        )
+        async with slot:
             await container.start()
             try:
                 yield TaskSession(task, container, deadline=time.monotonic() + cfg.agent_timeout_s)
             finally:
                 # Shielded: an episode cancelled (timed out) still removes its container.
                 await asyncio.shield(container.aclose())
-
-    def _slot(self) -> asyncio.Semaphore:
-        """This event loop's bound on containers alive at once."""
-        key = id(asyncio.get_running_loop())
-        if key not in self._slots:
-            self._slots[key] = asyncio.Semaphore(self.max_containers)
-        return self._slots[key]
 
     def _bash_tool(self) -> Tool:
         async def bash(command: str, state: State) -> str:

@@ -163,7 +163,9 @@ class MiniSweEnv(AgentEnv):
     async def run_agent(self, task: Task, client: Endpoint) -> str:
         outcome = self._outcomes[id(client.recorder.episode)]
         name = str(task.info.get("harbor_task", task.id))
-        async with self._slot(), self.harbor.session(name) as session:
+        loop = id(asyncio.get_running_loop())
+        slot = self._slots.setdefault(loop, asyncio.Semaphore(self.max_harnesses))
+        async with slot, self.harbor.session(name) as session:
             limit = session.task.config.agent_timeout_s
             try:
                 async with asyncio.timeout(session.time_left()):
@@ -186,12 +188,6 @@ class MiniSweEnv(AgentEnv):
                 f"mini-swe-agent stopped on an error ({harness.exit_status}): {harness.error}"
             )
         return harness.submission
-
-    def _slot(self) -> asyncio.Semaphore:
-        key = id(asyncio.get_running_loop())
-        if key not in self._slots:
-            self._slots[key] = asyncio.Semaphore(self.max_harnesses)
-        return self._slots[key]
 
     def _environ(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -21,13 +21,8 @@ BackendName = Literal["auto", "docker", "bwrap"]
 
 
 class Sandbox:
-    """Runs untrusted commands in isolation, many at once.
-
-    ::
-
-        async with Sandbox() as sandbox:
-            result = await sandbox.run(["python3", "main.py"], files={"main.py": code})
-            print(result.exit_code, result.stdout)
+    """Runs untrusted commands in isolation, many at once (used as the package docstring
+    shows: ``async with Sandbox() as sandbox: await sandbox.run(...)``).
 
     Args:
         backend: ``"docker"`` (a warm pool of containers), ``"bwrap"`` (bubblewrap, one

@@ -1,13 +1,9 @@
 """``kuhn_poker``: one hand of Kuhn Poker, as OpenSpiel's ``kuhn_poker``.
 
-Three cards J < Q < K; each player antes 1 chip and is dealt one card (from the game's
-own seeded RNG); ``player_0`` acts first. With no bet outstanding a player may ``check``
-or ``bet`` 1 chip; facing a bet it may ``fold`` or ``call``. ``[pass]`` is accepted for
-check and fold. The hand ends at a fold (the bettor takes the pot) or at a showdown (the
-higher card takes it). Returns are chips won or lost: ±1 or ±2.
-
-Each player sees only its own card and the betting so far. Opponents: ``random`` and
-``optimal`` (a Nash equilibrium; the first player's value is -1/18).
+The rules are :data:`RULES` (what the players read); the deal comes from the game's own
+seeded RNG and ``[pass]`` is accepted for check and fold. Returns are chips won or lost:
+±1 or ±2. Each player sees only its own card and the betting so far. Opponents:
+``random`` and ``optimal`` (a Nash equilibrium; the first player's value is -1/18).
 """
 
 from __future__ import annotations
