@@ -341,8 +341,7 @@ class OpenEnvEnv(Environment):
         # OpenEnv's client gets the larger bound; the adapter enforces each op's own.
         self.client_timeout_s = max(reset_timeout_s, step_timeout_s) + 5
         self._slots = [_Slot(self) for _ in range(concurrency)]
-        self._free: list[_Slot] = list(self._slots)
-        self._waiters: asyncio.Semaphore | None = None
+        self._free: asyncio.Queue[_Slot] = asyncio.Queue()  # the slots no episode holds
         self._loop: asyncio.AbstractEventLoop | None = None
         # The processes never outlive the interpreter (close() stops them sooner).
         weakref.finalize(self, _close_all, self._slots)
@@ -368,14 +367,6 @@ class OpenEnvEnv(Environment):
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._waiters is None or self._loop is not loop:
-            self._waiters = asyncio.Semaphore(self.concurrency)
-            self._loop = loop
-            self._free = list(self._slots)
-        return self._waiters
-
     async def _call(self, slot: _Slot, request: Mapping[str, Any]) -> OpenEnvStep:
         timeout = self.reset_timeout_s if request["op"] == "reset" else self.step_timeout_s
         try:
@@ -394,12 +385,15 @@ class OpenEnvEnv(Environment):
             raise
 
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
-        async with self._semaphore():
-            slot = self._free.pop()
-            try:
-                return await self._play(slot, task, episode)
-            finally:
-                self._free.append(slot)
+        if self._loop is not asyncio.get_running_loop():  # a new run: a queue serves one loop
+            self._loop, self._free = asyncio.get_running_loop(), asyncio.Queue()
+            for slot in self._slots:
+                self._free.put_nowait(slot)
+        slot = await self._free.get()
+        try:
+            return await self._play(slot, task, episode)
+        finally:
+            self._free.put_nowait(slot)
 
     async def _play(self, slot: _Slot, task: Task, episode: Episode) -> list[Sample]:
         if slot.broken:
