@@ -21,10 +21,10 @@ bounds and the failures: docs/ecosystem.md, "verifiers environments".
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -181,26 +181,9 @@ class VerifiersEnv(Environment):
     def tasks(self, split: str = "train") -> list[Task]:
         if self._tasks is None:
             self._check_python()
-            try:
-                done = subprocess.run(
-                    [str(self.python), "-P", str(_WORKER), self._settings(listing=True)],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    env=self._process_env(),
-                    timeout=self.start_timeout_s,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise self._load_error(
-                    f"loading took over start_timeout_s={self.start_timeout_s} s"
-                ) from None
-            first = json.loads(done.stdout.splitlines()[0]) if done.stdout.strip() else {}
-            if "fatal" in first or not first.get("ready"):
-                why = first.get("fatal") or (
-                    f"the worker exited with code {done.returncode}: {done.stderr[-_STDERR_TAIL:]}"
-                )
-                raise self._load_error(why)
+            # A listing worker, in an event loop of its own: any caller may list, in a run or not.
+            with concurrent.futures.ThreadPoolExecutor(1) as thread:
+                _, first = thread.submit(asyncio.run, self._start_worker(listing=True)).result()
             name = self.label if isinstance(self.env, str) else "verifiers"
             self._tasks = [
                 Task(id=f"{name}/{i}", prompt=prompt, info={"index": i})
@@ -210,10 +193,12 @@ class VerifiersEnv(Environment):
 
     # --- the worker pool --------------------------------------------------------------------
 
-    async def _start_worker(self) -> _Worker:
+    async def _start_worker(self, *, listing: bool = False) -> tuple[_Worker, dict[str, Any]]:
+        """A worker that has loaded the environment, and its first line (the tasks); with
+        ``listing``, one that has exited after it."""
         worker = await _Worker.start(
             # -P: not the script's folder first: environments/verifiers.py is not verifiers
-            [str(self.python), "-P", str(_WORKER), self._settings(listing=False)],
+            [str(self.python), "-P", str(_WORKER), self._settings(listing=listing)],
             env=self._process_env(),
             line_limit=_LINE_LIMIT,
             tail_lines=200,
@@ -221,7 +206,7 @@ class VerifiersEnv(Environment):
         try:
             first = await asyncio.wait_for(worker.read(), self.start_timeout_s) or {}
         except TimeoutError:
-            worker.kill()
+            await worker.aclose()
             raise self._load_error(
                 f"loading took over start_timeout_s={self.start_timeout_s} s"
             ) from None
@@ -231,8 +216,11 @@ class VerifiersEnv(Environment):
                 first.get("fatal")
                 or f"the worker exited with code {code}: {worker.stderr_tail(_STDERR_TAIL)}"
             )
-        worker.reader = asyncio.create_task(self._read(worker))
-        return worker
+        if listing:
+            await worker.exit_code()
+        else:
+            worker.reader = asyncio.create_task(self._read(worker))
+        return worker, first
 
     @staticmethod
     async def _read(worker: _Worker) -> None:
@@ -274,7 +262,7 @@ class VerifiersEnv(Environment):
             if spare:
                 worker = min(spare, key=lambda w: len(w.pending))
             else:
-                worker = await self._start_worker()
+                worker, _ = await self._start_worker()
                 self._pool.append(worker)
             worker.pending[request_id] = future
             return worker
