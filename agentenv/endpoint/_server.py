@@ -1,9 +1,7 @@
 """The loopback server behind every episode's OpenAI-compatible endpoint.
 
-One :class:`AgentServer` serves the episodes of a run on 127.0.0.1; an episode's
-endpoint is a path prefix, ``http://127.0.0.1:PORT/e/<key>/v1``, with a key nobody else
-holds. It runs while an episode holds an endpoint (:meth:`AgentServer.open`) and stops
-when the last one is given back, so it needs no start or stop of its own::
+One :class:`AgentServer` serves a run's episodes on 127.0.0.1, each at a path with a key
+nobody else holds (``http://127.0.0.1:PORT/e/<key>/v1``), while an episode holds one::
 
     async with server.open(episode) as endpoint:
         client = endpoint.client()           # an openai.AsyncOpenAI
@@ -11,8 +9,7 @@ when the last one is given back, so it needs no start or stop of its own::
         claude = endpoint.anthropic_client() # an anthropic.AsyncAnthropic: POST .../v1/messages
 
 :func:`chat_routes` adds the same routes, without episodes, to another server's router
-(``agentenv serve``).
-"""
+(``agentenv serve``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""A role-conditioned baseline: an exponential moving average of returns per game and role.
-
-In a two-player game the seats are not alike (the first mover wins TicTacToe more often),
-so one baseline for both would push the second seat's every move down. SPIRAL's
-role-conditioned advantage estimation keeps one average per (game, role)::
-
-    b[g, r] <- decay * b[g, r] + (1 - decay) * G
-
-and trains on ``G - b[g, r]``. :class:`~agentenv.GameEnv` applies it to the rewards it
-emits when given one; it is meant for trainers that do not group samples by prompt (a
-GRPO group per task and role already gives a per-role baseline).
-"""
+"""A role-conditioned baseline (SPIRAL's): an exponential moving average of returns per game
+and role, ``b[g, r] <- decay * b[g, r] + (1 - decay) * G``, trained on as ``G - b[g, r]``.
+The seats of a game are not alike, so one baseline for all would push the weaker seat's
+every move down; a GRPO group per task and role already gives a per-role baseline, so
+this is for trainers that pool roles (docs/games.md, "Per-role baselines")."""
 
 from __future__ import annotations
 
