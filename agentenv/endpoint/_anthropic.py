@@ -22,6 +22,7 @@ from agentenv.endpoint._protocol import (
     append_assistant,
     bad_field,
     chat_call,
+    check_function,
     tool_call,
 )
 from agentenv.endpoint._protocol import type_name as _kind
@@ -242,23 +243,12 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 f"{t.get('type')!r} tools are Anthropic's server tools, not served here; "
                 'send custom tools ({"name", "description", "input_schema"})',
             )
-        name, description, schema = t.get("name"), t.get("description"), t.get("input_schema")
+        name = t.get("name")
         if not isinstance(name, str) or not name:
             raise bad_field(f"{where}.name", f"expected a non-empty string, got {short_repr(name)}")
-        if description is not None and not isinstance(description, str):
-            raise bad_field(f"{where}.description", f"expected a string, got {_kind(description)}")
-        if not isinstance(schema, dict):
-            hint = " (send the object itself, not its JSON text)" if isinstance(schema, str) else ""
-            raise bad_field(
-                f"{where}.input_schema",
-                'expected a JSON Schema object such as {"type": "object", "properties": '
-                f"{{...}}}}, got {_kind(schema)}{hint}",
-            )
-        function: dict[str, Any] = {"name": name}
-        if description is not None:
-            function["description"] = description
-        function["parameters"] = schema
-        out.append({"type": "function", "function": function})
+        check_function(t, where, "input_schema")
+        function = {k: t[k] for k in ("name", "description") if t.get(k) is not None}
+        out.append({"type": "function", "function": {**function, "parameters": t["input_schema"]}})
     return out
 
 

@@ -294,18 +294,18 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return [dict(t) for t in tools]
 
 
-def check_function(fn: Mapping[str, Any], param: str) -> None:
-    """A function tool's ``description``, ``parameters`` and ``strict``, checked (the chat
-    template renders them, and the model reads them as a JSON Schema)."""
+def check_function(fn: Mapping[str, Any], param: str, schema_key: str = "parameters") -> None:
+    """A function tool's ``description``, ``parameters`` (or ``schema_key``'s, required
+    then) and ``strict``, checked: the chat template renders them, the model reads them."""
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
         raise bad_field(f"{param}.description", f"expected a string, got {type_name(description)}")
-    parameters = fn.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
+    parameters = fn.get(schema_key)
+    if (parameters is not None or schema_key != "parameters") and not isinstance(parameters, dict):
         hint = " (send the object itself, not its JSON text)" if isinstance(parameters, str) else ""
         schema = '{"type": "object", "properties": {...}}'
         raise bad_field(
-            f"{param}.parameters",
+            f"{param}.{schema_key}",
             f"expected a JSON Schema object such as {schema}, got {type_name(parameters)}{hint}",
         )
     strict = fn.get("strict")
