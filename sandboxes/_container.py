@@ -109,9 +109,8 @@ class Container:
         ]  # fmt: skip
         if self.host_usr:
             args += ["-v", "/usr:/usr:ro"]
-        # Process 1 is a shell looping on ``sleep``: as init it gets no signal from inside,
-        # and waiting for its ``sleep`` it reaps every orphan that was handed to it (a
-        # plain ``sleep`` as init would leave them as zombies filling the pids limit).
+        # Process 1 (see the module docstring) is a shell, not a plain ``sleep``, which
+        # would leave the orphans handed to it as zombies filling the pids limit.
         args += ["--entrypoint", "sh", self.image, "-c", _INIT]
         try:
             await run_command(*args, limit_s=120)

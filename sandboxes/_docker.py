@@ -244,7 +244,7 @@ class DockerBackend:
                 self._spawn(self._discard(container))
                 raise
             if container.proc is not None and container.proc.returncode is None:
-                self._release_after_cleanup(container)
+                self._spawn(self._back_after_cleanup(container))
             else:
                 await self._gone()
             return result
@@ -282,17 +282,13 @@ class DockerBackend:
             self._count -= 1
             self._changed.notify()
 
-    def _release_after_cleanup(self, container: _Container) -> None:
-        async def back() -> None:
-            if await container.wait_ready() and not self._closed:
-                async with self._changed:
-                    self._idle.append(container)
-                    self._changed.notify()
-            else:
-                await container.kill()
-                await self._gone()
-
-        self._spawn(back())
+    async def _back_after_cleanup(self, container: _Container) -> None:
+        if await container.wait_ready() and not self._closed:
+            async with self._changed:
+                self._idle.append(container)
+                self._changed.notify()
+        else:
+            await self._discard(container)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
