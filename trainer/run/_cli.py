@@ -12,24 +12,14 @@ override it. The configuration (the batch identity included) is validated before
 anything heavy loads; ``--dry-run`` stops there, after checking that the environment
 loads and the prompt data parses, and prints the resolved settings as JSON.
 
-The run evaluates held-out tasks before and after training (greedy by default), shows a
-progress bar (step, reward, time split), writes every step's metrics to
-``SAVE/metrics.jsonl`` and TensorBoard (``SAVE/tensorboard``), a checkpoint (model,
-optimizer, RNG, position) to ``SAVE/checkpoint`` every ``--save-interval`` steps (10)
-and after the last (``--keep-checkpoints``: how many are kept, 1), the trained model to
-``SAVE/model``, a plot to ``SAVE/metrics.png`` and the result to ``SAVE/summary.json``.
-Run the same command again (or pass ``--load RUN``) and it resumes after the last
-checkpoint; once the run is complete it says so and prints the recorded result.
-Episodes in flight follow the engines' capacity (``--rollout-max-running``; SGLang:
-``--sglang-server-concurrency`` per server).
-
-Rollouts run on the embedded engine in this process (``--rollout-engine embedded``,
-weights synced in memory), on ``agentenv serve`` or SGLang servers launched for the run
-(``serve``, ``sglang``; every ``--sglang-*`` flag goes to SGLang), or on running servers
-(``--rollout-url``). Servers get the weights through ``/update_weights_from_disk``
-(``--weight-sync disk``, a shared filesystem) or broadcast over a process group
-(``--weight-sync distributed``: NCCL when the trainer is on CUDA -- the server then needs a
-GPU of its own, ``--rollout-device cuda:1`` -- gloo on CPU).
+A run evaluates held-out tasks before and after training, shows a progress bar, and writes
+to ``--save``: every step's metrics (``metrics.jsonl``, TensorBoard), checkpoints
+(``--save-interval``, ``--keep-checkpoints``), the trained model, a plot and
+``summary.json``. The same command again (or ``--load RUN``) resumes after the last
+checkpoint. Rollouts run on the embedded engine in this process, on ``agentenv serve`` or
+SGLang servers launched for the run (``--rollout-engine``; every ``--sglang-*`` flag goes to
+SGLang) or on running servers (``--rollout-url``), their weights synced as ``--weight-sync``
+says. docs/trainer.md has the whole of it.
 """
 
 from __future__ import annotations
