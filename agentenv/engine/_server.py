@@ -1,42 +1,20 @@
 """The embedded engine behind SGLang's native HTTP API (``agentenv serve``).
 
 Same routes, request fields, response shapes and error messages as an SGLang server
-(see ``shared/reference/sglang-protocol.md``), so :class:`~agentenv.sglang.SGLangClient`
-and any other SGLang client talk to it unchanged::
+(``shared/reference/sglang-protocol.md``), so :class:`~agentenv.sglang.SGLangClient` and
+any other SGLang client talk to it unchanged: ``/generate`` (single, batch, streamed), the
+health, info and load routes, abort, pause and continue, ``/flush_cache``, the weight
+updates (disk, tensor, distributed) and the memory release for colocated training, and,
+when ``extra_routes`` adds them (``agentenv serve`` does), OpenAI's and Anthropic's chat
+APIs (:func:`agentenv.endpoint.serve_chat`). docs/inference.md lists the routes and the
+rules of each; the request fields are the schemas of :mod:`agentenv.engine._requests`.
 
-    POST /generate                 single, batch (a list of input_ids lists), or streamed
-    GET  /health, /health_generate
-    GET  /get_model_info, /model_info, /get_server_info, /server_info, /get_weight_version,
-         /get_load                 [{"dp_rank": 0, "num_reqs", "num_waiting_reqs"}]
-    POST /abort_request            {"rid"} or {"abort_all": true}: 200, unknown rid a no-op
-    POST /pause_generation         {"mode": "abort" | "retract" | "in_place"}
-    POST /continue_generation
-    POST /flush_cache              (GET too) drops the prefix cache; 400 while requests run
-    POST /update_weights_from_disk {"model_path", "weight_version", ...}
-    POST /update_weight_version    {"new_version"}
-    POST /init_weights_update_group       {"master_address", "master_port", "rank_offset",
-                                           "world_size", "group_name", "backend", "timeout"?}
-    POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
-                                           "weight_version", ...}
-    POST /destroy_weights_update_group    {"group_name"}
-    POST /update_weights_from_tensor      {"serialized_named_tensors": [payload],
-                                           "weight_version", ...}
-    POST /release_memory_occupation       {"tags": ["weights", "kv_cache", "cuda_graph"]?}
-    POST /resume_memory_occupation        {"tags": [...]?}   (GET too; no tags: all)
-    POST /v1/chat/completions, /v1/responses; GET /v1/models
-                                   OpenAI's API, as SGLang serves it too, when ``extra_routes``
-                                   adds them (``agentenv serve`` does: see
-                                   :func:`agentenv.endpoint.serve_chat`)
-    POST /v1/messages, /v1/messages/count_tokens
-                                   Anthropic's Messages API, added the same way
-
-Every body is checked against its schema (:mod:`agentenv.engine._requests`) before the
-engine sees it: a bad one is answered 400 ``{"error": {"message": ...}}`` naming the field,
-the value and what is expected, a refused weight update ``{"success": false, "message":
-...}`` with 400, and a request that fails inside the engine anyway 500, alone. The rules of
-each route, the API key and the distributed update's failure handling (the trainer is rank
-0 of a group of its own, this server rank ``rank_offset``, see :mod:`agentenv.engine._group`)
-are in docs/inference.md and docs/trainer.md.
+Every body is checked against its schema before the engine sees it: a bad one is answered
+400 ``{"error": {"message": ...}}`` naming the field, the value and what is expected, a
+refused weight update ``{"success": false, "message": ...}`` with 400, and a request that
+fails inside the engine anyway 500, alone. The distributed update's failure handling (the
+trainer is rank 0 of a group of its own, this server rank ``rank_offset``, see
+:mod:`agentenv.engine._group`) is in docs/trainer.md.
 """
 
 from __future__ import annotations

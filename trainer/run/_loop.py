@@ -1,24 +1,12 @@
-"""The GRPO loop: roll out, train, sync the weights, repeat -- on one of three schedules.
-
-* ``sync``: roll out with the current weights, train on that batch, sync, repeat. Every
-  sample is on-policy, except kept groups left over from over-sampling, which wait for
-  the next step (``max_staleness`` bounds how old they may get).
-* ``one_step_off``: the rollout for step ``k + 1`` runs while step ``k`` trains (with the
-  weights of step ``k - 1``); the weights are synced between rollouts. Samples lag by one
-  version; the loss's importance ratio (and ``use_tis``) corrects for it.
-* ``async``: rounds of rollouts run continuously; the trainer takes a batch whenever one is
-  ready and syncs after every step, also while episodes are in flight (tokens carry the
-  version that produced them; an SGLang server applies a disk update once its running
-  requests finish). The Buffer's staleness bound keeps every group within
-  ``max_staleness`` versions of the policy that trains on it: its admission control holds
-  back new rounds, and groups that still went stale are dropped.
+"""The GRPO loop: roll out, train, sync the weights, repeat -- on one of three schedules
+(``sync``, ``one_step_off``, ``async``: what each overlaps and how stale its samples may be
+is in docs/trainer.md, "Schedules").
 
 Each step takes the kept groups of ``rollout_batch_size`` prompts from the Data Buffer
-(failed samples and dynamic-sampling filters drop groups; ``over_sampling_batch_size``
-prompts per round make up for them; a multi-agent episode gives one group per role, each
-with its own baseline), computes advantages, runs ``num_steps_per_rollout`` optimizer steps of
-``global_batch_size`` samples, syncs the weights (``WeightSync``: in-process or through
-``/update_weights_from_disk``) and acknowledges the batch.
+(failed samples and dynamic-sampling filters drop groups; over-sampling makes up for
+them; a multi-agent episode gives one group per role), computes advantages, runs
+``num_steps_per_rollout`` optimizer steps, syncs the weights (``WeightSync``) and
+acknowledges the batch.
 """
 
 from __future__ import annotations
