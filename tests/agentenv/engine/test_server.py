@@ -522,6 +522,7 @@ def live_url(model_dir: Path) -> Iterator[str]:
                 yield served.url
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(call=requests())
 def test_any_json_gets_a_2xx_or_4xx_and_the_server_stays_healthy(
