@@ -624,43 +624,46 @@ class Engine:
     async def _loop(self) -> None:
         self._looping = True
         try:
-            while not self._closed:
-                if self._paused:
-                    await self._resumed.wait()
-                    continue
-                if not self._waiting and not self._running:
-                    self._wake = anyio.Event()
-                    if not self._waiting and not self._running:
-                        await self._wake.wait()
-                    continue
-                async with self._step_lock:
-                    if self._paused:
-                        continue
-                    room = self.max_running - len(self._running)
-                    candidates, self._waiting = self._waiting[:room], self._waiting[room:]
-                    try:
-                        back = await self._on_thread(self._step, candidates)
-                    except Exception as e:
-                        if self._closed:
-                            raise
-                        # Not one request's fault, as far as the step could tell: every request
-                        # of the step fails, the engine goes on with the next ones.
-                        log.exception("an engine step failed; its requests fail")
-                        back = [r for r in self._retracted if r.finish is None]
-                        self._retracted = []
-                        for req in {*candidates, *self._running, *back}:
-                            self._fail(req, e)
-                        self._dropped.extend(
-                            r
-                            for r in [*candidates, *back]
-                            if r not in self._running and r not in self._dropped
-                        )
-                        back = []
-                    self._waiting = back + self._waiting
-                    self._deliver()
-                await anyio.lowlevel.checkpoint()
+            await self._schedule()
         finally:
             self._looping = False
+
+    async def _schedule(self) -> None:
+        while not self._closed:
+            if self._paused:
+                await self._resumed.wait()
+                continue
+            if not self._waiting and not self._running:
+                self._wake = anyio.Event()
+                if not self._waiting and not self._running:
+                    await self._wake.wait()
+                continue
+            async with self._step_lock:
+                if self._paused:
+                    continue
+                room = self.max_running - len(self._running)
+                candidates, self._waiting = self._waiting[:room], self._waiting[room:]
+                try:
+                    back = await self._on_thread(self._step, candidates)
+                except Exception as e:
+                    if self._closed:
+                        raise
+                    # Not one request's fault, as far as the step could tell: every request
+                    # of the step fails, the engine goes on with the next ones.
+                    log.exception("an engine step failed; its requests fail")
+                    back = [r for r in self._retracted if r.finish is None]
+                    self._retracted = []
+                    for req in {*candidates, *self._running, *back}:
+                        self._fail(req, e)
+                    self._dropped.extend(
+                        r
+                        for r in [*candidates, *back]
+                        if r not in self._running and r not in self._dropped
+                    )
+                    back = []
+                self._waiting = back + self._waiting
+                self._deliver()
+            await anyio.lowlevel.checkpoint()
 
     def _step(self, candidates: list[_Request]) -> list[_Request]:
         """One scheduler step (on the model thread): admit what the pool has room for,
@@ -1014,17 +1017,21 @@ class Engine:
         self._compact()
 
     def _send(self, r: _Request) -> None:
+        held = not r.streaming and r.finish is None  # held until it ends (one chunk a version)
+        last = r.held[-1] if held and r.held else None
+        if last is not None and last.weight_version == self.weight_version:
+            # The decode step's hot path: the new tokens join the held chunk in place.
+            last.output_ids += r.new_ids
+            last.logprobs += r.new_lps
+            r.new_ids.clear()
+            r.new_lps.clear()
+            return
         chunk = EngineChunk(
             r.new_ids, r.new_lps, r.finish, self.weight_version, r.cached, error=r.error
         )
         r.new_ids, r.new_lps = [], []
-        if not r.streaming and r.finish is None:  # held until it ends (one chunk a version)
-            last = r.held[-1] if r.held else None
-            if last is not None and last.weight_version == chunk.weight_version:
-                last.output_ids += chunk.output_ids
-                last.logprobs += chunk.logprobs
-            else:
-                r.held.append(chunk)
+        if held:
+            r.held.append(chunk)
             return
         chunks, r.held = [*r.held, chunk], []
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
