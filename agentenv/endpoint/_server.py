@@ -129,10 +129,17 @@ async def _answer(
 
 
 def _routes(
-    router: Router, recorder: Callable[[Request], EpisodeRecorder], model: str, prefix: str
+    router: Router,
+    recorder: Callable[[Request], EpisodeRecorder],
+    model: str,
+    prefix: str,
+    *,
+    models_check: bool = False,
 ) -> None:
     """The routes of :func:`chat_routes`, each call through ``recorder(request)`` (a
-    :class:`ChatError` from it is the answer, in the route's shape)."""
+    :class:`ChatError` from it is the answer, in the route's shape). ``models_check``:
+    ``GET /v1/models`` looks the request's recorder up too (an ended episode's endpoint
+    answers its error), else it only names the model."""
 
     def route(path: str, api: _API) -> None:
         async def handler(request: Request) -> Response | StreamingResponse:
@@ -160,7 +167,8 @@ def _routes(
 
     async def models(request: Request) -> Response:
         try:
-            recorder(request)
+            if models_check:
+                recorder(request)
         except ChatError as e:
             return e.to_response()
         return Response.json(models_body([model]))
@@ -377,7 +385,7 @@ class AgentServer:
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._router = Router()
-        _routes(self._router, self._recorder, model, f"{_PREFIX}{{key}}")
+        _routes(self._router, self._recorder, model, f"{_PREFIX}{{key}}", models_check=True)
 
     @property
     def http_client(self) -> httpx.AsyncClient:
