@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from agentenv._environment import Environment, Task
-from agentenv._errors import ConfigError
+from agentenv._errors import ConfigError, at_least
 from agentenv._generator import Generator
 from agentenv._runner import RolloutConfig, RolloutStats, SampleSink, run_rollouts
 from agentenv._sample import Sample
@@ -148,8 +148,8 @@ def run(
                 f"unknown run setting(s) {unknown}; RolloutConfig fields: {sorted(fields)}"
             )
         config = RolloutConfig(**settings)
-    if n is not None and n < 1:
-        raise ConfigError(f"n must be at least 1, got {n}")
+    if n is not None:
+        at_least("n", n, 1)
     chosen = list(env.tasks(split) if tasks is None else tasks)[:n]
     tee = _Tee(sink)
 
