@@ -139,7 +139,9 @@ class _Slot:
 
     def _spawn(self, argv: list[str], cwd: str | None, what: str, *, pipes: bool) -> Any:
         """The process and the file its stderr goes to."""
-        log = Path(tempfile.mkstemp(prefix=f"openenv-{what}-", suffix=".log")[1])
+        fd, name = tempfile.mkstemp(prefix=f"openenv-{what}-", suffix=".log")
+        os.close(fd)  # reopened below, by name
+        log = Path(name)
         with log.open("w") as err:
             return log, subprocess.Popen(
                 argv,

@@ -210,6 +210,9 @@ class VerifiersEnv(Environment):
             raise self._load_error(
                 f"loading took over start_timeout_s={self.start_timeout_s} s"
             ) from None
+        except BaseException:  # a line it could not parse, or cancelled: not left running
+            await worker.aclose()
+            raise
         if not first.get("ready"):
             code = await worker.exit_code()
             raise self._load_error(
