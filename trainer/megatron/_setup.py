@@ -121,6 +121,10 @@ def resolve_options(
             "qkv_format 'thd' (packed sequences) needs attention 'sdpa': megatron's local "
             "attention has no packed-sequence path"
         )
+    if max_tokens_per_micro_batch < 1:  # (the backend's own check, before any rank starts)
+        raise ConfigError(
+            f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}"
+        )
     parallel = parallel or ParallelConfig()
     if parallel.use_distributed_optimizer and optim is not None and optim.optimizer == "sgd":
         raise ConfigError(
