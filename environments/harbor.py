@@ -393,7 +393,7 @@ class HarborEnv(ToolEnv):
             raise ConfigError(f"max_containers must be at least 1, got {max_containers}")
         self._slots: dict[int, asyncio.Semaphore] = {}
         self._sessions: dict[int, TaskSession] = {}  # by id(episode)
-        self._bash = self._bash_tool()
+        self.tools = (self._bash_tool(),)  # type: ignore[misc]  # (ToolEnv's are the class's)
         self.rubric = Rubric(self.tests_reward)
 
     def tasks(self, split: str = "train") -> list[Task]:
@@ -483,12 +483,6 @@ class HarborEnv(ToolEnv):
             return format_output(result, self.output_chars)
 
         return Tool(bash, name="bash", timeout_s=self.command_timeout_s + 60)
-
-    def episode_tools(self) -> Sequence[Tool]:
-        return (self._bash,)
-
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return [self._bash.schema]
 
     async def rollout(self, task: Task, episode: Episode) -> list[Sample]:
         name = str(task.info.get("harbor_task", task.id))
