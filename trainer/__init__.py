@@ -4,16 +4,12 @@ torch), ``algorithm`` (advantages, the loss, packing), ``backends`` (torch; chec
 ``run`` (``TrainConfig``, set-up, the loop, ``agentenv train``). Every public name is
 ``trainer.X``, defined in one module of those.
 
-It consumes :class:`agentenv.Sample` batches from the Data Buffer. The algorithm functions
-here are shared by every backend (plain torch on one machine, megatron-core on GPU nodes).
+It trains on the Data Buffer's batches; every backend (torch, megatron-core) shares the algorithm.
 
-``train(TrainConfig(...))`` runs what ``agentenv train`` runs (``config_from_flags(FLAGS)``:
-the config that command's flags make); the config tree's groups are the objects the
-components take (``TrainConfig.rollout`` is a :class:`GRPOConfig`, ``.algorithm`` a
-:class:`LossConfig`, ``.optimizer`` an :class:`OptimConfig`). A run's pieces, for a loop of
-one's own: :func:`place_run` (its Ray placement, or none), :func:`build_backend`,
-:func:`rollout_engine` (the engines and their weight sync; :func:`engine_dtypes` gives
-them the backend's numerics) and :func:`run_grpo`.
+``train(TrainConfig(...))`` runs what ``agentenv train`` runs (``config_from_flags(FLAGS)``
+makes that command's config); the config tree's groups are the objects the components
+take, and docs/trainer.md's table names which; :func:`place_run`, :func:`build_backend`,
+:func:`rollout_engine` (with :func:`engine_dtypes`) and :func:`run_grpo` are a run's pieces.
 
 The names load on first use (most of them need torch), so importing ``trainer`` -- or
 ``trainer.run._cli``, which defines ``agentenv train``'s flags -- stays light.

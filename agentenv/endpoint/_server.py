@@ -137,9 +137,8 @@ def _routes(
     models_check: bool = False,
 ) -> None:
     """The routes of :func:`chat_routes`, each call through ``recorder(request)`` (a
-    :class:`ChatError` from it is the answer, in the route's shape). ``models_check``:
-    ``GET /v1/models`` looks the request's recorder up too (an ended episode's endpoint
-    answers its error), else it only names the model."""
+    :class:`ChatError` from it is the answer, in the route's shape); ``models_check``:
+    ``GET /v1/models`` looks the recorder up too (an ended episode's answers its error)."""
 
     def route(path: str, api: _API) -> None:
         async def handler(request: Request) -> Response | StreamingResponse:

@@ -1019,8 +1019,7 @@ class Engine:
     def _send(self, r: _Request) -> None:
         held = not r.streaming and r.finish is None  # held until it ends (one chunk a version)
         last = r.held[-1] if held and r.held else None
-        if last is not None and last.weight_version == self.weight_version:
-            # The decode step's hot path: the new tokens join the held chunk in place.
+        if last is not None and last.weight_version == self.weight_version:  # in place
             last.output_ids += r.new_ids
             last.logprobs += r.new_lps
             r.new_ids.clear()

@@ -7,14 +7,10 @@ broadcast from rank 0 in the order its request lists them. :class:`WeightUpdateG
 one rank of such a group: ``agentenv serve``'s end and :class:`trainer.DistributedSync`'s.
 
 The group never touches torch's default process group (a trainer may already have one,
-e.g. megatron's) and is not registered in torch's global group table: it is built from
-its own ``TCPStore`` (hosted by rank 0 at ``master_address:master_port``) and torch's
-backend classes directly. The store keys are laid out as SGLang's
-``init_custom_process_group`` lays them out (``TCPStore`` -> prefix ``group_name`` ->
-prefix ``group_name/`` -> prefix ``cpu/`` for gloo or ``cuda/`` for NCCL, then the gloo
-sequence-number handshake), so either end interoperates with SGLang servers and with
-slime-style trainers that build their end the usual way. Backends: ``nccl`` (CUDA
-tensors) and ``gloo`` (CPU tensors; tests, machines without GPUs).
+e.g. megatron's) and is not in torch's global group table: it is built from its own
+``TCPStore`` (hosted by rank 0) with the keys laid out as SGLang's
+``init_custom_process_group`` lays them out, so either end interoperates with SGLang
+servers and slime-style trainers. Backends: ``nccl`` (CUDA tensors) and ``gloo`` (CPU).
 
 Every call here blocks; async code runs them in a worker thread, except :meth:`abort`,
 which may be called from any thread while a broadcast waits (it ends an NCCL broadcast at
@@ -135,6 +131,7 @@ class WeightUpdateGroup:
             raise _late(name, where, rank, world_size, timeout, _first_line(e)) from None
         # The layout init_custom_process_group gives the keys (see the module docstring).
         device = "cpu" if backend == "gloo" else "cuda"
+        # SGLang's layout: name, then name/, then cpu/ or cuda/ (gloo then adds its handshake).
         keys = PrefixStore(f"{device}/", PrefixStore(f"{name}/", PrefixStore(name, store)))
         try:
             # The ranks connect within the join's timeout; later broadcasts wait up to

@@ -7,21 +7,12 @@ sender keeps the tensors alive until the receiver answers.
     payload = serialize_named_tensors(model.state_dict().items())   # the sender
     tensors = load_named_tensors(payload)                            # the receiver
 
-A payload is data, never code: it is read in three steps, and nothing of this process
-changes before the last (the whole rule is in docs/inference.md, "Weight updates"):
-
-1. **Describe.** The unpickler's globals are frozen stand-ins of this module (a rebuild
-   function's stand-in only records its call), so no opcode can change torch; anything
-   else is refused.
-2. **Check.** The recorded calls must form the shapes torch's reductions produce, with
-   plain values of the right types and every element inside its storage; the caller
-   checks the names and shapes against the model (:attr:`TensorPayload.shapes`).
-3. **Materialise.** A CPU tensor is read with ``pread`` from its file in ``/dev/shm``
-   (opened without following a link or blocking, never mapped: a file truncated meanwhile
-   is a short read, refused); a CUDA tensor is mapped by torch's own
-   ``rebuild_cuda_tensor`` from the checked values. Either every tensor is materialised or
-   the payload is refused; then the reference the sender took for the receiver on each
-   shared-memory file is released, as torch's receiver does.
+A payload is data, never code: it is described (the unpickler's globals are inert
+stand-ins that only record torch's rebuild calls), checked (the shapes torch's reductions
+produce, every element inside its storage) and only then materialised (CPU tensors read
+with ``pread`` from ``/dev/shm``, never mapped; CUDA ones by torch's
+``rebuild_cuda_tensor``), all or nothing; the whole rule is in docs/inference.md, "Weight
+updates".
 """
 
 from __future__ import annotations
